@@ -1,0 +1,182 @@
+//! Calling an endpoint: pick an instance (round-robin, random or a given id), send the
+//! request on the plane the instance registered with, return its response stream.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use crate::component::{EndpointId, Instance, InstanceTransport};
+use crate::config::RequestPlane;
+use crate::error::{Error, ErrorKind, Result};
+use crate::instances::InstanceWatcher;
+use crate::response_stream::ResponseStream;
+use crate::runtime::DistributedRuntime;
+use crate::transport::nats;
+
+/// How often a long `wait_for_instances` says what it is waiting for.
+const WAIT_LOG_INTERVAL: Duration = Duration::from_secs(5);
+/// Instances tried per request when the first ones are unreachable (not for `Direct`).
+const MAX_ATTEMPTS: usize = 3;
+
+/// How a request picks its instance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RouterMode {
+    /// Each instance in turn.
+    RoundRobin,
+    /// Uniformly at random.
+    Random,
+    /// This instance id, or an error.
+    Direct(u64),
+}
+
+/// A client of one endpoint. Cheap to clone; clones share the round-robin counter.
+#[derive(Clone)]
+pub struct Client {
+    runtime: DistributedRuntime,
+    endpoint: EndpointId,
+    watcher: Arc<InstanceWatcher>,
+    counter: Arc<AtomicUsize>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client").field("endpoint", &self.endpoint.to_string()).finish()
+    }
+}
+
+impl Client {
+    pub(crate) async fn new(runtime: DistributedRuntime, endpoint: EndpointId) -> Result<Self> {
+        let watcher = runtime.instance_watcher(&endpoint).await?;
+        Ok(Client { runtime, endpoint, watcher, counter: Arc::new(AtomicUsize::new(0)) })
+    }
+
+    /// The endpoint this client calls.
+    pub fn endpoint(&self) -> &EndpointId {
+        &self.endpoint
+    }
+
+    /// The registered instances, ordered by id.
+    pub fn instances(&self) -> Vec<Instance> {
+        self.watcher.instances().as_ref().clone()
+    }
+
+    /// The ids of the registered instances, ascending.
+    pub fn instance_ids(&self) -> Vec<u64> {
+        self.watcher.instances().iter().map(|i| i.instance_id).collect()
+    }
+
+    /// Wait until at least one instance is registered; `None` waits until the runtime
+    /// shuts down (logging every few seconds what it waits for).
+    pub async fn wait_for_instances(&self, timeout: Option<Duration>) -> Result<Vec<u64>> {
+        let start = Instant::now();
+        let cancel = self.runtime.cancel_token();
+        loop {
+            let step = match timeout {
+                Some(t) => {
+                    let left = t.saturating_sub(start.elapsed());
+                    if left.is_zero() {
+                        return Err(Error::new(
+                            ErrorKind::Timeout,
+                            format!("no instance of {} appeared within {t:?} (discovery: {})", self.endpoint, self.runtime.config().discovery.as_str()),
+                        ));
+                    }
+                    left.min(WAIT_LOG_INTERVAL)
+                }
+                None => WAIT_LOG_INTERVAL,
+            };
+            tokio::select! {
+                found = tokio::time::timeout(step, self.watcher.wait_for_any()) => {
+                    if let Ok(found) = found {
+                        return Ok(found.iter().map(|i| i.instance_id).collect());
+                    }
+                }
+                _ = cancel.cancelled() => return Err(Error::new(ErrorKind::Shutdown, "the runtime is shutting down")),
+            }
+            tracing::info!(
+                endpoint = %self.endpoint,
+                discovery = self.runtime.config().discovery.as_str(),
+                waited = ?start.elapsed(),
+                "still waiting for an instance"
+            );
+        }
+    }
+
+    /// Send with the default mode (round-robin).
+    pub async fn generate(&self, body: Bytes) -> Result<ResponseStream> {
+        self.send(RouterMode::RoundRobin, body, None).await
+    }
+
+    /// Send to each instance in turn.
+    pub async fn round_robin(&self, body: Bytes) -> Result<ResponseStream> {
+        self.send(RouterMode::RoundRobin, body, None).await
+    }
+
+    /// Send to a random instance.
+    pub async fn random(&self, body: Bytes) -> Result<ResponseStream> {
+        self.send(RouterMode::Random, body, None).await
+    }
+
+    /// Send to `instance_id`.
+    pub async fn direct(&self, body: Bytes, instance_id: u64) -> Result<ResponseStream> {
+        self.send(RouterMode::Direct(instance_id), body, None).await
+    }
+
+    /// Send `body` to the instance `mode` picks. An instance that cannot be reached is
+    /// skipped for a while and the next one tried (except with `Direct`).
+    pub async fn send(&self, mode: RouterMode, body: Bytes, request_id: Option<String>) -> Result<ResponseStream> {
+        let request_id = request_id.unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+        let mut last_error = None;
+        for attempt in 0..MAX_ATTEMPTS {
+            let instance = self.pick(mode, attempt)?;
+            match self.send_to(&instance, &request_id, body.clone()).await {
+                Ok(stream) => return Ok(stream),
+                Err(e) if matches!(e.kind(), ErrorKind::Unavailable | ErrorKind::Disconnected) => {
+                    tracing::debug!(instance = %format_args!("{:x}", instance.instance_id), error = %e.full_message(), "instance unreachable");
+                    self.watcher.mark_down(instance.instance_id);
+                    if matches!(mode, RouterMode::Direct(_)) {
+                        return Err(e);
+                    }
+                    last_error = Some(e);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last_error.unwrap_or_else(|| Error::new(ErrorKind::NoInstances, format!("no instance of {}", self.endpoint))))
+    }
+
+    fn pick(&self, mode: RouterMode, attempt: usize) -> Result<Instance> {
+        let instances = self.watcher.routable();
+        if instances.is_empty() {
+            return Err(Error::new(ErrorKind::NoInstances, format!("no instances of {} are registered", self.endpoint)));
+        }
+        let index = match mode {
+            RouterMode::RoundRobin => self.counter.fetch_add(1, Ordering::Relaxed),
+            RouterMode::Random => rand::random::<u32>() as usize + attempt,
+            RouterMode::Direct(id) => {
+                return instances.iter().find(|i| i.instance_id == id).cloned().ok_or_else(|| {
+                    Error::new(
+                        ErrorKind::InstanceNotFound,
+                        format!("instance {id} ({id:x}) of {} is not registered; known: {:?}", self.endpoint, self.instance_ids()),
+                    )
+                })
+            }
+        };
+        Ok(instances[index % instances.len()].clone())
+    }
+
+    async fn send_to(&self, instance: &Instance, request_id: &str, body: Bytes) -> Result<ResponseStream> {
+        let path = self.endpoint.path();
+        match &instance.transport {
+            InstanceTransport::Tcp(address) => {
+                self.runtime.transport().send_tcp(address, &path, request_id, body).await
+            }
+            InstanceTransport::Nats(subject) => {
+                self.runtime.check_plane(RequestPlane::Nats, instance.instance_id)?;
+                let client = self.runtime.nats().ok_or_else(|| Error::new(ErrorKind::Config, "no NATS client"))?;
+                nats::send(client, self.runtime.transport(), subject, &path, request_id, body).await
+            }
+        }
+    }
+}

@@ -1,0 +1,106 @@
+//! The discovery plane: a small key-value store with per-process leases and prefix watches.
+//!
+//! Instances, event publishers and (later) model cards are registered here. Keys written
+//! with [`Discovery::put_leased`] or [`Discovery::create_leased`] live only as long as the
+//! process keeps its lease alive; when the process dies they disappear within the lease
+//! TTL (etcd) or heartbeat expiry (`file`), and watchers see a delete.
+
+mod etcd;
+mod file;
+mod mem;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{DiscoveryBackend, RuntimeConfig};
+use crate::error::Result;
+
+pub use etcd::EtcdDiscovery;
+pub use file::FileDiscovery;
+pub use mem::{MemDiscovery, MemStore};
+
+/// One stored key and its value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyValue {
+    /// The full key.
+    pub key: String,
+    /// The raw value.
+    pub value: Bytes,
+}
+
+/// A change seen by a prefix watch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WatchEvent {
+    /// A key was created or its value changed.
+    Put(KeyValue),
+    /// A key was deleted or its owner's lease expired.
+    Delete(String),
+}
+
+/// The state of a prefix when the watch started, and the changes after it.
+///
+/// No change between the snapshot and the first event is lost. The receiver ends when
+/// the backend's watch ends (runtime shutdown or a backend failure, which is logged).
+#[derive(Debug)]
+pub struct PrefixWatch {
+    /// Keys under the prefix when the watch started.
+    pub initial: Vec<KeyValue>,
+    /// Changes after the snapshot.
+    pub events: mpsc::Receiver<WatchEvent>,
+}
+
+/// A discovery backend. All keys are plain strings; callers use `/`-separated paths
+/// that end in `/` when used as a watch prefix, so `generate/` never matches
+/// `generate_v2/...`.
+#[async_trait]
+pub trait Discovery: Send + Sync + 'static {
+    /// The backend's name, for logs and error messages.
+    fn backend(&self) -> DiscoveryBackend;
+
+    /// The id of this process's current lease (changes only after a lease loss).
+    fn lease_id(&self) -> i64;
+
+    /// Write `key` bound to this process's lease (replacing any value).
+    async fn put_leased(&self, key: &str, value: Bytes) -> Result<()>;
+
+    /// Write `key` bound to this process's lease; fails with `AlreadyExists` if it exists.
+    async fn create_leased(&self, key: &str, value: Bytes) -> Result<()>;
+
+    /// Write `key` with no lease: it stays until deleted.
+    async fn put(&self, key: &str, value: Bytes) -> Result<()>;
+
+    /// Read one key.
+    async fn get(&self, key: &str) -> Result<Option<Bytes>>;
+
+    /// Read every key under `prefix`, in key order.
+    async fn get_prefix(&self, prefix: &str) -> Result<Vec<KeyValue>>;
+
+    /// Delete `key` (no error if it does not exist).
+    async fn delete(&self, key: &str) -> Result<()>;
+
+    /// Snapshot `prefix` and stream the changes after the snapshot.
+    async fn watch_prefix(&self, prefix: &str) -> Result<PrefixWatch>;
+
+    /// Give up the lease: every leased key of this process disappears now.
+    async fn shutdown(&self);
+}
+
+/// Connect the backend named by `config`.
+///
+/// `cancel` is the runtime's root token: the lease keep-alive stops with it, and a
+/// backend applying [`crate::config::LeaseLossPolicy::Shutdown`] cancels it.
+pub async fn connect(
+    config: &RuntimeConfig,
+    cancel: CancellationToken,
+    mem_store: Option<Arc<MemStore>>,
+) -> Result<Arc<dyn Discovery>> {
+    Ok(match config.discovery {
+        DiscoveryBackend::Mem => Arc::new(MemDiscovery::new(mem_store.unwrap_or_default())),
+        DiscoveryBackend::File => Arc::new(FileDiscovery::start(config, cancel).await?),
+        DiscoveryBackend::Etcd => Arc::new(EtcdDiscovery::connect(config, cancel).await?),
+    })
+}

@@ -1,0 +1,105 @@
+//! Subscription tables of the embedded (TCP) event plane, kept inside the transport so
+//! connection frames (Subscribe, Event) can reach them.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use tokio::sync::mpsc;
+
+use super::{subject_matches, Event};
+use crate::transport::connection::{Connection, TrySendError};
+use crate::transport::frame::{Frame, FrameKind};
+
+struct RemoteSubscriber {
+    conn: Weak<Connection>,
+    conn_id: u64,
+    sub_id: u64,
+    pattern: String,
+}
+
+/// Who wants which events: remote subscribers of this process's publications, and this
+/// process's own subscriptions.
+#[derive(Default)]
+pub(crate) struct EventHub {
+    remote: Mutex<Vec<RemoteSubscriber>>,
+    local: Mutex<HashMap<u64, (String, mpsc::Sender<Event>)>>,
+    next_sub: AtomicU64,
+    dropped: AtomicU64,
+}
+
+impl EventHub {
+    /// A peer subscribed on `conn` (Subscribe frame).
+    pub(crate) fn add_remote_subscriber(&self, conn: &Arc<Connection>, sub_id: u64, header: &[u8]) {
+        let pattern = match serde_json::from_slice::<serde_json::Value>(header) {
+            Ok(v) => v.get("subject").and_then(|s| s.as_str()).unwrap_or_default().to_string(),
+            Err(e) => {
+                tracing::warn!(peer = %conn.peer(), error = %e, "malformed Subscribe frame");
+                return;
+            }
+        };
+        let mut remote = self.remote.lock();
+        if !remote.iter().any(|r| r.conn_id == conn.id() && r.sub_id == sub_id) {
+            remote.push(RemoteSubscriber { conn: Arc::downgrade(conn), conn_id: conn.id(), sub_id, pattern });
+        }
+    }
+
+    pub(crate) fn connection_closed(&self, conn_id: u64) {
+        self.remote.lock().retain(|r| r.conn_id != conn_id);
+    }
+
+    /// Send an event to every remote subscriber whose pattern matches.
+    pub(crate) fn publish(&self, subject: &str, payload: &Bytes) {
+        let targets: Vec<(Arc<Connection>, u64)> = self
+            .remote
+            .lock()
+            .iter()
+            .filter(|r| subject_matches(&r.pattern, subject))
+            .filter_map(|r| r.conn.upgrade().map(|c| (c, r.sub_id)))
+            .collect();
+        let subject = Bytes::copy_from_slice(subject.as_bytes());
+        for (conn, sub_id) in targets {
+            let frame = Frame::with_header(FrameKind::Event, sub_id, subject.clone(), payload.clone());
+            if let Err(TrySendError::Full(_)) = conn.try_send(frame) {
+                self.note_drop(conn.peer());
+            }
+        }
+    }
+
+    /// Register a local subscription; returns its id and receiver.
+    pub(crate) fn add_local(&self, pattern: &str) -> (u64, mpsc::Receiver<Event>) {
+        let id = self.next_sub.fetch_add(1, Ordering::Relaxed) + 1;
+        let (tx, rx) = mpsc::channel(super::SUBSCRIPTION_BUFFER);
+        self.local.lock().insert(id, (pattern.to_string(), tx));
+        (id, rx)
+    }
+
+    pub(crate) fn remove_local(&self, id: u64) {
+        self.local.lock().remove(&id);
+    }
+
+    /// Local subscriptions as (id, pattern), to replay on a new publisher connection.
+    pub(crate) fn local_subscriptions(&self) -> Vec<(u64, String)> {
+        self.local.lock().iter().map(|(id, (p, _))| (*id, p.clone())).collect()
+    }
+
+    /// An Event frame arrived for local subscription `sub_id`.
+    pub(crate) fn deliver(&self, sub_id: u64, subject: Bytes, payload: Bytes) {
+        let tx = self.local.lock().get(&sub_id).map(|(_, tx)| tx.clone());
+        if let Some(tx) = tx {
+            let event = Event { subject: String::from_utf8_lossy(&subject).into_owned(), payload };
+            if tx.try_send(event).is_err() && !tx.is_closed() {
+                self.note_drop("local subscriber");
+            }
+        }
+    }
+
+    fn note_drop(&self, who: &str) {
+        let n = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
+        if n.is_power_of_two() {
+            tracing::warn!(subscriber = who, dropped_total = n, "event subscriber is too slow; dropping events");
+        }
+    }
+}

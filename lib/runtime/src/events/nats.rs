@@ -1,0 +1,42 @@
+//! The NATS backend of the event plane: core pub/sub.
+
+use bytes::Bytes;
+use futures::StreamExt;
+use tokio::sync::mpsc;
+
+use super::{Event, Subscription, SUBSCRIPTION_BUFFER};
+use crate::error::{Error, ErrorKind, Result};
+
+pub(super) async fn publish(client: &async_nats::Client, subject: &str, payload: Bytes) -> Result<()> {
+    client
+        .publish(subject.to_string(), payload)
+        .await
+        .map_err(|e| Error::with_source(ErrorKind::Nats, format!("publish on {subject} failed"), e))
+}
+
+pub(super) async fn subscribe(client: &async_nats::Client, subject: &str) -> Result<Subscription> {
+    let mut sub = client
+        .subscribe(subject.to_string())
+        .await
+        .map_err(|e| Error::with_source(ErrorKind::Nats, format!("subscribe to {subject} failed"), e))?;
+    let (tx, rx) = mpsc::channel(SUBSCRIPTION_BUFFER);
+    // The forwarding task ends when the subscription's receiver is dropped.
+    let task = tokio::spawn(async move {
+        while let Some(msg) = sub.next().await {
+            let event = Event { subject: msg.subject.to_string(), payload: msg.payload };
+            if tx.send(event).await.is_err() {
+                break;
+            }
+        }
+        let _ = sub.unsubscribe().await;
+    });
+    Ok(Subscription::new(rx, AbortOnDrop(task.abort_handle())))
+}
+
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}

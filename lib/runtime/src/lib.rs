@@ -1,0 +1,40 @@
+//! Dynamo's distributed runtime: discovery, the request/response/event planes and the
+//! component model (namespace → component → endpoint) that workers and clients use.
+//!
+//! ```no_run
+//! # async fn demo() -> dynamo_runtime::Result<()> {
+//! use dynamo_runtime::DistributedRuntime;
+//! let rt = DistributedRuntime::from_env().await?;
+//! let endpoint = rt.namespace("ns")?.component("backend")?.endpoint("generate")?;
+//! let client = endpoint.client().await?;
+//! client.wait_for_instances(None).await?;
+//! let mut stream = client.round_robin(bytes::Bytes::from_static(b"\"hi\"")).await?;
+//! while let Some(item) = futures::StreamExt::next(&mut stream).await { let _ = item?; }
+//! # Ok(()) }
+//! ```
+
+pub mod client;
+pub mod component;
+pub mod config;
+pub mod context;
+pub mod discovery;
+pub mod error;
+pub mod events;
+pub mod handler;
+pub mod instances;
+pub mod logging;
+pub mod metrics;
+pub mod response_stream;
+pub mod runtime;
+mod system_server;
+pub mod transport;
+pub mod typed;
+
+pub use client::{Client, RouterMode};
+pub use component::{Component, Endpoint, EndpointId, Instance, InstanceTransport, Namespace};
+pub use config::RuntimeConfig;
+pub use context::{RequestContext, StreamState};
+pub use error::{Error, ErrorKind, Result};
+pub use handler::{IncomingRequest, RequestHandler, Responder};
+pub use response_stream::{ResponseItem, ResponseStream};
+pub use runtime::DistributedRuntime;

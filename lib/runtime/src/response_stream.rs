@@ -1,0 +1,126 @@
+//! The caller side of a request: the stream of response items.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use futures::Stream;
+use tokio::sync::mpsc;
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::transport::frame::FrameKind;
+use crate::transport::Transport;
+
+/// One response item: optional annotations (JSON header) and the data (JSON body).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResponseItem {
+    /// Annotations JSON (`{"event":..,"comment":[..],"id":..}`), empty when none.
+    pub header: Bytes,
+    /// The item's data, usually JSON; empty for annotation-only items.
+    pub body: Bytes,
+}
+
+#[derive(Debug)]
+pub(crate) enum StreamEvent {
+    Item(ResponseItem),
+    End,
+    Error(Error),
+}
+
+/// The items of one response stream, in order. Ends with `None` after the worker's end
+/// marker, or yields one `Err` (handler error, worker gone, timeout) and then `None`.
+///
+/// Dropping it before the end kills the stream on the worker.
+pub struct ResponseStream {
+    id: u64,
+    rx: mpsc::Receiver<StreamEvent>,
+    transport: Arc<Transport>,
+    done: bool,
+}
+
+impl std::fmt::Debug for ResponseStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResponseStream").field("id", &self.id).field("done", &self.done).finish()
+    }
+}
+
+impl ResponseStream {
+    pub(crate) fn new(id: u64, rx: mpsc::Receiver<StreamEvent>, transport: Arc<Transport>) -> Self {
+        ResponseStream { id, rx, transport, done: false }
+    }
+
+    /// The process-local stream id.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Whether the stream has ended (normally or with an error).
+    pub fn is_done(&self) -> bool {
+        self.done
+    }
+
+    /// Ask the worker to stop generating; items already sent still arrive, then the end.
+    pub fn stop_generating(&self) {
+        if !self.done {
+            self.transport.control(self.id, FrameKind::Stop);
+        }
+    }
+
+    /// Abandon the stream now: the worker drops it and this stream ends.
+    pub fn kill(&mut self) {
+        if !self.done {
+            self.done = true;
+            self.transport.abandon(self.id);
+        }
+    }
+
+    /// Poll for the next item; the same contract as [`Stream::poll_next`].
+    pub fn poll_item(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<ResponseItem>>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
+        match self.rx.poll_recv(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Some(StreamEvent::Item(item))) => Poll::Ready(Some(Ok(item))),
+            Poll::Ready(Some(StreamEvent::End)) => {
+                self.done = true;
+                Poll::Ready(None)
+            }
+            Poll::Ready(Some(StreamEvent::Error(e))) => {
+                self.done = true;
+                Poll::Ready(Some(Err(e)))
+            }
+            Poll::Ready(None) => {
+                self.done = true;
+                Poll::Ready(Some(Err(Error::new(ErrorKind::Disconnected, "the response stream ended without an end marker"))))
+            }
+        }
+    }
+
+    /// Take an item if one is already buffered, without registering a waker.
+    pub fn try_next(&mut self) -> Option<Result<ResponseItem>> {
+        let waker = futures::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        match self.poll_item(&mut cx) {
+            Poll::Ready(Some(r)) => Some(r),
+            _ => None,
+        }
+    }
+}
+
+impl Stream for ResponseStream {
+    type Item = Result<ResponseItem>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.poll_item(cx)
+    }
+}
+
+impl Drop for ResponseStream {
+    fn drop(&mut self) {
+        if !self.done {
+            self.transport.abandon(self.id);
+        }
+    }
+}

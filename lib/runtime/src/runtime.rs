@@ -1,0 +1,325 @@
+//! `DistributedRuntime`: the one object per process that owns the planes, the
+//! cancellation-token tree and graceful shutdown.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::component::{EndpointId, Namespace};
+use crate::config::{RequestPlane, RuntimeConfig};
+use crate::discovery::{self, Discovery, MemStore};
+use crate::error::{Error, ErrorKind, Result};
+use crate::events::EventPlane;
+use crate::instances::InstanceWatcher;
+use crate::metrics::MetricsRegistry;
+use crate::transport::{ServedEndpoint, Transport, TransportConfig};
+
+/// Bound on waiting for background tasks after the root token is cancelled.
+const TASK_EXIT_BOUND: Duration = Duration::from_secs(2);
+
+pub(crate) struct Registration {
+    pub id: EndpointId,
+    pub key: String,
+    pub endpoint: Arc<ServedEndpoint>,
+    pub cancel: CancellationToken,
+}
+
+struct Inner {
+    config: RuntimeConfig,
+    instance_id: u64,
+    cancel: CancellationToken,
+    tracker: TaskTracker,
+    discovery: Arc<dyn Discovery>,
+    transport: Arc<Transport>,
+    nats: Option<async_nats::Client>,
+    events: EventPlane,
+    metrics: MetricsRegistry,
+    registrations: Mutex<Vec<Registration>>,
+    watchers: Mutex<HashMap<String, Arc<InstanceWatcher>>>,
+    shutting_down: AtomicBool,
+    drained: watch::Sender<bool>,
+    closed: watch::Sender<bool>,
+    system_address: Mutex<Option<SocketAddr>>,
+}
+
+/// The process's handle on discovery, the request/response planes and the event plane.
+/// Cheap to clone.
+#[derive(Clone)]
+pub struct DistributedRuntime {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for DistributedRuntime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DistributedRuntime")
+            .field("instance_id", &format_args!("{:x}", self.inner.instance_id))
+            .field("discovery", &self.inner.config.discovery)
+            .field("request_plane", &self.inner.config.request_plane)
+            .finish()
+    }
+}
+
+impl DistributedRuntime {
+    /// Start a runtime configured from the environment.
+    pub async fn from_env() -> Result<Self> {
+        Self::new(RuntimeConfig::from_env()?).await
+    }
+
+    /// Start a runtime with `config` (the `mem` backend uses the process-wide store).
+    pub async fn new(config: RuntimeConfig) -> Result<Self> {
+        Self::with_mem_store(config, MemStore::global()).await
+    }
+
+    /// Start a runtime whose `mem` discovery uses `store` (tests run several "processes"
+    /// in one process this way).
+    pub async fn with_mem_store(config: RuntimeConfig, store: Arc<MemStore>) -> Result<Self> {
+        config.validate()?;
+        let cancel = CancellationToken::new();
+        let tracker = TaskTracker::new();
+        // Random and independent of any lease, so it stays the same across lease loss.
+        let instance_id = rand::random::<u64>() >> 1;
+        let discovery = discovery::connect(&config, cancel.clone(), Some(store)).await?;
+        let nats = if config.needs_nats() { Some(connect_nats(&config).await?) } else { None };
+        let host = config.resolved_tcp_host();
+        let transport_config = TransportConfig {
+            max_message_size: config.max_message_size,
+            connect_timeout: config.connect_timeout,
+            response_timeout: config.response_timeout,
+        };
+        let transport =
+            Transport::bind(transport_config, instance_id, &host, config.tcp_port, cancel.clone(), tracker.clone()).await?;
+        let events = match (&config.event_plane, &nats) {
+            (crate::config::EventPlane::Nats, Some(client)) => EventPlane::Nats(client.clone()),
+            _ => EventPlane::tcp(transport.clone(), discovery.clone()),
+        };
+        let runtime = DistributedRuntime {
+            inner: Arc::new(Inner {
+                instance_id,
+                cancel,
+                tracker,
+                discovery,
+                transport,
+                nats,
+                events,
+                metrics: MetricsRegistry::new()?,
+                registrations: Mutex::new(Vec::new()),
+                watchers: Mutex::new(HashMap::new()),
+                shutting_down: AtomicBool::new(false),
+                drained: watch::channel(false).0,
+                closed: watch::channel(false).0,
+                system_address: Mutex::new(None),
+                config,
+            }),
+        };
+        // Lease loss under the `shutdown` policy cancels the root token; turn that into an
+        // orderly shutdown rather than a half-dead process.
+        let rt = runtime.clone();
+        runtime.inner.tracker.spawn(async move {
+            rt.inner.cancel.cancelled().await;
+            if !rt.is_shutting_down() {
+                tracing::error!("runtime cancelled from below (lease loss?); shutting down");
+                rt.shutdown().await;
+            }
+        });
+        if runtime.inner.config.system_enabled {
+            let c = &runtime.inner.config;
+            let addr = crate::system_server::start(runtime.clone(), &c.system_host.clone(), c.system_port).await?;
+            tracing::info!(%addr, "system server listening");
+            *runtime.inner.system_address.lock() = Some(addr);
+        }
+        tracing::debug!(instance = %format_args!("{instance_id:x}"), address = runtime.inner.transport.address(), "runtime started");
+        Ok(runtime)
+    }
+
+    /// The configuration the runtime runs with.
+    pub fn config(&self) -> &RuntimeConfig {
+        &self.inner.config
+    }
+
+    /// This process's instance id: the same for every endpoint it serves, for its whole life.
+    pub fn instance_id(&self) -> u64 {
+        self.inner.instance_id
+    }
+
+    /// The discovery backend.
+    pub fn discovery(&self) -> &Arc<dyn Discovery> {
+        &self.inner.discovery
+    }
+
+    /// The event plane.
+    pub fn events(&self) -> &EventPlane {
+        &self.inner.events
+    }
+
+    /// The metrics registry (`/metrics`).
+    pub fn metrics(&self) -> &MetricsRegistry {
+        &self.inner.metrics
+    }
+
+    /// The NATS client, when a plane uses NATS.
+    pub fn nats(&self) -> Option<&async_nats::Client> {
+        self.inner.nats.as_ref()
+    }
+
+    /// The address of the system server, if enabled.
+    pub fn system_address(&self) -> Option<SocketAddr> {
+        *self.inner.system_address.lock()
+    }
+
+    /// The `host:port` of this process's TCP server.
+    pub fn tcp_address(&self) -> &str {
+        self.inner.transport.address()
+    }
+
+    /// A namespace handle.
+    pub fn namespace(&self, name: impl Into<String>) -> Result<Namespace> {
+        Namespace::new(self.clone(), name.into())
+    }
+
+    /// The root cancellation token: cancelled when the runtime shuts down.
+    pub fn cancel_token(&self) -> CancellationToken {
+        self.inner.cancel.clone()
+    }
+
+    /// A child of the root token, for work that must stop with the runtime.
+    pub fn child_token(&self) -> CancellationToken {
+        self.inner.cancel.child_token()
+    }
+
+    pub(crate) fn tracker(&self) -> TaskTracker {
+        self.inner.tracker.clone()
+    }
+
+    pub(crate) fn transport(&self) -> &Arc<Transport> {
+        &self.inner.transport
+    }
+
+    /// Whether shutdown has begun.
+    pub fn is_shutting_down(&self) -> bool {
+        self.inner.shutting_down.load(Ordering::Acquire)
+    }
+
+    /// `ns/comp/ep` of every endpoint this process serves.
+    pub fn served_endpoints(&self) -> Vec<String> {
+        self.inner.registrations.lock().iter().map(|r| r.id.path()).collect()
+    }
+
+    pub(crate) fn register(&self, registration: Registration) -> Result<()> {
+        if self.is_shutting_down() {
+            return Err(Error::new(ErrorKind::Shutdown, "the runtime is shutting down"));
+        }
+        self.inner.registrations.lock().push(registration);
+        Ok(())
+    }
+
+    /// The shared watcher of an endpoint's instances (one per endpoint per process).
+    pub(crate) async fn instance_watcher(&self, id: &EndpointId) -> Result<Arc<InstanceWatcher>> {
+        let key = id.path();
+        if let Some(w) = self.inner.watchers.lock().get(&key) {
+            return Ok(w.clone());
+        }
+        let watcher = InstanceWatcher::start(self, id).await?;
+        Ok(self.inner.watchers.lock().entry(key).or_insert(watcher).clone())
+    }
+
+    /// Resolves once every served endpoint has drained (or the drain bound passed).
+    pub async fn drained(&self) {
+        let mut rx = self.inner.drained.subscribe();
+        let _ = rx.wait_for(|d| *d).await;
+    }
+
+    /// Resolves once shutdown has finished.
+    pub async fn closed(&self) {
+        let mut rx = self.inner.closed.subscribe();
+        let _ = rx.wait_for(|d| *d).await;
+    }
+
+    /// Shut down gracefully: stop taking requests, drain in-flight streams (bounded by
+    /// `DYN_SHUTDOWN_TIMEOUT`), remove registrations and give up the lease, close
+    /// connections. Safe to call more than once; later calls wait for the first.
+    pub async fn shutdown(&self) {
+        if self.inner.shutting_down.swap(true, Ordering::AcqRel) {
+            self.closed().await;
+            return;
+        }
+        let registrations = std::mem::take(&mut *self.inner.registrations.lock());
+        // 1. Stop taking requests: unregister first so clients route elsewhere, then refuse.
+        for r in &registrations {
+            if let Err(e) = self.inner.discovery.delete(&r.key).await {
+                tracing::warn!(key = r.key, error = %e, "could not remove registration");
+            }
+            r.endpoint.draining.store(true, Ordering::Release);
+        }
+        // 2. Drain in-flight streams, bounded.
+        let deadline = Instant::now() + self.inner.config.shutdown_timeout;
+        loop {
+            let inflight: u64 = registrations.iter().map(|r| r.endpoint.metrics.inflight()).sum();
+            if inflight == 0 {
+                break;
+            }
+            if Instant::now() >= deadline {
+                tracing::warn!(inflight, timeout = ?self.inner.config.shutdown_timeout, "drain bound reached; dropping in-flight streams");
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        for r in &registrations {
+            r.cancel.cancel();
+            self.inner.transport.remove_endpoint(&r.id.path());
+        }
+        self.inner.drained.send_replace(true);
+        // 3. Give up the lease, 4. close everything.
+        self.inner.discovery.shutdown().await;
+        self.inner.cancel.cancel();
+        self.inner.tracker.close();
+        if tokio::time::timeout(TASK_EXIT_BOUND, self.inner.tracker.wait()).await.is_err() {
+            tracing::debug!("some background tasks outlived the shutdown bound");
+        }
+        self.inner.closed.send_replace(true);
+    }
+
+    /// Whether requests from this process can reach an instance registered with `plane`.
+    pub(crate) fn check_plane(&self, plane: RequestPlane, instance: u64) -> Result<()> {
+        if plane == RequestPlane::Nats && self.inner.nats.is_none() {
+            return Err(Error::new(
+                ErrorKind::Config,
+                format!(
+                    "instance {instance:x} takes requests over NATS but this process has no NATS connection \
+                     (set DYN_REQUEST_PLANE=nats and NATS_SERVER)"
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+async fn connect_nats(config: &RuntimeConfig) -> Result<async_nats::Client> {
+    let options = async_nats::ConnectOptions::new()
+        .connection_timeout(config.connect_timeout)
+        .retry_on_initial_connect()
+        .max_reconnects(None);
+    // `retry_on_initial_connect` makes connect return at once; wait (bounded) for the
+    // first connection so a wrong NATS_SERVER fails here with a clear message.
+    let client = options
+        .connect(&config.nats_server)
+        .await
+        .map_err(|e| Error::with_source(ErrorKind::Nats, format!("cannot connect to NATS at {}", config.nats_server), e))?;
+    let deadline = Instant::now() + config.connect_timeout;
+    while client.connection_state() != async_nats::connection::State::Connected {
+        if Instant::now() >= deadline {
+            return Err(Error::new(
+                ErrorKind::Nats,
+                format!("cannot connect to NATS at {} within {:?} (NATS_SERVER)", config.nats_server, config.connect_timeout),
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(client)
+}

@@ -1,0 +1,148 @@
+//! End-to-end tests of the request/response planes on the embedded backends, with
+//! several runtimes in one process sharing an in-memory discovery store.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use dynamo_runtime::config::{DiscoveryBackend, RuntimeConfig};
+use dynamo_runtime::discovery::MemStore;
+use dynamo_runtime::typed::{decode_item, stream_handler};
+use dynamo_runtime::{DistributedRuntime, ErrorKind, RequestContext};
+use futures::StreamExt;
+
+fn mem_config() -> RuntimeConfig {
+    RuntimeConfig { discovery: DiscoveryBackend::Mem, shutdown_timeout: Duration::from_secs(5), ..Default::default() }
+}
+
+async fn runtime(store: &Arc<MemStore>) -> DistributedRuntime {
+    DistributedRuntime::with_mem_store(mem_config(), store.clone()).await.unwrap()
+}
+
+/// A handler streaming `n` numbers; fails with "x" when asked for -1.
+async fn serve_counter(rt: &DistributedRuntime) {
+    let handler = stream_handler(|n: i64, ctx: RequestContext| {
+        async_stream(n, ctx)
+    });
+    rt.namespace("t").unwrap().component("counter").unwrap().endpoint("generate").unwrap().start(handler).await.unwrap();
+}
+
+fn async_stream(n: i64, ctx: RequestContext) -> impl futures::Stream<Item = Result<i64, String>> + Send {
+    futures::stream::unfold(0i64, move |i| {
+        let ctx = ctx.clone();
+        async move {
+            if n < 0 {
+                return if i == 0 { Some((Err("x".to_string()), 1)) } else { None };
+            }
+            if i >= n || ctx.is_stopped() {
+                return None;
+            }
+            if n > 10_000 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            Some((Ok(i), i + 1))
+        }
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_order_errors_and_direct() {
+    let store = Arc::new(MemStore::default());
+    let worker = runtime(&store).await;
+    serve_counter(&worker).await;
+    let caller = runtime(&store).await;
+    let client = caller.namespace("t").unwrap().component("counter").unwrap().endpoint("generate").unwrap().client().await.unwrap();
+    let ids = client.wait_for_instances(Some(Duration::from_secs(5))).await.unwrap();
+    assert_eq!(ids, vec![worker.instance_id()]);
+
+    let mut stream = client.round_robin(Bytes::from_static(b"1000")).await.unwrap();
+    let mut got = Vec::new();
+    while let Some(item) = stream.next().await {
+        got.push(decode_item::<i64>(&item.unwrap()).unwrap());
+    }
+    assert_eq!(got, (0..1000).collect::<Vec<_>>());
+
+    let mut failing = client.generate(Bytes::from_static(b"-1")).await.unwrap();
+    let err = failing.next().await.unwrap().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Handler);
+    assert_eq!(err.message(), "x");
+    assert!(failing.next().await.is_none());
+
+    let mut bad = client.generate(Bytes::from_static(b"{not json")).await.unwrap();
+    assert_eq!(bad.next().await.unwrap().unwrap_err().kind(), ErrorKind::Serialization);
+
+    let err = client.direct(Bytes::from_static(b"1"), 12345).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InstanceNotFound);
+    let mut direct = client.direct(Bytes::from_static(b"3"), worker.instance_id()).await.unwrap();
+    let mut n = 0;
+    while let Some(item) = direct.next().await {
+        item.unwrap();
+        n += 1;
+    }
+    assert_eq!(n, 3);
+    caller.shutdown().await;
+    worker.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_and_drop_reach_the_worker_and_shutdown_unregisters() {
+    let store = Arc::new(MemStore::default());
+    let worker = runtime(&store).await;
+    serve_counter(&worker).await;
+    let caller = runtime(&store).await;
+    let client = caller.namespace("t").unwrap().component("counter").unwrap().endpoint("generate").unwrap().client().await.unwrap();
+    client.wait_for_instances(Some(Duration::from_secs(5))).await.unwrap();
+
+    // A slow, long stream: stop_generating makes the handler end it early.
+    let mut stream = client.generate(Bytes::from_static(b"1000000")).await.unwrap();
+    stream.next().await.unwrap().unwrap();
+    stream.stop_generating();
+    let mut rest = 0;
+    while let Some(item) = stream.next().await {
+        item.unwrap();
+        rest += 1;
+    }
+    assert!(rest < 1000, "stream kept going after stop: {rest}");
+
+    // Graceful shutdown drains an in-flight stream, then the instance disappears.
+    let mut inflight = client.generate(Bytes::from_static(b"50")).await.unwrap();
+    let shutdown = tokio::spawn({
+        let worker = worker.clone();
+        async move { worker.shutdown().await }
+    });
+    let mut count = 0;
+    while let Some(item) = inflight.next().await {
+        item.unwrap();
+        count += 1;
+    }
+    assert_eq!(count, 50);
+    tokio::time::timeout(Duration::from_secs(10), shutdown).await.unwrap().unwrap();
+    assert!(client.instance_ids().is_empty());
+    let err = client.generate(Bytes::from_static(b"1")).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NoInstances);
+    caller.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_on_the_embedded_plane() {
+    let store = Arc::new(MemStore::default());
+    let publisher = runtime(&store).await;
+    let subscriber = runtime(&store).await;
+    let ns_pub = publisher.namespace("ev").unwrap();
+    let mut sub = subscriber.namespace("ev").unwrap().subscribe("kv_events").await.unwrap();
+    // At-most-once delivery: publish until the subscriber is connected and sees one.
+    let got = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            ns_pub.publish("kv_events", Bytes::from_static(b"{\"a\":1}")).await.unwrap();
+            if let Ok(Some(ev)) = tokio::time::timeout(Duration::from_millis(100), sub.next_event()).await {
+                return ev;
+            }
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(got.subject, "namespace.ev.kv_events");
+    assert_eq!(&got.payload[..], b"{\"a\":1}");
+    publisher.shutdown().await;
+    subscriber.shutdown().await;
+}
