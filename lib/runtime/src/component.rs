@@ -117,6 +117,11 @@ impl Namespace {
         &self.name
     }
 
+    /// The runtime.
+    pub fn runtime(&self) -> &DistributedRuntime {
+        &self.runtime
+    }
+
     /// A component of this namespace.
     pub fn component(&self, name: impl Into<String>) -> Result<Component> {
         let name = name.into();

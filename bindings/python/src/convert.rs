@@ -1,0 +1,47 @@
+//! Python objects ↔ JSON bytes, transcoded directly (no intermediate `serde_json::Value`).
+
+use bytes::Bytes;
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+
+/// Serialize a JSON-like Python object (pydantic models via `model_dump(mode="json")`).
+pub fn to_json(obj: &Bound<'_, PyAny>) -> PyResult<Bytes> {
+    let dumped;
+    let obj = if obj.hasattr("model_dump")? {
+        dumped = obj.call_method("model_dump", (), Some(&[("mode", "json")].into_py_dict_bound(obj.py())?))?;
+        &dumped
+    } else {
+        obj
+    };
+    let mut out = Vec::with_capacity(64);
+    let mut de = pythonize::Depythonizer::from_object(obj);
+    let mut ser = serde_json::Serializer::new(&mut out);
+    serde_transcode::transcode(&mut de, &mut ser)
+        .map_err(|e| PyTypeError::new_err(format!("not JSON-serializable: {e}")))?;
+    Ok(out.into())
+}
+
+/// Parse JSON bytes into Python objects.
+pub fn from_json(py: Python<'_>, data: &[u8]) -> PyResult<Py<PyAny>> {
+    if data.is_empty() {
+        return Ok(py.None());
+    }
+    let mut de = serde_json::Deserializer::from_slice(data);
+    let obj = serde_transcode::transcode(&mut de, pythonize::Pythonizer::new(py))
+        .map_err(|e| PyValueError::new_err(format!("invalid JSON in a message: {e}")))?;
+    Ok(obj.unbind())
+}
+
+trait IntoKwargs {
+    fn into_py_dict_bound<'py>(self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyDict>>;
+}
+
+impl IntoKwargs for &[(&str, &str)] {
+    fn into_py_dict_bound<'py>(self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
+        let d = pyo3::types::PyDict::new(py);
+        for (k, v) in self {
+            d.set_item(k, v)?;
+        }
+        Ok(d)
+    }
+}

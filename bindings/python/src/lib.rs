@@ -1,0 +1,29 @@
+//! `dynamo._core`: thin PyO3 wrappers over `dynamo-runtime`. Conversion and the
+//! asyncio bridge live here; behaviour lives in the runtime crate and in `python/dynamo`.
+
+mod bridge;
+mod client;
+mod convert;
+mod errors;
+mod events;
+mod poll_iter;
+mod runtime;
+mod serving;
+
+use pyo3::prelude::*;
+
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<runtime::PyDistributedRuntime>()?;
+    m.add_class::<runtime::PyNamespace>()?;
+    m.add_class::<runtime::PyComponent>()?;
+    m.add_class::<runtime::PyEndpoint>()?;
+    m.add_class::<client::PyClient>()?;
+    m.add_class::<client::PyResponseStream>()?;
+    m.add_class::<client::Annotated>()?;
+    m.add_class::<serving::PyRequestContext>()?;
+    m.add_class::<events::PySubscription>()?;
+    errors::register(m)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

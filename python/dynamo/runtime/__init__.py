@@ -1,0 +1,150 @@
+"""The low-level runtime API: ``DistributedRuntime`` → namespace → component → endpoint.
+
+```python
+@dynamo_worker()
+async def worker(runtime: DistributedRuntime):
+    endpoint = runtime.namespace("ns").component("backend").endpoint("generate")
+    await endpoint.serve_endpoint(handler)
+```
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import signal
+from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from dynamo._core import (
+    Annotated,
+    Client,
+    Component,
+    ConfigError,
+    DistributedRuntime,
+    DynamoError,
+    DynamoTimeoutError,
+    Endpoint,
+    HandlerError,
+    InstanceNotFoundError,
+    Namespace,
+    NoInstancesError,
+    PayloadTooLargeError,
+    RequestContext,
+    ResponseStream,
+    StreamDisconnectedError,
+    Subscription,
+)
+
+__all__ = [
+    "Annotated",
+    "Client",
+    "Component",
+    "ConfigError",
+    "DistributedRuntime",
+    "DynamoError",
+    "DynamoTimeoutError",
+    "Endpoint",
+    "HandlerError",
+    "InstanceNotFoundError",
+    "Namespace",
+    "NoInstancesError",
+    "PayloadTooLargeError",
+    "RequestContext",
+    "ResponseStream",
+    "StreamDisconnectedError",
+    "Subscription",
+    "dynamo_endpoint",
+    "dynamo_worker",
+]
+
+logger = logging.getLogger("dynamo.runtime")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def dynamo_worker(static: bool = False) -> Callable[[Callable[..., Awaitable[Any]]], Callable[..., Awaitable[Any]]]:
+    """Decorate ``async def worker(runtime, *args)``: calling it builds a runtime from the
+    environment on the running loop, turns SIGINT/SIGTERM into graceful shutdown, runs
+    the function, and shuts the runtime down when it returns or raises.
+
+    ``static`` is accepted for compatibility with older scripts and changes nothing.
+    """
+
+    def decorator(func: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+        @functools.wraps(func)
+        async def wrapper(*args: Any, **kwargs: Any) -> Any:
+            loop = asyncio.get_running_loop()
+            runtime = DistributedRuntime(loop, static)
+            installed = []
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                try:
+                    loop.add_signal_handler(sig, _on_signal, runtime, sig)
+                    installed.append(sig)
+                except (NotImplementedError, RuntimeError, ValueError):
+                    pass  # not the main thread, or a platform without signals
+            try:
+                return await func(runtime, *args, **kwargs)
+            finally:
+                await runtime.shutdown()
+                for sig in installed:
+                    loop.remove_signal_handler(sig)
+
+        return wrapper
+
+    return decorator
+
+
+def _on_signal(runtime: DistributedRuntime, sig: signal.Signals) -> None:
+    logger.info("received %s; shutting down gracefully", sig.name)
+    runtime.shutdown()
+
+
+def dynamo_endpoint(
+    request_model: type | None = None, response_model: type | None = None
+) -> Callable[[F], F]:
+    """Validate requests into ``request_model`` (a pydantic model) before the handler
+    sees them, and items against ``response_model`` before they are sent.
+
+    Works on functions and methods whose last positional argument before an optional
+    context is the request.
+    """
+
+    def decorator(func: F) -> F:
+        is_method = _is_method(func)
+
+        @functools.wraps(func)
+        async def wrapper(*args: Any) -> AsyncIterator[Any]:
+            args_list = list(args)
+            index = 1 if is_method else 0
+            if request_model is not None and issubclass(request_model, BaseModel):
+                args_list[index] = _parse(request_model, args_list[index])
+            async for item in func(*args_list):
+                if response_model is not None and issubclass(response_model, BaseModel):
+                    if not isinstance(item, response_model):
+                        item = response_model.model_validate(item)
+                yield item
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorator
+
+
+def _is_method(func: Callable[..., Any]) -> bool:
+    import inspect
+
+    params = list(inspect.signature(func).parameters)
+    return bool(params) and params[0] == "self"
+
+
+def _parse(model: type[BaseModel], value: Any) -> BaseModel:
+    if isinstance(value, model):
+        return value
+    try:
+        if isinstance(value, (str, bytes)):
+            return model.model_validate_json(value)
+        return model.model_validate(value)
+    except ValidationError as exc:
+        raise ValueError(f"invalid request for {model.__name__}: {exc}") from exc
