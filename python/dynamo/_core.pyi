@@ -1,0 +1,233 @@
+"""Type stubs of the compiled core, ``dynamo._core``.
+
+Kept by hand; ``scripts/test.sh`` runs ``mypy.stubtest`` so this file and the module
+cannot drift apart.
+"""
+
+import asyncio
+from typing import Any, Awaitable, Coroutine, final
+
+__version__: str
+__all__ = [
+    "Annotated",
+    "Client",
+    "Component",
+    "ConfigError",
+    "DistributedRuntime",
+    "DynamoError",
+    "DynamoTimeoutError",
+    "Endpoint",
+    "HandlerError",
+    "InstanceNotFoundError",
+    "Namespace",
+    "NoInstancesError",
+    "PayloadTooLargeError",
+    "RequestContext",
+    "ResponseStream",
+    "StreamDisconnectedError",
+    "Subscription",
+    "__version__",
+]
+
+class DynamoError(Exception):
+    """Base class of the runtime's errors."""
+
+class ConfigError(DynamoError):
+    """A configuration value is missing or invalid (the message names it)."""
+
+class NoInstancesError(DynamoError):
+    """No instance of the endpoint is registered."""
+
+class InstanceNotFoundError(DynamoError):
+    """``direct()`` named an instance id that is not registered."""
+
+class StreamDisconnectedError(DynamoError):
+    """The worker could not be reached, or died / dropped the connection mid-stream."""
+
+class DynamoTimeoutError(DynamoError):
+    """A bounded wait ran out (``wait_for_instances(timeout=…)``, NATS acknowledgement, …)."""
+
+class PayloadTooLargeError(DynamoError):
+    """A request exceeds the size limit of the plane that would carry it."""
+
+class HandlerError(ValueError):
+    """The remote handler raised; ``str(e)`` is ``"<ExceptionType>: <message>"``."""
+
+@final
+class DistributedRuntime:
+    """The process's handle on discovery and the request, response and event planes.
+
+    Arguments:
+        event_loop: the asyncio loop results are delivered on (the running loop).
+        is_static: accepted for compatibility; changes nothing.
+        discovery: ``"file"``, ``"etcd"`` or ``"mem"``; default ``DYN_DISCOVERY_BACKEND`` or ``file``.
+        request_plane: ``"tcp"`` or ``"nats"``; default ``DYN_REQUEST_PLANE`` or ``tcp``.
+        event_plane: ``"tcp"`` or ``"nats"``; default ``DYN_EVENT_PLANE`` or ``tcp``.
+
+    Raises:
+        ConfigError: a value (argument or environment variable) is invalid.
+        DynamoError: a backend (etcd, NATS) cannot be reached within the connect timeout.
+    """
+
+    def __new__(
+        cls,
+        event_loop: asyncio.AbstractEventLoop,
+        is_static: bool = False,
+        *,
+        discovery: str | None = None,
+        request_plane: str | None = None,
+        event_plane: str | None = None,
+    ) -> "DistributedRuntime": ...
+    def namespace(self, name: str) -> Namespace:
+        """A namespace handle."""
+    def endpoint(self, path: str) -> Endpoint:
+        """The endpoint at ``"namespace.component.endpoint"`` (``dyn://`` prefix allowed)."""
+    def instance_id(self) -> int:
+        """This process's instance id, the same for all its endpoints and its whole life."""
+    def event_loop(self) -> asyncio.AbstractEventLoop:
+        """The loop the runtime is bound to."""
+    def system_address(self) -> str | None:
+        """``host:port`` of the system server (``DYN_SYSTEM_ENABLED``), else ``None``."""
+    def shutdown(self) -> Awaitable[None]:
+        """Begin graceful shutdown now: unregister, drain in-flight streams (bounded by
+        ``DYN_SHUTDOWN_TIMEOUT``), give up the lease, close connections. The returned
+        awaitable completes when shutdown is done; it need not be awaited."""
+    def closed(self) -> Coroutine[Any, Any, None]:
+        """Completes when shutdown has finished."""
+    def is_shutting_down(self) -> bool:
+        """Whether shutdown has begun."""
+
+@final
+class Namespace:
+    """A group of components and an event scope."""
+
+    def component(self, name: str) -> Component:
+        """A component of this namespace."""
+    def name(self) -> str:
+        """The namespace's name."""
+    def publish(self, name: str, obj: Any) -> Awaitable[None]:
+        """Publish ``obj`` (JSON-able) as event ``name`` of this namespace."""
+    def subscribe(self, name: str) -> Awaitable[Subscription]:
+        """Subscribe to event ``name`` of this namespace."""
+
+@final
+class Component:
+    """A kind of worker, with endpoints."""
+
+    def endpoint(self, name: str) -> Endpoint:
+        """An endpoint of this component."""
+    def name(self) -> str:
+        """The component's name."""
+    def create_service(self) -> Awaitable[None]:
+        """Kept for compatibility: endpoints register themselves when served."""
+    def publish(self, name: str, obj: Any) -> Awaitable[None]:
+        """Publish ``obj`` (JSON-able) as event ``name`` of this component."""
+    def subscribe(self, name: str) -> Awaitable[Subscription]:
+        """Subscribe to event ``name`` of this component."""
+
+@final
+class Endpoint:
+    """A named streaming request handler of a component."""
+
+    def serve_endpoint(self, handler: Any) -> Coroutine[Any, Any, None]:
+        """Serve ``handler(request)`` or ``handler(request, context)`` (an async generator
+        function, or a coroutine function returning one item) until the runtime shuts
+        down and in-flight streams have drained.
+
+        Raises:
+            DynamoError: the endpoint is already served by this process, or the runtime
+                is shutting down.
+        """
+    def client(self) -> Coroutine[Any, Any, Client]:
+        """A client of this endpoint."""
+    def lease_id(self) -> int:
+        """The instance id this endpoint registers with."""
+    def name(self) -> str:
+        """The endpoint's name."""
+    def path(self) -> str:
+        """``namespace.component.endpoint``."""
+
+@final
+class Client:
+    """Calls one endpoint, routing among its instances."""
+
+    def instance_ids(self) -> list[int]:
+        """Ids of the registered instances, ascending."""
+    def endpoint_ids(self) -> list[int]:
+        """Same as ``instance_ids()``."""
+    def wait_for_instances(self, timeout: float | None = None) -> Coroutine[Any, Any, list[int]]:
+        """Wait until an instance is registered and return the ids.
+
+        Raises:
+            DynamoTimeoutError: ``timeout`` seconds passed with no instance.
+        """
+    def generate(self, request: Any, annotated: bool = True) -> Awaitable[ResponseStream]:
+        """Send to the next instance in turn (the default routing)."""
+    def round_robin(self, request: Any, annotated: bool = True) -> Awaitable[ResponseStream]:
+        """Send to the next instance in turn."""
+    def random(self, request: Any, annotated: bool = True) -> Awaitable[ResponseStream]:
+        """Send to a random instance."""
+    def direct(self, request: Any, instance_id: int, annotated: bool = True) -> Awaitable[ResponseStream]:
+        """Send to ``instance_id``.
+
+        Raises:
+            InstanceNotFoundError: the id is not registered.
+        """
+
+@final
+class ResponseStream:
+    """Response items of one request. Items are :class:`Annotated` (or the raw data with
+    ``annotated=False``). Iteration raises :class:`HandlerError` if the handler failed and
+    :class:`StreamDisconnectedError` if the worker died. Dropping the stream before its
+    end kills it on the worker."""
+
+    def __aiter__(self) -> ResponseStream: ...
+    def __anext__(self) -> Awaitable[Any]: ...
+    def stop_generating(self) -> None:
+        """Ask the worker to stop; items already sent and the end still arrive."""
+    def kill(self) -> None:
+        """Abandon the stream now."""
+    def is_done(self) -> bool:
+        """Whether the stream has ended."""
+
+@final
+class Annotated:
+    """A response item and its annotations."""
+
+    def data(self) -> Any:
+        """The item's data."""
+    def id(self) -> str | None:
+        """The item's id, if any."""
+    def event(self) -> str | None:
+        """The annotation's event name, if any."""
+    def comments(self) -> list[str] | None:
+        """The annotation's comments, if any."""
+    def is_error(self) -> bool:
+        """Whether this is an error annotation."""
+
+@final
+class RequestContext:
+    """What a handler knows about its request: the id and whether the caller stopped it."""
+
+    def id(self) -> str:
+        """The request id (the caller's, propagated)."""
+    def is_stopped(self) -> bool:
+        """True once the caller asked to stop (or killed the stream)."""
+    def is_killed(self) -> bool:
+        """True once the caller is gone; the handler's task is being cancelled."""
+    def stop_generating(self) -> None:
+        """Mark the stream stopped from the handler side."""
+    def stopped(self) -> Awaitable[None]:
+        """Completes when the stream is stopped or killed."""
+    def async_killed_or_stopped(self) -> Awaitable[None]:
+        """Same as ``stopped()``."""
+    def killed(self) -> Awaitable[None]:
+        """Completes when the stream is killed."""
+    def _attach_task(self, task: asyncio.Task[Any]) -> None: ...
+
+@final
+class Subscription:
+    """Events of one subject, decoded from JSON."""
+
+    def __aiter__(self) -> Subscription: ...
+    def __anext__(self) -> Awaitable[Any]: ...
