@@ -110,7 +110,8 @@ impl Etcd {
 
     /// Revoke `lease` behind the client's back, as if etcd had expired it.
     async fn revoke(&self, lease: i64) {
-        let mut raw = etcd_client::Client::connect([&self.endpoint], None).await.expect("raw client");
+        let mut raw =
+            etcd_client::Client::connect([&self.endpoint], None).await.expect("raw client");
         raw.lease_revoke(lease).await.expect("revoke");
     }
 }
@@ -131,7 +132,10 @@ fn kv(key: &str, value: &'static str) -> KeyValue {
 }
 
 async fn next(watch: &mut PrefixWatch, within: Duration) -> WatchEvent {
-    timeout(within, watch.events.recv()).await.expect("no watch event in time").expect("watch ended")
+    timeout(within, watch.events.recv())
+        .await
+        .expect("no watch event in time")
+        .expect("watch ended")
 }
 
 const TTL: Duration = Duration::from_secs(2);
@@ -200,7 +204,10 @@ async fn etcd_shutdown_removes_leased_keys_at_once() {
     let started = Instant::now();
     a.shutdown().await;
     // Well under the 30 s TTL: the lease was revoked, not left to expire.
-    assert_eq!(next(&mut watch, Duration::from_secs(3)).await, WatchEvent::Delete("ns/ep/a".into()));
+    assert_eq!(
+        next(&mut watch, Duration::from_secs(3)).await,
+        WatchEvent::Delete("ns/ep/a".into())
+    );
     assert!(started.elapsed() < Duration::from_secs(3));
     assert_eq!(w.get("ns/ep/a").await.unwrap(), None);
     assert_eq!(w.get("ns/keep").await.unwrap(), Some(b("k")));
@@ -220,8 +227,15 @@ async fn etcd_dead_client_keys_expire_after_ttl() {
     cancel_a.cancel();
     drop(a);
     let started = Instant::now();
-    assert_eq!(next(&mut watch, Duration::from_secs(8)).await, WatchEvent::Delete("ns/ep/a".into()));
-    assert!(started.elapsed() >= Duration::from_millis(500), "gone too early: {:?}", started.elapsed());
+    assert_eq!(
+        next(&mut watch, Duration::from_secs(8)).await,
+        WatchEvent::Delete("ns/ep/a".into())
+    );
+    assert!(
+        started.elapsed() >= Duration::from_millis(500),
+        "gone too early: {:?}",
+        started.elapsed()
+    );
     assert_eq!(w.get_prefix("ns/ep/").await.unwrap(), vec![kv("ns/ep/w", "w")]);
     w.shutdown().await;
 }
@@ -282,12 +296,10 @@ async fn etcd_dead_endpoint_fails_fast_with_a_clear_error() {
         ..RuntimeConfig::default()
     };
     let started = Instant::now();
-    let result = timeout(
-        Duration::from_secs(10),
-        EtcdDiscovery::connect(&config, CancellationToken::new()),
-    )
-    .await
-    .expect("connect hung");
+    let result =
+        timeout(Duration::from_secs(10), EtcdDiscovery::connect(&config, CancellationToken::new()))
+            .await
+            .expect("connect hung");
     let e = result.err().expect("connect to a dead endpoint succeeded");
     assert_eq!(e.kind(), ErrorKind::Discovery);
     assert!(e.to_string().contains(&endpoint), "{e}");

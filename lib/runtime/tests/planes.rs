@@ -106,11 +106,13 @@ async fn stop_and_drop_reach_the_worker_and_shutdown_unregisters() {
 
     // Graceful shutdown drains an in-flight stream, then the instance disappears.
     let mut inflight = client.generate(Bytes::from_static(b"50")).await.unwrap();
+    // The stream is in flight once its first item arrived.
+    inflight.next().await.unwrap().unwrap();
     let shutdown = tokio::spawn({
         let worker = worker.clone();
         async move { worker.shutdown().await }
     });
-    let mut count = 0;
+    let mut count = 1;
     while let Some(item) = inflight.next().await {
         item.unwrap();
         count += 1;

@@ -100,7 +100,10 @@ impl Shared {
             )),
             Err(_) => Err(Error::new(
                 ErrorKind::Discovery,
-                format!("etcd {what} got no answer within {REQUEST_TIMEOUT:?} ({})", self.endpoints),
+                format!(
+                    "etcd {what} got no answer within {REQUEST_TIMEOUT:?} ({})",
+                    self.endpoints
+                ),
             )),
         }
     }
@@ -111,10 +114,17 @@ impl Shared {
 
     /// Put `key` under `lease` only if it does not exist (or, when `ours` is given,
     /// still belongs to that lease of ours). Returns whether it was written.
-    async fn create(&self, key: &str, value: &Bytes, lease: i64, ours: Option<i64>) -> Result<bool> {
+    async fn create(
+        &self,
+        key: &str,
+        value: &Bytes,
+        lease: i64,
+        ours: Option<i64>,
+    ) -> Result<bool> {
         let put = || TxnOp::put(key, value.to_vec(), Some(PutOptions::new().with_lease(lease)));
         if let Some(old) = ours {
-            let txn = Txn::new().when([Compare::lease(key, CompareOp::Equal, old)]).and_then([put()]);
+            let txn =
+                Txn::new().when([Compare::lease(key, CompareOp::Equal, old)]).and_then([put()]);
             let mut kv = self.client.kv_client();
             if self.request("transaction", kv.txn(txn)).await?.succeeded() {
                 return Ok(true);
@@ -196,8 +206,11 @@ impl Shared {
                     } else {
                         let mut kv = self.client.kv_client();
                         let options = PutOptions::new().with_lease(lease);
-                        self.request("put", kv.put(key.as_str(), reg.value.to_vec(), Some(options)))
-                            .await?;
+                        self.request(
+                            "put",
+                            kv.put(key.as_str(), reg.value.to_vec(), Some(options)),
+                        )
+                        .await?;
                     }
                 }
                 Ok::<_, Error>((lease, taken))
@@ -223,7 +236,10 @@ impl Shared {
                     last_error = Some(e);
                 }
                 Err(_) => {
-                    tracing::warn!(attempt, "etcd re-registration attempt timed out after {attempt_timeout:?}");
+                    tracing::warn!(
+                        attempt,
+                        "etcd re-registration attempt timed out after {attempt_timeout:?}"
+                    );
                     last_error = Some(Error::new(
                         ErrorKind::Discovery,
                         format!("re-registration timed out after {attempt_timeout:?}"),
@@ -330,7 +346,9 @@ impl EtcdDiscovery {
 
 fn to_key_value(kv: &etcd_client::KeyValue) -> Option<KeyValue> {
     match kv.key_str() {
-        Ok(key) => Some(KeyValue { key: key.to_string(), value: Bytes::copy_from_slice(kv.value()) }),
+        Ok(key) => {
+            Some(KeyValue { key: key.to_string(), value: Bytes::copy_from_slice(kv.value()) })
+        }
         Err(_) => {
             // Every key this runtime writes is a string; anything else is foreign.
             tracing::warn!(key = ?kv.key(), "skipping a non-UTF-8 etcd key");
@@ -409,7 +427,10 @@ impl Discovery for EtcdDiscovery {
         let options = GetOptions::new().with_prefix().with_sort(SortTarget::Key, SortOrder::Ascend);
         let snapshot = s.request("get", kv.get(prefix, Some(options))).await?;
         let revision = snapshot.header().map(|h| h.revision()).ok_or_else(|| {
-            Error::new(ErrorKind::Discovery, format!("etcd get answered without a revision ({})", s.endpoints))
+            Error::new(
+                ErrorKind::Discovery,
+                format!("etcd get answered without a revision ({})", s.endpoints),
+            )
         })?;
         let initial = snapshot.kvs().iter().filter_map(to_key_value).collect();
 

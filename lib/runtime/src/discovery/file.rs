@@ -309,7 +309,8 @@ impl Store {
         let mut live = Vec::new();
         let mut expired = Vec::new();
         for item in listing {
-            let item = item.map_err(|e| io_error(format!("cannot list {}", self.keys.display()), e))?;
+            let item =
+                item.map_err(|e| io_error(format!("cannot list {}", self.keys.display()), e))?;
             let name = item.file_name();
             let Some(key) = name.to_str().and_then(decode_key) else { continue };
             if !key.starts_with(prefix) {
@@ -403,7 +404,10 @@ impl Store {
                 Ok(()) => break Ok(id),
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
                 Err(e) => {
-                    break Err(io_error(format!("cannot create a lease in {}", self.leases.display()), e))
+                    break Err(io_error(
+                        format!("cannot create a lease in {}", self.leases.display()),
+                        e,
+                    ))
                 }
             }
         };
@@ -423,7 +427,8 @@ impl Store {
         let listing = fs::read_dir(&self.keys)
             .map_err(|e| io_error(format!("cannot list {}", self.keys.display()), e))?;
         for item in listing {
-            let item = item.map_err(|e| io_error(format!("cannot list {}", self.keys.display()), e))?;
+            let item =
+                item.map_err(|e| io_error(format!("cannot list {}", self.keys.display()), e))?;
             if item.file_name().to_str().and_then(decode_key).is_none() {
                 continue;
             }
@@ -446,8 +451,8 @@ impl Store {
         self.scan("")?;
         let mut dead = Vec::new();
         for dir in [&self.leases, &self.keys] {
-            let listing =
-                fs::read_dir(dir).map_err(|e| io_error(format!("cannot list {}", dir.display()), e))?;
+            let listing = fs::read_dir(dir)
+                .map_err(|e| io_error(format!("cannot list {}", dir.display()), e))?;
             for item in listing.flatten() {
                 let name = item.file_name();
                 let Some(name) = name.to_str() else { continue };
@@ -490,14 +495,15 @@ async fn blocking<T: Send + 'static>(
     f: impl FnOnce(&Store) -> Result<T> + Send + 'static,
 ) -> Result<T> {
     let store = store.clone();
-    tokio::task::spawn_blocking(move || f(&store)).await.map_err(|e| {
-        Error::with_source(ErrorKind::Discovery, "a file discovery task failed", e)
-    })?
+    tokio::task::spawn_blocking(move || f(&store))
+        .await
+        .map_err(|e| Error::with_source(ErrorKind::Discovery, "a file discovery task failed", e))?
 }
 
 /// The events that turn the state `known` into `current`; `known` becomes `current`.
 fn diff(known: &mut BTreeMap<String, Bytes>, current: Vec<KeyValue>) -> Vec<WatchEvent> {
-    let current: BTreeMap<String, Bytes> = current.into_iter().map(|kv| (kv.key, kv.value)).collect();
+    let current: BTreeMap<String, Bytes> =
+        current.into_iter().map(|kv| (kv.key, kv.value)).collect();
     let mut events: Vec<WatchEvent> = known
         .keys()
         .filter(|key| !current.contains_key(*key))
@@ -570,8 +576,10 @@ impl Shared {
             if self.heartbeat_stop.is_cancelled() {
                 break;
             }
-            let wanted: Vec<(String, Bytes, bool)> =
-                registrations.iter().map(|(k, r)| (k.clone(), r.value.clone(), r.exclusive)).collect();
+            let wanted: Vec<(String, Bytes, bool)> = registrations
+                .iter()
+                .map(|(k, r)| (k.clone(), r.value.clone(), r.exclusive))
+                .collect();
             let outcome = blocking(&self.store, move |s| {
                 let lease = s.new_lease()?;
                 let mut taken = Vec::new();
@@ -636,9 +644,9 @@ impl Shared {
                         }
                         None
                     }
-                    Ok(Err(e)) if e.kind() == io::ErrorKind::NotFound => {
-                        Some("the lease file is gone (another process found it expired)".to_string())
-                    }
+                    Ok(Err(e)) if e.kind() == io::ErrorKind::NotFound => Some(
+                        "the lease file is gone (another process found it expired)".to_string(),
+                    ),
                     // Transient failures are retried; if they last a TTL the lateness check
                     // above declares the lease lost.
                     Ok(Err(e)) => {
@@ -665,7 +673,11 @@ impl Shared {
                 }
                 LeaseLossPolicy::Reregister => match self.reregister(lease).await {
                     Ok(new) => {
-                        tracing::warn!(old = lease, new, "re-registered under a new file discovery lease");
+                        tracing::warn!(
+                            old = lease,
+                            new,
+                            "re-registered under a new file discovery lease"
+                        );
                         last_beat = Instant::now();
                     }
                     Err(_) if self.heartbeat_stop.is_cancelled() => return,
@@ -698,9 +710,10 @@ impl FileDiscovery {
     pub async fn start(config: &RuntimeConfig, cancel: CancellationToken) -> Result<Self> {
         let ttl = config.lease_ttl.max(MIN_TTL);
         let root = config.file_kv_dir.clone();
-        let store = tokio::task::spawn_blocking(move || Store::open(&root, ttl))
-            .await
-            .map_err(|e| Error::with_source(ErrorKind::Discovery, "a file discovery task failed", e))??;
+        let store =
+            tokio::task::spawn_blocking(move || Store::open(&root, ttl)).await.map_err(|e| {
+                Error::with_source(ErrorKind::Discovery, "a file discovery task failed", e)
+            })??;
         let store = Arc::new(store);
         let lease = blocking(&store, |s| s.new_lease()).await?;
         tracing::debug!(lease, dir = %store.root.display(), ?ttl, "file discovery lease taken");
@@ -854,9 +867,10 @@ mod tests {
 
     async fn start(dir: &Path, ttl: Duration) -> (FileDiscovery, CancellationToken) {
         let cancel = CancellationToken::new();
-        let d = FileDiscovery::start(&config(dir, ttl, LeaseLossPolicy::Reregister), cancel.clone())
-            .await
-            .unwrap();
+        let d =
+            FileDiscovery::start(&config(dir, ttl, LeaseLossPolicy::Reregister), cancel.clone())
+                .await
+                .unwrap();
         (d, cancel)
     }
 
@@ -958,9 +972,15 @@ mod tests {
         let put = KeyValue { key: "ns/ep/2".into(), value: b("two") };
         assert_eq!(next(&mut watch, Duration::from_secs(2)).await, WatchEvent::Put(put));
         a.delete("ns/ep/2").await.unwrap();
-        assert_eq!(next(&mut watch, Duration::from_secs(2)).await, WatchEvent::Delete("ns/ep/2".into()));
+        assert_eq!(
+            next(&mut watch, Duration::from_secs(2)).await,
+            WatchEvent::Delete("ns/ep/2".into())
+        );
         a.shutdown().await;
-        assert_eq!(next(&mut watch, Duration::from_secs(2)).await, WatchEvent::Delete("ns/ep/1".into()));
+        assert_eq!(
+            next(&mut watch, Duration::from_secs(2)).await,
+            WatchEvent::Delete("ns/ep/1".into())
+        );
         assert!(w.get_prefix("ns/").await.unwrap().is_empty());
     }
 
