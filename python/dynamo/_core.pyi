@@ -153,6 +153,9 @@ class Client:
 
     def instance_ids(self) -> list[int]:
         """Ids of the registered instances, ascending."""
+    def instances(self) -> list[dict[str, Any]]:
+        """The registered instances (``instance_id``, ``namespace``, ``component``,
+        ``endpoint``, ``transport``), ordered by id."""
     def endpoint_ids(self) -> list[int]:
         """Same as ``instance_ids()``."""
     def wait_for_instances(self, timeout: float | None = None) -> Coroutine[Any, Any, list[int]]:

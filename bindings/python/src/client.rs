@@ -39,6 +39,13 @@ impl PyClient {
         self.inner.instance_ids()
     }
 
+    /// The registered instances as dicts (`instance_id`, `namespace`, `component`,
+    /// `endpoint`, `transport`), ordered by id.
+    fn instances(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let instances = self.inner.instances();
+        Ok(pythonize::pythonize(py, &instances).map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?.unbind())
+    }
+
     /// Same as `instance_ids()` (name used by other Dynamo versions).
     fn endpoint_ids(&self) -> Vec<u64> {
         self.inner.instance_ids()

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use futures::future::BoxFuture;
 
 use crate::component::{EndpointId, Instance, InstanceTransport};
 use crate::config::RequestPlane;
@@ -127,23 +128,46 @@ impl Client {
     /// skipped for a while and the next one tried (except with `Direct`).
     pub async fn send(&self, mode: RouterMode, body: Bytes, request_id: Option<String>) -> Result<ResponseStream> {
         let request_id = request_id.unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
-        let mut last_error = None;
-        for attempt in 0..MAX_ATTEMPTS {
-            let instance = self.pick(mode, attempt)?;
-            match self.send_to(&instance, &request_id, body.clone()).await {
-                Ok(stream) => return Ok(stream),
-                Err(e) if matches!(e.kind(), ErrorKind::Unavailable | ErrorKind::Disconnected) => {
-                    tracing::debug!(instance = %format_args!("{:x}", instance.instance_id), error = %e.full_message(), "instance unreachable");
-                    self.watcher.mark_down(instance.instance_id);
-                    if matches!(mode, RouterMode::Direct(_)) {
-                        return Err(e);
+        self.send_attempts(mode, body, request_id, MAX_ATTEMPTS).await
+    }
+
+    /// Boxed (not `async fn`) so the resend closure can call it again without making
+    /// the future's type recursive.
+    fn send_attempts(&self, mode: RouterMode, body: Bytes, request_id: String, attempts: usize) -> BoxFuture<'static, Result<ResponseStream>> {
+        let this = self.clone();
+        Box::pin(async move {
+            let mut last_error = None;
+            for attempt in 0..attempts {
+                let instance = this.pick(mode, attempt)?;
+                match this.send_to(&instance, &request_id, body.clone()).await {
+                    Ok(mut stream) => {
+                        let left = attempts - attempt - 1;
+                        if left > 0 && !matches!(mode, RouterMode::Direct(_)) {
+                            // A refusal (instance draining) before any item: mark it down
+                            // and send to another instance.
+                            let client = this.clone();
+                            let down = instance.instance_id;
+                            let (body, request_id) = (body.clone(), request_id.clone());
+                            stream.set_resend(Box::new(move || {
+                                client.watcher.mark_down(down);
+                                client.send_attempts(mode, body, request_id, left)
+                            }));
+                        }
+                        return Ok(stream);
                     }
-                    last_error = Some(e);
+                    Err(e) if matches!(e.kind(), ErrorKind::Unavailable | ErrorKind::Disconnected) => {
+                        tracing::debug!(instance = %format_args!("{:x}", instance.instance_id), error = %e.full_message(), "instance unreachable");
+                        this.watcher.mark_down(instance.instance_id);
+                        if matches!(mode, RouterMode::Direct(_)) {
+                            return Err(e);
+                        }
+                        last_error = Some(e);
+                    }
+                    Err(e) => return Err(e),
                 }
-                Err(e) => return Err(e),
             }
-        }
-        Err(last_error.unwrap_or_else(|| Error::new(ErrorKind::NoInstances, format!("no instance of {}", self.endpoint))))
+            Err(last_error.unwrap_or_else(|| Error::new(ErrorKind::NoInstances, format!("no instance of {}", this.endpoint))))
+        })
     }
 
     fn pick(&self, mode: RouterMode, attempt: usize) -> Result<Instance> {

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
+use futures::future::BoxFuture;
 use futures::Stream;
 use tokio::sync::mpsc;
 
@@ -28,6 +29,10 @@ pub(crate) enum StreamEvent {
     Error(Error),
 }
 
+/// Re-sends a request elsewhere; set by the client for routing modes that may switch
+/// instance.
+pub(crate) type Resend = Box<dyn FnOnce() -> BoxFuture<'static, Result<ResponseStream>> + Send>;
+
 /// The items of one response stream, in order. Ends with `None` after the worker's end
 /// marker, or yields one `Err` (handler error, worker gone, timeout) and then `None`.
 ///
@@ -37,6 +42,9 @@ pub struct ResponseStream {
     rx: mpsc::Receiver<StreamEvent>,
     transport: Arc<Transport>,
     done: bool,
+    yielded: bool,
+    resend: Option<Resend>,
+    resending: Option<BoxFuture<'static, Result<ResponseStream>>>,
 }
 
 impl std::fmt::Debug for ResponseStream {
@@ -47,7 +55,13 @@ impl std::fmt::Debug for ResponseStream {
 
 impl ResponseStream {
     pub(crate) fn new(id: u64, rx: mpsc::Receiver<StreamEvent>, transport: Arc<Transport>) -> Self {
-        ResponseStream { id, rx, transport, done: false }
+        ResponseStream { id, rx, transport, done: false, yielded: false, resend: None, resending: None }
+    }
+
+    /// If the instance refuses the request before any item (it is shutting down), send
+    /// it again with `resend` instead of failing.
+    pub(crate) fn set_resend(&mut self, resend: Resend) {
+        self.resend = Some(resend);
     }
 
     /// The process-local stream id.
@@ -77,18 +91,43 @@ impl ResponseStream {
 
     /// Poll for the next item; the same contract as [`Stream::poll_next`].
     pub fn poll_item(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<ResponseItem>>> {
+        if let Some(resending) = self.resending.as_mut() {
+            return match resending.as_mut().poll(cx) {
+                Poll::Pending => Poll::Pending,
+                Poll::Ready(Ok(replacement)) => {
+                    // The old stream is done; dropping it sends nothing.
+                    drop(std::mem::replace(self, replacement));
+                    self.poll_item(cx)
+                }
+                Poll::Ready(Err(e)) => {
+                    self.resending = None;
+                    self.done = true;
+                    Poll::Ready(Some(Err(e)))
+                }
+            };
+        }
         if self.done {
             return Poll::Ready(None);
         }
         match self.rx.poll_recv(cx) {
             Poll::Pending => Poll::Pending,
-            Poll::Ready(Some(StreamEvent::Item(item))) => Poll::Ready(Some(Ok(item))),
+            Poll::Ready(Some(StreamEvent::Item(item))) => {
+                self.yielded = true;
+                Poll::Ready(Some(Ok(item)))
+            }
             Poll::Ready(Some(StreamEvent::End)) => {
                 self.done = true;
                 Poll::Ready(None)
             }
             Poll::Ready(Some(StreamEvent::Error(e))) => {
                 self.done = true;
+                if e.kind() == ErrorKind::Unavailable && !self.yielded {
+                    if let Some(resend) = self.resend.take() {
+                        tracing::debug!(error = %e, "instance refused the request; sending it elsewhere");
+                        self.resending = Some(resend());
+                        return self.poll_item(cx);
+                    }
+                }
                 Poll::Ready(Some(Err(e)))
             }
             Poll::Ready(None) => {
