@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Iterator
 
 import pytest
-
 from helpers import LEASE_TTL, WorkerPool, free_port, shutdown_runtime, spawn
 
 #: Seconds a test (setup + call + teardown) may take unless marked `@pytest.mark.timeout(n)`.
@@ -34,11 +33,14 @@ DEFAULT_TEST_TIMEOUT = 90
 SERVER_START_TIMEOUT = 10.0
 
 #: Environment keys the runtime reads; cleared before each test so the host's
-#: environment cannot leak into a test.
+#: environment cannot leak into a test (DYN_LOG excepted).
 RUNTIME_ENV_PREFIXES = ("DYN_",)
 RUNTIME_ENV_KEYS = ("ETCD_ENDPOINTS", "NATS_SERVER")
 
 BACKENDS = ["embedded", "etcd_nats"]
+#: Runtime log filter of test processes unless DYN_LOG is set (worker logs go to files
+#: shown when a test fails; the test process's own go to the terminal).
+DEFAULT_LOG_FILTER = "warn"
 
 
 # --------------------------------------------------------------------------- time bound
@@ -174,7 +176,8 @@ def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     port = free_port()
     log = base / "nats.log"
     with open(log, "w") as out:
-        proc = spawn([binary, "-a", "127.0.0.1", "-p", str(port)], env=dict(os.environ), stdout=out, stderr=subprocess.STDOUT)
+        argv = [binary, "-a", "127.0.0.1", "-p", str(port)]
+        proc = spawn(argv, env=dict(os.environ), stdout=out, stderr=subprocess.STDOUT)
 
     def ready() -> bool:
         with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
@@ -235,9 +238,11 @@ def backend_overrides(name: str, request: pytest.FixtureRequest, kv_dir: Path) -
 def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> BackendEnv:
     """The runtime environment of one backend, applied to os.environ for in-process
     runtimes and returned (as a full environment) for subprocesses."""
+    log_filter = os.environ.get("DYN_LOG") or DEFAULT_LOG_FILTER
     for key in list(os.environ):
         if key.startswith(RUNTIME_ENV_PREFIXES) or key in RUNTIME_ENV_KEYS:
             monkeypatch.delenv(key)
+    monkeypatch.setenv("DYN_LOG", log_filter)
     kv_dir = tmp_path / "kv"
     kv_dir.mkdir()
     overrides = backend_overrides(request.param, request, kv_dir)

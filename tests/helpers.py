@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import os
 import signal
 import socket
 import subprocess
@@ -52,7 +51,9 @@ def _die_with_parent() -> None:
         pass
 
 
-def spawn(argv: list[str], *, env: dict[str, str], stdout: Any, stderr: Any, cwd: Path | None = None) -> subprocess.Popen:
+def spawn(
+    argv: list[str], *, env: dict[str, str], stdout: Any, stderr: Any, cwd: Path | None = None
+) -> subprocess.Popen:
     """Start a child process that dies with the test process."""
     assert threading.current_thread() is threading.main_thread(), "spawn from the main thread only"
     return subprocess.Popen(
@@ -90,19 +91,27 @@ async def request(client: Any, body: Any, timeout: float = STREAM_TIMEOUT, **kwa
     return await asyncio.wait_for(run(), timeout)
 
 
-async def wait_until(predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.05) -> None:
-    """Poll `predicate` until it holds; fail after `timeout` seconds naming `what`."""
+async def wait_until(
+    predicate: Callable[[], bool], timeout: float, what: str | Callable[[], str], interval: float = 0.05
+) -> None:
+    """Poll `predicate` until it holds; fail after `timeout` seconds naming `what`
+    (a string, or a function giving one at the moment of failure)."""
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() >= deadline:
-            pytest.fail(f"timed out after {timeout:.1f}s waiting for {what}")
+            description = what() if callable(what) else what
+            pytest.fail(f"timed out after {timeout:.1f}s waiting for {description}")
         await asyncio.sleep(interval)
 
 
 async def wait_for_instances(client: Any, count: int, timeout: float = READY_TIMEOUT) -> list[int]:
     """Wait until `client` sees at least `count` instances; returns their ids."""
     await asyncio.wait_for(client.wait_for_instances(), timeout)
-    await wait_until(lambda: len(client.instance_ids()) >= count, timeout, f"{count} instances (have {client.instance_ids()})")
+    await wait_until(
+        lambda: len(client.instance_ids()) >= count,
+        timeout,
+        lambda: f"{count} instances (have {client.instance_ids()})",
+    )
     return list(client.instance_ids())
 
 

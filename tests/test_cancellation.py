@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 
 import pytest
-
 from helpers import bounded, data_of, wait_for_instances
 
 #: Items the handler would send if nobody stopped it, and the pause between them.

@@ -7,14 +7,18 @@ import asyncio
 import json
 import subprocess
 import sys
-import time
 
 import pytest
-
 from dynamo._core import ConfigError, DynamoError
 from dynamo.runtime import DistributedRuntime
-
-from helpers import REPO_ROOT, bounded, collect, free_port, shutdown_runtime, wait_for_instances
+from helpers import (
+    REPO_ROOT,
+    bounded,
+    collect,
+    free_port,
+    shutdown_runtime,
+    wait_for_instances,
+)
 
 #: Bound on a runtime giving up on an unreachable server (DYN_CONNECT_TIMEOUT defaults to 5 s).
 UNREACHABLE_BOUND = 20.0
@@ -71,7 +75,12 @@ print("RESULT " + json.dumps(asyncio.run(main())))
 
 def probe_runtime(env: dict[str, str]) -> dict:
     done = subprocess.run(
-        [sys.executable, "-c", PROBE], env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=UNREACHABLE_BOUND + 10,
+        [sys.executable, "-c", PROBE],
+        env=env,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=UNREACHABLE_BOUND + 10,
     )
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, f"probe printed no result (exit {done.returncode}):\n{done.stdout}\n{done.stderr[-3000:]}"

@@ -8,12 +8,16 @@ import os
 from pathlib import Path
 
 import pytest
-
-from dynamo.runtime import DistributedRuntime
-
 from dynamo._core import DynamoTimeoutError
-
-from helpers import bounded, collect, request, shutdown_runtime, wait_for_instances, wait_until
+from dynamo.runtime import DistributedRuntime
+from helpers import (
+    bounded,
+    collect,
+    request,
+    shutdown_runtime,
+    wait_for_instances,
+    wait_until,
+)
 
 
 @pytest.mark.parametrize("backend", ["embedded"], indirect=True)

@@ -8,9 +8,7 @@ import time
 from typing import Any
 
 import pytest
-
 from dynamo.runtime import DistributedRuntime
-
 from helpers import shutdown_runtime
 
 #: Bound on the first event getting through (subscriptions take a moment to connect).

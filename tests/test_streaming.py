@@ -7,9 +7,12 @@ import asyncio
 
 import pydantic
 import pytest
-
-from dynamo._core import DynamoError, HandlerError, InstanceNotFoundError
-
+from dynamo._core import (
+    DynamoError,
+    HandlerError,
+    InstanceNotFoundError,
+    NoInstancesError,
+)
 from helpers import bounded, collect, data_of, request, wait_for_instances
 
 
@@ -74,6 +77,18 @@ async def test_direct_and_random_route_to_registered_instances(runtime, workers,
     for _ in range(6):
         items = await collect(await client.random({"count": 1}))
         assert items[0]["instance_id"] in {w.instance_id for w in started}
+
+
+async def test_no_instances_fails_at_once(runtime, namespace):
+    client = await client_of(runtime, namespace)
+    assert client.instance_ids() == []
+
+    async def attempt() -> None:
+        await collect(await client.generate({"count": 1}))
+
+    with pytest.raises(NoInstancesError) as raised:
+        await bounded(attempt(), 10, "generate() with no instance registered")
+    assert f"{namespace}" in str(raised.value), str(raised.value)
 
 
 async def test_direct_to_unknown_instance_fails_clearly(runtime, workers, namespace):

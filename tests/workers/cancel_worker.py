@@ -13,7 +13,6 @@ import asyncio
 from typing import Any, AsyncIterator
 
 from dynamo.runtime import DistributedRuntime, dynamo_worker
-
 from worker_support import parse_args, report, serve
 
 

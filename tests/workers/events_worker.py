@@ -7,7 +7,6 @@ import asyncio
 import os
 
 from dynamo.runtime import DistributedRuntime, dynamo_worker
-
 from worker_support import parse_args, report
 
 

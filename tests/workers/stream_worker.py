@@ -17,7 +17,6 @@ import os
 from typing import Any, AsyncIterator
 
 from dynamo.runtime import DistributedRuntime, dynamo_worker
-
 from worker_support import parse_args, serve
 
 

@@ -20,7 +20,8 @@ def parse_args(description: str, **extra: Any) -> argparse.Namespace:
     parser.add_argument("--component", default="backend")
     parser.add_argument("--endpoint", default="generate")
     for name, default in extra.items():
-        parser.add_argument(f"--{name.replace('_', '-')}", dest=name, default=default, type=type(default) if default is not None else str)
+        kind = type(default) if default is not None else str
+        parser.add_argument(f"--{name.replace('_', '-')}", dest=name, default=default, type=kind)
     return parser.parse_args()
 
 
