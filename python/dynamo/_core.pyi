@@ -19,6 +19,7 @@ __all__ = [
     "Endpoint",
     "HandlerError",
     "InstanceNotFoundError",
+    "KeyValueStore",
     "Namespace",
     "NoInstancesError",
     "PayloadTooLargeError",
@@ -96,6 +97,35 @@ class DistributedRuntime:
         """Completes when shutdown has finished."""
     def is_shutting_down(self) -> bool:
         """Whether shutdown has begun."""
+    def kv_store(self) -> KeyValueStore:
+        """The discovery backend's key-value store."""
+    def etcd_client(self) -> KeyValueStore:
+        """Same as ``kv_store()``: the reference API's name, on every backend."""
+
+@final
+class KeyValueStore:
+    """Keys and values in the discovery backend (etcd, file or mem). ``lease_id``:
+    ``None`` (or this process's lease) binds the key to the process — it vanishes when
+    the process dies; ``0`` writes it without a lease."""
+
+    def primary_lease_id(self) -> int:
+        """This process's lease id."""
+    def kv_create(self, key: str, value: bytes, lease_id: int | None = None) -> Awaitable[None]:
+        """Create ``key``.
+
+        Raises:
+            DynamoError: the key exists (``already_exists``).
+        """
+    def kv_create_or_validate(self, key: str, value: bytes, lease_id: int | None = None) -> Awaitable[None]:
+        """Create ``key``, or succeed if it already holds exactly ``value``."""
+    def kv_put(self, key: str, value: bytes, lease_id: int | None = None) -> Awaitable[None]:
+        """Write ``key``."""
+    def kv_get(self, key: str) -> Awaitable[bytes | None]:
+        """The value of ``key``, or ``None``."""
+    def kv_get_prefix(self, prefix: str) -> Awaitable[list[dict[str, Any]]]:
+        """Every key under ``prefix`` as ``{"key": str, "value": bytes}``, in key order."""
+    def kv_delete(self, key: str) -> Awaitable[None]:
+        """Delete ``key``."""
 
 @final
 class Namespace:

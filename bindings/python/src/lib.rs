@@ -6,6 +6,7 @@ mod client;
 mod convert;
 mod errors;
 mod events;
+mod kv;
 mod poll_iter;
 mod runtime;
 mod serving;
@@ -23,6 +24,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<client::Annotated>()?;
     m.add_class::<serving::PyRequestContext>()?;
     m.add_class::<events::PySubscription>()?;
+    m.add_class::<kv::PyKeyValueStore>()?;
     errors::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

@@ -13,6 +13,7 @@ use crate::client::PyClient;
 use crate::convert::to_json;
 use crate::errors::{to_py, ConfigError};
 use crate::events::PySubscription;
+use crate::kv::PyKeyValueStore;
 use crate::serving::PyHandler;
 
 fn parse<T: std::str::FromStr<Err = String>>(key: &str, value: Option<String>, target: &mut T) -> PyResult<()> {
@@ -115,6 +116,16 @@ impl PyDistributedRuntime {
     /// Whether shutdown has begun.
     fn is_shutting_down(&self) -> bool {
         self.inner.is_shutting_down()
+    }
+
+    /// The discovery backend's key-value store.
+    fn kv_store(&self) -> PyKeyValueStore {
+        PyKeyValueStore { discovery: self.inner.discovery().clone(), bridge: self.bridge.clone() }
+    }
+
+    /// Same as `kv_store()` (the reference API's name; works on every backend).
+    fn etcd_client(&self) -> PyKeyValueStore {
+        self.kv_store()
     }
 }
 

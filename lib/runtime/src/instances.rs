@@ -34,6 +34,7 @@ impl InstanceWatcher {
         }
         let (tx, rx) = watch::channel(snapshot(&by_key));
         let cancel = runtime.cancel_token();
+        let transport = runtime.transport().clone();
         let endpoint = id.to_string();
         runtime.tracker().spawn(async move {
             loop {
@@ -51,7 +52,9 @@ impl InstanceWatcher {
                         by_key.remove(&key);
                     }
                     None => {
-                        tracing::error!(endpoint, "instance watch ended; the instance list is frozen");
+                        if !transport.is_shutting_down() {
+                            tracing::error!(endpoint, "instance watch ended; the instance list is frozen");
+                        }
                         return;
                     }
                 }

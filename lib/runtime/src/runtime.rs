@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -43,7 +43,6 @@ struct Inner {
     metrics: MetricsRegistry,
     registrations: Mutex<Vec<Registration>>,
     watchers: Mutex<HashMap<String, Arc<InstanceWatcher>>>,
-    shutting_down: AtomicBool,
     drained: watch::Sender<bool>,
     closed: watch::Sender<bool>,
     system_address: Mutex<Option<SocketAddr>>,
@@ -111,7 +110,6 @@ impl DistributedRuntime {
                 metrics: MetricsRegistry::new()?,
                 registrations: Mutex::new(Vec::new()),
                 watchers: Mutex::new(HashMap::new()),
-                shutting_down: AtomicBool::new(false),
                 drained: watch::channel(false).0,
                 closed: watch::channel(false).0,
                 system_address: Mutex::new(None),
@@ -203,7 +201,7 @@ impl DistributedRuntime {
 
     /// Whether shutdown has begun.
     pub fn is_shutting_down(&self) -> bool {
-        self.inner.shutting_down.load(Ordering::Acquire)
+        self.inner.transport.is_shutting_down()
     }
 
     /// `ns/comp/ep` of every endpoint this process serves.
@@ -245,7 +243,7 @@ impl DistributedRuntime {
     /// `DYN_SHUTDOWN_TIMEOUT`), remove registrations and give up the lease, close
     /// connections. Safe to call more than once; later calls wait for the first.
     pub async fn shutdown(&self) {
-        if self.inner.shutting_down.swap(true, Ordering::AcqRel) {
+        if self.inner.transport.begin_shutdown() {
             self.closed().await;
             return;
         }
@@ -278,6 +276,12 @@ impl DistributedRuntime {
         // 3. Give up the lease, 4. close everything.
         self.inner.discovery.shutdown().await;
         self.inner.cancel.cancel();
+        self.inner.transport.fail_all_pending();
+        if let Some(nats) = &self.inner.nats {
+            // Close the connection now rather than when the last handle is dropped, so a
+            // stopped runtime does not keep reconnecting to a NATS server that went away.
+            let _ = tokio::time::timeout(TASK_EXIT_BOUND, nats.drain()).await;
+        }
         self.inner.tracker.close();
         if tokio::time::timeout(TASK_EXIT_BOUND, self.inner.tracker.wait()).await.is_err() {
             tracing::debug!("some background tasks outlived the shutdown bound");

@@ -80,7 +80,9 @@ impl TcpEventPlane {
                         publishers.lock().remove(&key);
                     }
                     None => {
-                        tracing::error!("event publisher watch ended; no new publishers will be found");
+                        if !transport.is_shutting_down() {
+                            tracing::error!("event publisher watch ended; no new publishers will be found");
+                        }
                         return;
                     }
                 }

@@ -70,6 +70,7 @@ pub struct Transport {
     pub(crate) cancel: CancellationToken,
     pub(crate) tracker: TaskTracker,
     pub(crate) events: EventHub,
+    shutting_down: AtomicBool,
     address: String,
     next_stream: AtomicU64,
     pending: Mutex<HashMap<u64, Pending>>,
@@ -98,6 +99,7 @@ impl Transport {
             cancel: cancel.clone(),
             tracker: tracker.clone(),
             events: EventHub::default(),
+            shutting_down: AtomicBool::new(false),
             address,
             next_stream: AtomicU64::new(1),
             pending: Mutex::new(HashMap::new()),
@@ -124,6 +126,16 @@ impl Transport {
             }
         });
         Ok(transport)
+    }
+
+    /// Mark the process as shutting down; returns whether it already was.
+    pub(crate) fn begin_shutdown(&self) -> bool {
+        self.shutting_down.swap(true, Ordering::AcqRel)
+    }
+
+    /// Whether the process is shutting down (watches ending then are expected).
+    pub(crate) fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::Acquire)
     }
 
     /// The `host:port` other processes reach this one at.
@@ -259,6 +271,14 @@ impl Transport {
         }
     }
 
+    /// End every awaited stream: the runtime is shutting down.
+    pub(crate) fn fail_all_pending(&self) {
+        let pending: Vec<Pending> = self.pending.lock().drain().map(|(_, p)| p).collect();
+        for p in pending {
+            let _ = p.tx.try_send(StreamEvent::Error(Error::new(ErrorKind::Shutdown, "the runtime shut down")));
+        }
+    }
+
     /// Whether stream `id` is awaited but not yet bound to a connection.
     pub(crate) fn is_unbound(&self, id: u64) -> bool {
         self.pending.lock().get(&id).map(|p| p.conn.is_none()).unwrap_or(false)
@@ -290,8 +310,11 @@ impl Transport {
             let conn = cell
                 .get_or_try_init(|| async {
                     let connect = tokio::net::TcpStream::connect(address);
-                    let socket = tokio::time::timeout(self.config.connect_timeout, connect)
-                        .await
+                    let bounded = tokio::time::timeout(self.config.connect_timeout, connect);
+                    let socket = tokio::select! {
+                        r = bounded => r,
+                        _ = self.cancel.cancelled() => return Err(Error::new(ErrorKind::Shutdown, "the runtime is shutting down")),
+                    }
                         .map_err(|_| {
                             Error::new(ErrorKind::Unavailable, format!("connecting to {address} timed out after {:?}", self.config.connect_timeout))
                         })?

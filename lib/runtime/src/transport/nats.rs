@@ -112,8 +112,12 @@ pub(crate) async fn send(
     let watchdog_transport = transport.clone();
     let id = stream.id();
     let subject = subject.to_string();
+    let cancel = transport.cancel.clone();
     transport.tracker.spawn(async move {
-        tokio::time::sleep(timeout).await;
+        tokio::select! {
+            _ = tokio::time::sleep(timeout) => {}
+            _ = cancel.cancelled() => return,
+        }
         if watchdog_transport.is_unbound(id) {
             watchdog_transport.fail_pending(
                 id,
