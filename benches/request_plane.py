@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Request-plane benchmark: a worker process and a client process on loopback.
 
     python benches/request_plane.py                  # embedded + etcd/NATS, default asyncio loop
@@ -37,6 +36,7 @@ import argparse
 import asyncio
 import ctypes
 import json
+import math
 import os
 import shutil
 import signal
@@ -48,8 +48,9 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable
+from typing import Any
 
 HERE = Path(__file__).resolve()
 
@@ -98,7 +99,7 @@ def free_port() -> int:
 def percentile(sorted_values: list[float], p: float) -> float:
     if not sorted_values:
         return float("nan")
-    k = min(len(sorted_values) - 1, max(0, int(round(p / 100.0 * (len(sorted_values) - 1)))))
+    k = min(len(sorted_values) - 1, max(0, round(p / 100.0 * (len(sorted_values) - 1))))
     return sorted_values[k]
 
 
@@ -327,7 +328,7 @@ class _BaselineStream:
     def __init__(self) -> None:
         self.queue: asyncio.Queue = asyncio.Queue()
 
-    def __aiter__(self) -> "_BaselineStream":
+    def __aiter__(self) -> _BaselineStream:
         return self
 
     async def __anext__(self) -> Any:
@@ -388,20 +389,17 @@ class Children:
     def __init__(self) -> None:
         self.procs: list[subprocess.Popen] = []
 
-    def spawn(self, argv: list[str], env: dict[str, str], log: Path | None = None, stdout: Any = None) -> subprocess.Popen:
-        out = open(log, "w") if log is not None else stdout
-        try:
+    def spawn(self, argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+        """Start `argv` with stdout and stderr going to `log`. Main thread only (PDEATHSIG)."""
+        with open(log, "w") as out:
             proc = subprocess.Popen(
                 argv,
                 env=env,
                 stdout=out,
-                stderr=subprocess.STDOUT if log is not None else None,
-                preexec_fn=_die_with_parent,
+                stderr=subprocess.STDOUT,
+                preexec_fn=_die_with_parent,  # noqa: PLW1509 - this process starts no threads
                 cwd=str(HERE.parent.parent),
             )
-        finally:
-            if log is not None:
-                out.close()
         self.procs.append(proc)
         return proc
 
@@ -498,7 +496,8 @@ def run_case(children: Children, name: str, uvloop: bool, env: dict[str, str], b
             client = subprocess.Popen(
                 [sys.executable, str(HERE), "--role", client_role, *extra],
                 env=env, stdout=subprocess.PIPE, stderr=err, text=True,
-                preexec_fn=_die_with_parent, cwd=str(HERE.parent.parent),
+                preexec_fn=_die_with_parent,  # noqa: PLW1509 - this process starts no threads
+                cwd=str(HERE.parent.parent),
             )
             children.procs.append(client)
             try:
@@ -549,7 +548,7 @@ def median_result(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def fmt(v: float | None, digits: int = 0) -> str:
-    if v is None or v != v:
+    if v is None or math.isnan(v):
         return "–"
     return f"{v:,.{digits}f}"
 
@@ -610,7 +609,7 @@ def orchestrate(args: argparse.Namespace) -> int:
                     continue
                 loop_name = "uvloop" if uv else "asyncio"
                 print(f"# running {name} ({loop_name}) ...", file=sys.stderr, flush=True)
-                runs = []
+                runs: list[dict[str, Any]] = []
                 for _ in range(args.repeat):
                     if runs and time.monotonic() > deadline - 20:
                         break

@@ -1,19 +1,22 @@
-//! Transport micro-benchmarks: the frame codec, and the TCP request plane between two
-//! runtimes in one process (mem discovery), with no Python involved.
+//! Transport micro-benchmarks: the frame codec, and the request planes between two
+//! runtimes in one process (mem discovery), with no Python involved: TCP always, NATS
+//! when `BENCH_NATS_SERVER` names a running nats-server.
 //!
 //! ```text
 //! CARGO_TARGET_DIR=$HOME/.cache/dynamo-target cargo bench -p dynamo-runtime --bench transport
 //! # one group only:  ... --bench transport -- tcp_plane
+//! # also the NATS request plane, against a running nats-server:
+//! BENCH_NATS_SERVER=nats://127.0.0.1:4222 cargo bench -p dynamo-runtime --bench transport -- nats_plane
 //! ```
 //!
-//! Sample sizes and times are kept small so the whole run takes well under a minute.
+//! Sample sizes and times are kept small: about a minute after the build, two with NATS.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
-use dynamo_runtime::config::{DiscoveryBackend, RuntimeConfig};
+use dynamo_runtime::config::{DiscoveryBackend, RequestPlane, RuntimeConfig};
 use dynamo_runtime::discovery::MemStore;
 use dynamo_runtime::transport::frame::{Frame, FrameKind};
 use dynamo_runtime::typed::stream_handler;
@@ -76,9 +79,17 @@ fn counter(n: u64, _ctx: RequestContext) -> impl futures::Stream<Item = Result<u
     futures::stream::iter((0..n).map(Ok))
 }
 
-async fn pair() -> Pair {
+/// `nats`: the NATS server URL for the NATS request plane; `None`: the TCP plane.
+async fn pair(nats: Option<&str>) -> Pair {
     let store = Arc::new(MemStore::default());
-    let config = || RuntimeConfig { discovery: DiscoveryBackend::Mem, shutdown_timeout: Duration::from_secs(5), ..Default::default() };
+    let config = || {
+        let mut c = RuntimeConfig { discovery: DiscoveryBackend::Mem, shutdown_timeout: Duration::from_secs(5), ..Default::default() };
+        if let Some(url) = nats {
+            c.request_plane = RequestPlane::Nats;
+            c.nats_server = url.to_string();
+        }
+        c
+    };
     let worker = DistributedRuntime::with_mem_store(config(), store.clone()).await.unwrap();
     worker
         .namespace("bench")
@@ -109,13 +120,24 @@ async fn call(client: &Client, n: u64) -> usize {
 }
 
 fn tcp_plane(c: &mut Criterion) {
+    plane(c, "tcp_plane", None);
+}
+
+fn nats_plane(c: &mut Criterion) {
+    match std::env::var("BENCH_NATS_SERVER") {
+        Ok(url) if !url.is_empty() => plane(c, "nats_plane", Some(&url)),
+        _ => eprintln!("nats_plane: skipped (set BENCH_NATS_SERVER=nats://host:port to run it)"),
+    }
+}
+
+fn plane(c: &mut Criterion, group: &str, nats: Option<&str>) {
     // Two worker threads: the machine this is tuned for has two cores.
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let p = rt.block_on(pair());
+    let p = rt.block_on(pair(nats));
     // Open the pooled connection before measuring.
     rt.block_on(call(&p.client, 10));
 
-    let mut g = c.benchmark_group("tcp_plane");
+    let mut g = c.benchmark_group(group);
     g.sample_size(20).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
 
     g.throughput(Throughput::Elements(1));
@@ -131,6 +153,29 @@ fn tcp_plane(c: &mut Criterion) {
 
     g.throughput(Throughput::Elements(1000));
     g.bench_function("stream_1000_items", |b| b.to_async(&rt).iter(|| call(&p.client, 1000)));
+
+    if let Some(url) = nats {
+        // For comparison: a bare async-nats request/reply through the same server, which
+        // every request on the NATS plane pays for (request out, acknowledgement back).
+        let (requester, _responder) = rt.block_on(async {
+            let responder = async_nats::connect(url).await.unwrap();
+            let mut sub = responder.subscribe("bench.raw").await.unwrap();
+            let r = responder.clone();
+            tokio::spawn(async move {
+                while let Some(msg) = sub.next().await {
+                    if let Some(reply) = msg.reply {
+                        let _ = r.publish(reply, Bytes::from_static(b"{\"ok\":true}")).await;
+                    }
+                }
+            });
+            responder.flush().await.unwrap();
+            (async_nats::connect(url).await.unwrap(), responder)
+        });
+        g.throughput(Throughput::Elements(1));
+        g.bench_function("bare_nats_request_reply", |b| {
+            b.to_async(&rt).iter(|| async { requester.request("bench.raw", Bytes::from_static(b"1")).await.unwrap() })
+        });
+    }
     g.finish();
 
     rt.block_on(async {
@@ -139,5 +184,5 @@ fn tcp_plane(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, codec, tcp_plane);
+criterion_group!(benches, codec, tcp_plane, nats_plane);
 criterion_main!(benches);
