@@ -16,6 +16,7 @@ use std::task::{Context, Poll};
 
 use parking_lot::Mutex;
 use pyo3::exceptions::{PyRuntimeError, PyStopIteration};
+use pyo3::intern;
 use pyo3::prelude::*;
 
 type Job = Box<dyn FnOnce(Python<'_>) + Send>;
@@ -59,11 +60,6 @@ impl LoopBridge {
         Ok(bridge)
     }
 
-    /// Stop watching the wake socket (the loop may be closed already).
-    pub fn detach(&self, py: Python<'_>) {
-        let _ = self.event_loop.call_method1(py, "remove_reader", (self.wake_rx.as_raw_fd(),));
-    }
-
     /// Queue `job` to run on the loop thread. Never takes the GIL.
     pub fn push(&self, job: impl FnOnce(Python<'_>) + Send + 'static) {
         self.jobs.lock().push(Box::new(job));
@@ -90,7 +86,7 @@ impl LoopBridge {
 
     /// Create an asyncio future on this loop.
     pub fn create_future(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        self.event_loop.call_method0(py, "create_future")
+        self.event_loop.call_method0(py, intern!(py, "create_future"))
     }
 
     /// Turn a Rust future into a Python awaitable. The future is polled once right
@@ -133,12 +129,12 @@ pub fn coroutine(py: Python<'_>, awaitable: PyResult<Py<PyAny>>) -> PyResult<Py<
 /// Set the result or exception of an asyncio future unless it is already done (cancelled).
 pub fn resolve(py: Python<'_>, future: &Py<PyAny>, result: PyResult<Py<PyAny>>) {
     let fut = future.bind(py);
-    if fut.call_method0("done").and_then(|d| d.is_truthy()).unwrap_or(true) {
+    if fut.call_method0(intern!(py, "done")).and_then(|d| d.is_truthy()).unwrap_or(true) {
         return;
     }
     let outcome = match result {
-        Ok(v) => fut.call_method1("set_result", (v,)),
-        Err(e) => fut.call_method1("set_exception", (e.into_value(py),)),
+        Ok(v) => fut.call_method1(intern!(py, "set_result"), (v,)),
+        Err(e) => fut.call_method1(intern!(py, "set_exception"), (e.into_value(py),)),
     };
     if let Err(e) = outcome {
         e.write_unraisable(py, Some(fut));

@@ -3,11 +3,22 @@
 use bytes::Bytes;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::intern;
+use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString};
 
 /// Serialize a JSON-like Python object (pydantic models via `model_dump(mode="json")`).
 pub fn to_json(obj: &Bound<'_, PyAny>) -> PyResult<Bytes> {
     let dumped;
-    let obj = if obj.hasattr("model_dump")? {
+    // Plain JSON values skip the `model_dump` probe: a failed attribute lookup builds
+    // and discards an AttributeError, which dominated streaming profiles.
+    let plain = obj.is_none()
+        || obj.is_exact_instance_of::<PyDict>()
+        || obj.is_exact_instance_of::<PyList>()
+        || obj.is_exact_instance_of::<PyString>()
+        || obj.is_exact_instance_of::<PyInt>()
+        || obj.is_exact_instance_of::<PyFloat>()
+        || obj.is_exact_instance_of::<PyBool>();
+    let obj = if !plain && obj.hasattr(intern!(obj.py(), "model_dump"))? {
         dumped = obj.call_method("model_dump", (), Some(&[("mode", "json")].into_py_dict_bound(obj.py())?))?;
         &dumped
     } else {

@@ -60,6 +60,8 @@ impl<S: Source> PollIter<S> {
 
     /// Poll until an item to hand out, the end, or pending.
     fn poll_next(&self, py: Python<'_>) -> Poll<PyResult<Py<PyAny>>> {
+        // Polling may start Rust work (a resend to another instance spawns tasks).
+        let _runtime = crate::bridge::tokio().enter();
         let mut source = self.source.lock();
         let mut cx = Context::from_waker(&self.waker);
         loop {

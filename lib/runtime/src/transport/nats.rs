@@ -88,42 +88,63 @@ pub(crate) async fn send(
     let frame = Frame::with_header(FrameKind::Request, stream.id(), serde_json::to_vec(&header)?.into(), body);
     let max = client.server_info().max_payload;
     transport.check_size(frame.encoded_len(), "NATS request plane (the server's max_payload)", max)?;
-    let timeout = transport.config.response_timeout;
-    let answer = tokio::time::timeout(timeout, client.request(subject.to_string(), frame.to_bytes()))
-        .await
-        .map_err(|_| Error::new(ErrorKind::Timeout, format!("no acknowledgement from {subject} within {timeout:?}")))?
-        .map_err(|e| match e.kind() {
-            async_nats::client::RequestErrorKind::NoResponders => {
-                Error::new(ErrorKind::Unavailable, format!("no worker listens on {subject}"))
-            }
-            _ => Error::with_source(ErrorKind::Nats, format!("NATS request to {subject} failed"), e),
-        })?;
-    let ack: serde_json::Value = serde_json::from_slice(&answer.payload)?;
-    if ack.get("ok").and_then(|v| v.as_bool()) != Some(true) {
-        let kind = ack.get("kind").and_then(|v| v.as_str()).unwrap_or("protocol");
-        let message = ack.get("message").and_then(|v| v.as_str()).unwrap_or("malformed acknowledgement");
-        return Err(Error::new(ErrorKind::parse(kind), message.to_string()));
-    }
-    // Bound the wait for the worker's connection: a worker that dies after acknowledging
-    // must not leave the caller waiting forever.
-    if !transport.is_unbound(stream.id()) {
-        return Ok(stream);
-    }
-    let watchdog_transport = transport.clone();
+    // The stream is returned at once; the acknowledgement is awaited in a task. A
+    // refusal or no responders ends the stream with `Unavailable` before any item, which
+    // the client turns into a retry on another instance. Waiting for the ack here would
+    // put a second trip through nats-server on every request's critical path.
     let id = stream.id();
     let subject = subject.to_string();
+    let client = client.clone();
+    let watched = transport.clone();
     let cancel = transport.cancel.clone();
     transport.tracker.spawn(async move {
+        let timeout = watched.config.response_timeout;
+        let acknowledged = tokio::select! {
+            r = tokio::time::timeout(timeout, client.request(subject.clone(), frame.to_bytes())) => r,
+            _ = cancel.cancelled() => return,
+        };
+        let outcome = match acknowledged {
+            Err(_) => Err(Error::new(ErrorKind::Timeout, format!("no acknowledgement from {subject} within {timeout:?}"))),
+            Ok(Err(e)) => Err(match e.kind() {
+                async_nats::client::RequestErrorKind::NoResponders => {
+                    Error::new(ErrorKind::Unavailable, format!("no worker listens on {subject}"))
+                }
+                _ => Error::with_source(ErrorKind::Nats, format!("NATS request to {subject} failed"), e),
+            }),
+            Ok(Ok(answer)) => parse_ack(&answer.payload),
+        };
+        if let Err(e) = outcome {
+            // A worker that already connected back took the stream; a lost ack is moot.
+            if watched.is_unbound(id) {
+                watched.fail_pending(id, e);
+            }
+            return;
+        }
+        // Bound the wait for the worker's connection: a worker that dies after
+        // acknowledging must not leave the caller waiting forever.
+        if !watched.is_unbound(id) {
+            return;
+        }
         tokio::select! {
             _ = tokio::time::sleep(timeout) => {}
             _ = cancel.cancelled() => return,
         }
-        if watchdog_transport.is_unbound(id) {
-            watchdog_transport.fail_pending(
+        if watched.is_unbound(id) {
+            watched.fail_pending(
                 id,
                 Error::new(ErrorKind::Timeout, format!("worker on {subject} acknowledged but did not connect back within {timeout:?}")),
             );
         }
     });
     Ok(stream)
+}
+
+fn parse_ack(payload: &[u8]) -> Result<()> {
+    let ack: serde_json::Value = serde_json::from_slice(payload)?;
+    if ack.get("ok").and_then(|v| v.as_bool()) == Some(true) {
+        return Ok(());
+    }
+    let kind = ack.get("kind").and_then(|v| v.as_str()).unwrap_or("protocol");
+    let message = ack.get("message").and_then(|v| v.as_str()).unwrap_or("malformed acknowledgement");
+    Err(Error::new(ErrorKind::parse(kind), message.to_string()))
 }
