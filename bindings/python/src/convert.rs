@@ -19,7 +19,9 @@ pub fn to_json(obj: &Bound<'_, PyAny>) -> PyResult<Bytes> {
         || obj.is_exact_instance_of::<PyFloat>()
         || obj.is_exact_instance_of::<PyBool>();
     let obj = if !plain && obj.hasattr(intern!(obj.py(), "model_dump"))? {
-        dumped = obj.call_method("model_dump", (), Some(&[("mode", "json")].into_py_dict_bound(obj.py())?))?;
+        let kwargs = PyDict::new(obj.py());
+        kwargs.set_item("mode", "json")?;
+        dumped = obj.call_method("model_dump", (), Some(&kwargs))?;
         &dumped
     } else {
         obj
@@ -41,18 +43,4 @@ pub fn from_json(py: Python<'_>, data: &[u8]) -> PyResult<Py<PyAny>> {
     let obj = serde_transcode::transcode(&mut de, pythonize::Pythonizer::new(py))
         .map_err(|e| PyValueError::new_err(format!("invalid JSON in a message: {e}")))?;
     Ok(obj.unbind())
-}
-
-trait IntoKwargs {
-    fn into_py_dict_bound<'py>(self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyDict>>;
-}
-
-impl IntoKwargs for &[(&str, &str)] {
-    fn into_py_dict_bound<'py>(self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
-        let d = pyo3::types::PyDict::new(py);
-        for (k, v) in self {
-            d.set_item(k, v)?;
-        }
-        Ok(d)
-    }
 }

@@ -136,16 +136,6 @@ impl ResponseStream {
             }
         }
     }
-
-    /// Take an item if one is already buffered, without registering a waker.
-    pub fn try_next(&mut self) -> Option<Result<ResponseItem>> {
-        let waker = futures::task::noop_waker();
-        let mut cx = Context::from_waker(&waker);
-        match self.poll_item(&mut cx) {
-            Poll::Ready(Some(r)) => Some(r),
-            _ => None,
-        }
-    }
 }
 
 impl Stream for ResponseStream {
