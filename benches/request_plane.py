@@ -168,7 +168,7 @@ async def measure_concurrency(call: Callable[[int], Any], in_flight: int, second
             try:
                 async for _ in await call(1):
                     pass
-            except Exception:  # noqa: BLE001 - counted, reported
+            except Exception:
                 errors += 1
                 continue
             lat.append((clock() - t0) * 1e6)
@@ -397,7 +397,7 @@ class Children:
                 env=env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                preexec_fn=_die_with_parent,  # noqa: PLW1509 - this process starts no threads
+                preexec_fn=_die_with_parent,
                 cwd=str(HERE.parent.parent),
             )
         self.procs.append(proc)
@@ -496,7 +496,7 @@ def run_case(children: Children, name: str, uvloop: bool, env: dict[str, str], b
             client = subprocess.Popen(
                 [sys.executable, str(HERE), "--role", client_role, *extra],
                 env=env, stdout=subprocess.PIPE, stderr=err, text=True,
-                preexec_fn=_die_with_parent,  # noqa: PLW1509 - this process starts no threads
+                preexec_fn=_die_with_parent,
                 cwd=str(HERE.parent.parent),
             )
             children.procs.append(client)
@@ -600,7 +600,7 @@ def orchestrate(args: argparse.Namespace) -> int:
             base.mkdir()
             try:
                 env = backend_env(name, children, base)
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 failures.append(f"{name}: cannot start: {e}")
                 continue
             for uv in loops:
@@ -615,7 +615,7 @@ def orchestrate(args: argparse.Namespace) -> int:
                         break
                     try:
                         runs.append(run_case(children, name, uv, env, base, args, deadline))
-                    except Exception as e:  # noqa: BLE001
+                    except Exception as e:
                         failures.append(f"{name} ({loop_name}): {e}")
                         break
                 if runs:

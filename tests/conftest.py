@@ -20,9 +20,10 @@ import subprocess
 import time
 import urllib.request
 import uuid
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Iterator
+from typing import Any
 
 import pytest
 from helpers import LEASE_TTL, WorkerPool, free_port, shutdown_runtime, spawn

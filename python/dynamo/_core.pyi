@@ -5,7 +5,8 @@ cannot drift apart.
 """
 
 import asyncio
-from typing import Any, Awaitable, Coroutine, final
+from collections.abc import Awaitable, Coroutine
+from typing import Any, final
 
 __version__: str
 __all__ = [
@@ -78,7 +79,7 @@ class DistributedRuntime:
         discovery: str | None = None,
         request_plane: str | None = None,
         event_plane: str | None = None,
-    ) -> "DistributedRuntime": ...
+    ) -> DistributedRuntime: ...
     def namespace(self, name: str) -> Namespace:
         """A namespace handle."""
     def endpoint(self, path: str) -> Endpoint:

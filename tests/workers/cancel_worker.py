@@ -10,7 +10,8 @@ before each item, mode "await" races `await context.stopped()` against the delay
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from dynamo.runtime import DistributedRuntime, dynamo_worker
 from worker_support import parse_args, report, serve

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from dynamo.runtime import DistributedRuntime, dynamo_worker
 from worker_support import parse_args, serve

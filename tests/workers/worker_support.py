@@ -7,7 +7,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 #: Bound on the worker seeing its own registration.
 REGISTER_TIMEOUT = 20.0

@@ -14,7 +14,8 @@ import asyncio
 import functools
 import logging
 import signal
-from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -124,9 +125,9 @@ def dynamo_endpoint(
             if request_model is not None and issubclass(request_model, BaseModel):
                 args_list[index] = _parse(request_model, args_list[index])
             async for item in func(*args_list):
-                if response_model is not None and issubclass(response_model, BaseModel):
-                    if not isinstance(item, response_model):
-                        item = response_model.model_validate(item)
+                validate = response_model is not None and issubclass(response_model, BaseModel)
+                if validate and not isinstance(item, response_model):
+                    item = response_model.model_validate(item)
                 yield item
 
         return wrapper  # type: ignore[return-value]

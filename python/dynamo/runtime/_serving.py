@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 logger = logging.getLogger("dynamo.runtime")
 
@@ -67,7 +68,7 @@ async def _run(handler: Callable[..., Any], with_context: bool, request: Any, co
     except asyncio.CancelledError:
         # The caller killed the stream (or the loop is closing): nobody reads it.
         return
-    except Exception as exc:  # noqa: BLE001 - any handler failure goes to the caller
+    except Exception as exc:
         logger.debug("handler failed", exc_info=True)
         sink.error(f"{type(exc).__name__}: {exc}")
     finally:
@@ -75,7 +76,7 @@ async def _run(handler: Callable[..., Any], with_context: bool, request: Any, co
         if aclose is not None:
             try:
                 await aclose()
-            except Exception:  # noqa: BLE001 - cleanup errors must not mask the stream's end
+            except Exception:
                 logger.debug("closing the handler's generator failed", exc_info=True)
 
 
