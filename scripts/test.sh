@@ -23,6 +23,9 @@ maturin build --profile dev --interpreter "$PYTHON" --out "$wheel_dir"
 step "stub check: python/dynamo/_core.pyi against the extension"
 "$PYTHON" -m mypy.stubtest dynamo._core --allowlist scripts/stubtest-allowlist.txt
 
+step "lint: ruff"
+"$PYTHON" -m ruff check python tests examples benches
+
 step "python tests"
 status=0
 "$PYTHON" -m pytest -q "$@" || status=$?
