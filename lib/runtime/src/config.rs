@@ -103,8 +103,8 @@ pub struct RuntimeConfig {
     pub max_message_size: usize,
     /// `DYN_CONNECT_TIMEOUT` seconds: bound on opening a TCP connection (default 5).
     pub connect_timeout: Duration,
-    /// `DYN_RESPONSE_TIMEOUT` seconds: bound on the NATS request ack and on the
-    /// worker connecting back with the response stream (default 10).
+    /// `DYN_RESPONSE_TIMEOUT` seconds: NATS plane, bound on a worker taking a request
+    /// (connecting back with its Start frame) (default 10).
     pub response_timeout: Duration,
     /// `DYN_SHUTDOWN_TIMEOUT` seconds: bound on draining in-flight streams (default 30).
     pub shutdown_timeout: Duration,

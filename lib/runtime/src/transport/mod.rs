@@ -61,6 +61,8 @@ pub(crate) struct ServedEndpoint {
 struct Pending {
     tx: mpsc::Sender<StreamEvent>,
     conn: Option<Arc<Connection>>,
+    /// For a stream not yet bound to a connection: when to give up on the worker.
+    deadline: Option<std::time::Instant>,
 }
 
 /// The process-wide transport state shared by every connection.
@@ -76,6 +78,8 @@ pub struct Transport {
     pending: Mutex<HashMap<u64, Pending>>,
     endpoints: RwLock<HashMap<String, Arc<ServedEndpoint>>>,
     pool: Mutex<HashMap<String, Arc<OnceCell<Arc<Connection>>>>>,
+    /// NATS plane, caller side: the inbox prefix refusals are sent to, once set up.
+    pub(crate) nats_inbox: OnceCell<String>,
 }
 
 impl Transport {
@@ -105,6 +109,7 @@ impl Transport {
             pending: Mutex::new(HashMap::new()),
             endpoints: RwLock::new(HashMap::new()),
             pool: Mutex::new(HashMap::new()),
+            nats_inbox: OnceCell::new(),
         });
         let weak = Arc::downgrade(&transport);
         tracker.spawn(async move {
@@ -192,7 +197,8 @@ impl Transport {
         if let Some(c) = conn {
             c.bind(id)?;
         }
-        self.pending.lock().insert(id, Pending { tx, conn: conn.cloned() });
+        let deadline = conn.is_none().then(|| std::time::Instant::now() + self.config.response_timeout);
+        self.pending.lock().insert(id, Pending { tx, conn: conn.cloned(), deadline });
         Ok(ResponseStream::new(id, rx, self.clone()))
     }
 
@@ -268,6 +274,27 @@ impl Transport {
                 c.unbind(id);
             }
             let _ = p.tx.try_send(StreamEvent::Error(error));
+        }
+    }
+
+    /// End every stream whose worker has not connected back within the response timeout.
+    pub(crate) fn fail_expired(&self) {
+        let now = std::time::Instant::now();
+        let expired: Vec<u64> = self
+            .pending
+            .lock()
+            .iter()
+            .filter(|(_, p)| p.conn.is_none() && p.deadline.is_some_and(|d| d <= now))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in expired {
+            self.fail_pending(
+                id,
+                Error::new(
+                    ErrorKind::Timeout,
+                    format!("no worker took the request within {:?} (DYN_RESPONSE_TIMEOUT)", self.config.response_timeout),
+                ),
+            );
         }
     }
 

@@ -13,6 +13,9 @@ use super::{RequestHeader, Transport};
 use crate::error::{Error, ErrorKind, Result};
 use crate::response_stream::ResponseStream;
 
+/// How often streams whose worker never answered are checked against their deadline.
+const SWEEP_INTERVAL: std::time::Duration = std::time::Duration::from_millis(250);
+
 /// Make a string safe as one NATS subject token.
 pub(crate) fn subject_token(s: &str) -> String {
     s.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' }).collect()
@@ -43,13 +46,13 @@ pub(crate) async fn serve(client: async_nats::Client, transport: Arc<Transport>,
             let client = client.clone();
             let transport = transport.clone();
             transport.tracker.clone().spawn(async move {
-                let reply = msg.reply.clone();
-                let ack = match accept(&transport, msg.payload).await {
-                    Ok(()) => serde_json::json!({"ok": true}),
-                    Err(e) => serde_json::json!({"kind": e.kind().as_str(), "message": e.full_message()}),
-                };
-                if let Some(reply) = reply {
-                    let _ = client.publish(reply, serde_json::to_vec(&ack).unwrap_or_default().into()).await;
+                // Acceptance is the Start frame on the TCP connection; only a refusal is
+                // answered over NATS, keeping a second nats-server hop off every request.
+                if let Err(e) = accept(&transport, msg.payload).await {
+                    if let Some(reply) = msg.reply {
+                        let refusal = serde_json::json!({"kind": e.kind().as_str(), "message": e.full_message()});
+                        let _ = client.publish(reply, serde_json::to_vec(&refusal).unwrap_or_default().into()).await;
+                    }
                 }
             });
         }
@@ -75,6 +78,12 @@ async fn accept(transport: &Arc<Transport>, payload: Bytes) -> Result<()> {
 }
 
 /// Send a request to `subject` and return the stream the worker will connect back with.
+///
+/// The stream is returned at once. The worker's Start frame (on TCP) says it took the
+/// request; a refusal, or NATS's no-responders status, arrives on this process's inbox
+/// and ends the stream with an error before any item (the client then resends the
+/// request elsewhere). A worker that does neither within the response timeout ends the
+/// stream with `Timeout`.
 pub(crate) async fn send(
     client: &async_nats::Client,
     transport: &Arc<Transport>,
@@ -83,60 +92,65 @@ pub(crate) async fn send(
     request_id: &str,
     body: Bytes,
 ) -> Result<ResponseStream> {
-    let stream = transport.open_stream(None)?;
-    let header = RequestHeader { endpoint: endpoint.to_string(), id: request_id.to_string(), reply: Some(transport.address().to_string()) };
-    let frame = Frame::with_header(FrameKind::Request, stream.id(), serde_json::to_vec(&header)?.into(), body);
+    let inbox = transport.nats_inbox.get_or_try_init(|| start_reply_router(client, transport)).await?;
     let max = client.server_info().max_payload;
-    transport.check_size(frame.encoded_len(), "NATS request plane (the server's max_payload)", max)?;
-    // The stream is returned at once; the acknowledgement is awaited in a task. A
-    // refusal or no responders ends the stream with `Unavailable` before any item, which
-    // the client turns into a retry on another instance. Waiting for the ack here would
-    // put a second trip through nats-server on every request's critical path.
-    let id = stream.id();
-    let subject = subject.to_string();
-    let client = client.clone();
-    let watched = transport.clone();
+    let header = RequestHeader { endpoint: endpoint.to_string(), id: request_id.to_string(), reply: Some(transport.address().to_string()) };
+    let header = Bytes::from(serde_json::to_vec(&header)?);
+    let size = Frame::with_header(FrameKind::Request, 0, header.clone(), body.clone()).encoded_len();
+    transport.check_size(size, "NATS request plane (the server's max_payload)", max)?;
+    let stream = transport.open_stream(None)?;
+    let frame = Frame::with_header(FrameKind::Request, stream.id(), header, body);
+    client
+        .publish_with_reply(subject.to_string(), format!("{inbox}.{}", stream.id()), frame.to_bytes())
+        .await
+        .map_err(|e| Error::with_source(ErrorKind::Nats, format!("publishing the request to {subject} failed"), e))?;
+    Ok(stream)
+}
+
+/// Subscribe to this process's reply inbox and route refusals to their streams; sweep
+/// streams whose worker never answered. Returns the inbox prefix.
+async fn start_reply_router(client: &async_nats::Client, transport: &Arc<Transport>) -> Result<String> {
+    let prefix = client.new_inbox();
+    let mut replies = client
+        .subscribe(format!("{prefix}.*"))
+        .await
+        .map_err(|e| Error::with_source(ErrorKind::Nats, "cannot subscribe to the reply inbox", e))?;
     let cancel = transport.cancel.clone();
+    let routed = transport.clone();
     transport.tracker.spawn(async move {
-        let timeout = watched.config.response_timeout;
-        let acknowledged = tokio::select! {
-            r = tokio::time::timeout(timeout, client.request(subject.clone(), frame.to_bytes())) => r,
-            _ = cancel.cancelled() => return,
-        };
-        let outcome = match acknowledged {
-            Err(_) => Err(Error::new(ErrorKind::Timeout, format!("no acknowledgement from {subject} within {timeout:?}"))),
-            Ok(Err(e)) => Err(match e.kind() {
-                async_nats::client::RequestErrorKind::NoResponders => {
-                    Error::new(ErrorKind::Unavailable, format!("no worker listens on {subject}"))
+        loop {
+            let msg = tokio::select! {
+                m = replies.next() => m,
+                _ = cancel.cancelled() => return,
+            };
+            let Some(msg) = msg else { return };
+            let Some(id) = msg.subject.rsplit('.').next().and_then(|s| s.parse::<u64>().ok()) else { continue };
+            let refusal = if msg.status == Some(async_nats::StatusCode::NO_RESPONDERS) {
+                Error::new(ErrorKind::Unavailable, "no worker listens on the instance's NATS subject any more")
+            } else {
+                match parse_ack(&msg.payload) {
+                    Ok(()) => continue,
+                    Err(e) => e,
                 }
-                _ => Error::with_source(ErrorKind::Nats, format!("NATS request to {subject} failed"), e),
-            }),
-            Ok(Ok(answer)) => parse_ack(&answer.payload),
-        };
-        if let Err(e) = outcome {
-            // A worker that already connected back took the stream; a lost ack is moot.
-            if watched.is_unbound(id) {
-                watched.fail_pending(id, e);
+            };
+            // A worker that already connected back took the stream.
+            if routed.is_unbound(id) {
+                routed.fail_pending(id, refusal);
             }
-            return;
-        }
-        // Bound the wait for the worker's connection: a worker that dies after
-        // acknowledging must not leave the caller waiting forever.
-        if !watched.is_unbound(id) {
-            return;
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(timeout) => {}
-            _ = cancel.cancelled() => return,
-        }
-        if watched.is_unbound(id) {
-            watched.fail_pending(
-                id,
-                Error::new(ErrorKind::Timeout, format!("worker on {subject} acknowledged but did not connect back within {timeout:?}")),
-            );
         }
     });
-    Ok(stream)
+    let cancel = transport.cancel.clone();
+    let swept = transport.clone();
+    transport.tracker.spawn(async move {
+        let mut tick = tokio::time::interval(SWEEP_INTERVAL);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => swept.fail_expired(),
+                _ = cancel.cancelled() => return,
+            }
+        }
+    });
+    Ok(prefix)
 }
 
 fn parse_ack(payload: &[u8]) -> Result<()> {
