@@ -164,19 +164,15 @@ impl PyNamespace {
 
     /// Publish a JSON-able object as event `name` of this namespace.
     fn publish(&self, py: Python<'_>, name: &str, obj: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
-        let events = component_events(&self.inner);
+        let events = self.inner.runtime().events().clone();
         publish(py, &self.bridge, self.inner.event_subject(name), events, obj)
     }
 
     /// Subscribe to event `name` of this namespace.
     fn subscribe(&self, py: Python<'_>, name: &str) -> PyResult<Py<PyAny>> {
-        let events = component_events(&self.inner);
+        let events = self.inner.runtime().events().clone();
         subscribe(py, &self.bridge, self.inner.event_subject(name), events)
     }
-}
-
-fn component_events(ns: &Namespace) -> dynamo_runtime::events::EventPlane {
-    ns.runtime().events().clone()
 }
 
 /// A component.
