@@ -1,6 +1,15 @@
-//! Dynamo's LLM layer. The OpenAI frontend, preprocessor, engines and KV router are
-//! built on `dynamo-runtime`; this crate currently only re-exports the runtime version
-//! it was built against.
+//! Dynamo's LLM layer on top of `dynamo-runtime`: the OpenAI protocol and HTTP
+//! frontend, model cards and their discovery, the preprocessor (tokenizer + chat
+//! template) and detokenizer, and the engines (echo, mocker).
+//!
+//! Two engine shapes meet in this crate (see [`engine`]): an [`engine::OpenAIEngine`]
+//! takes OpenAI requests and yields OpenAI chunks (what the HTTP frontend calls); a
+//! [`engine::TokenEngine`] takes a [`protocols::common::PreprocessedRequest`] (token ids)
+//! and yields [`protocols::common::LLMEngineOutput`] (token ids). The preprocessor and
+//! detokenizer turn a token engine into an OpenAI engine.
+
+pub mod engine;
+pub mod protocols;
 
 /// The version of this crate.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -1,0 +1,105 @@
+//! The two engine shapes and the error they share.
+//!
+//! - [`OpenAIEngine`]: OpenAI request in, OpenAI chunks out. The HTTP frontend, text
+//!   and batch inputs call this. Implemented by `echo_full`, by a remote worker that
+//!   registered a `chat`/`completions` model, and by the preprocessor pipeline over a
+//!   [`TokenEngine`].
+//! - [`TokenEngine`]: [`PreprocessedRequest`] in, [`LLMEngineOutput`] out. Implemented by
+//!   `echo_core`, the mocker, and a remote worker that registered a `backend` model.
+//!
+//! Every call takes the request's [`RequestContext`]; an engine stops generating when
+//! it is stopped or killed (a client that disconnects from the frontend stops it).
+
+use async_trait::async_trait;
+use futures::stream::BoxStream;
+
+pub use dynamo_runtime::RequestContext;
+
+use crate::protocols::common::{LLMEngineOutput, PreprocessedRequest};
+use crate::protocols::openai::{ChatCompletionChunk, ChatCompletionRequest, CompletionRequest, CompletionResponse};
+
+/// Why a request failed. The HTTP frontend maps each kind to a status code.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EngineError {
+    /// The request is invalid (400).
+    #[error("{0}")]
+    BadRequest(String),
+    /// No such model (404).
+    #[error("{0}")]
+    NotFound(String),
+    /// No worker can take the request now (503).
+    #[error("{0}")]
+    Unavailable(String),
+    /// Anything else (500).
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl EngineError {
+    /// The HTTP status code for this error.
+    pub fn status(&self) -> u16 {
+        match self {
+            EngineError::BadRequest(_) => 400,
+            EngineError::NotFound(_) => 404,
+            EngineError::Unavailable(_) => 503,
+            EngineError::Internal(_) => 500,
+        }
+    }
+}
+
+impl From<dynamo_runtime::Error> for EngineError {
+    fn from(e: dynamo_runtime::Error) -> Self {
+        use dynamo_runtime::ErrorKind;
+        match e.kind() {
+            ErrorKind::NoInstances | ErrorKind::InstanceNotFound | ErrorKind::Unavailable => {
+                EngineError::Unavailable(e.to_string())
+            }
+            ErrorKind::PayloadTooLarge => EngineError::BadRequest(e.to_string()),
+            _ => EngineError::Internal(e.to_string()),
+        }
+    }
+}
+
+/// One item of an OpenAI-level stream, with the token counts the frontend reports
+/// (`usage`, Prometheus histograms).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StreamItem<T> {
+    pub data: T,
+    /// Prompt tokens; set on (at least) the first item when known.
+    pub prompt_tokens: Option<u32>,
+    /// Tokens generated in this item.
+    pub completion_tokens: u32,
+}
+
+impl<T> StreamItem<T> {
+    /// An item with no token accounting.
+    pub fn new(data: T) -> Self {
+        StreamItem { data, prompt_tokens: None, completion_tokens: 0 }
+    }
+}
+
+/// A stream of OpenAI-level items; an `Err` item ends the stream with that error.
+pub type OpenAIStream<T> = BoxStream<'static, Result<StreamItem<T>, EngineError>>;
+
+/// A stream of chat chunks.
+pub type ChatStream = OpenAIStream<ChatCompletionChunk>;
+
+/// A stream of completion chunks.
+pub type CompletionStream = OpenAIStream<CompletionResponse>;
+
+/// A stream of token engine output; an `Err` item ends the stream with that error.
+pub type TokenStream = BoxStream<'static, Result<LLMEngineOutput, EngineError>>;
+
+/// OpenAI request in, OpenAI chunks out. Requests reach the engine already validated
+/// and always as streams (`stream: false` is folded by the caller).
+#[async_trait]
+pub trait OpenAIEngine: Send + Sync + 'static {
+    async fn chat(&self, request: ChatCompletionRequest, ctx: RequestContext) -> Result<ChatStream, EngineError>;
+    async fn completion(&self, request: CompletionRequest, ctx: RequestContext) -> Result<CompletionStream, EngineError>;
+}
+
+/// Token ids in, token ids out.
+#[async_trait]
+pub trait TokenEngine: Send + Sync + 'static {
+    async fn generate(&self, request: PreprocessedRequest, ctx: RequestContext) -> Result<TokenStream, EngineError>;
+}

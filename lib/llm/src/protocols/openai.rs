@@ -1,0 +1,431 @@
+//! The subset of the OpenAI HTTP API that the frontend serves: chat completions,
+//! completions, their streamed chunks, usage, model lists and error bodies.
+//!
+//! Unknown request fields are ignored (as vLLM does); fields we read are typed, so a
+//! wrong type is a 400 with serde's message. [`ChatCompletionRequest::validate`] and
+//! [`CompletionRequest::validate`] check value ranges.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Dynamo's extensions to a request body (`"nvext": {...}`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct NvExt {
+    /// Generate until `max_tokens`, ignoring EOS and stop conditions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ignore_eos: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_k: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repetition_penalty: Option<f32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_p: Option<f32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_tokens: Option<u32>,
+    /// Send the prompt as written, without the chat template.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub use_raw_prompt: Option<bool>,
+    /// Extra items to return (`"formatted_prompt"`, `"token_ids"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub annotations: Option<Vec<String>>,
+}
+
+/// `stop`: one string or a list of them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum StopSpec {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl StopSpec {
+    /// The stop strings as a list.
+    pub fn into_vec(self) -> Vec<String> {
+        match self {
+            StopSpec::One(s) => vec![s],
+            StopSpec::Many(v) => v,
+        }
+    }
+}
+
+/// `stream_options`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StreamOptions {
+    /// Send a final chunk with `usage` and no choices.
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// A content part of a message (`{"type": "text", "text": "..."}`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ContentPart {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+}
+
+/// A message's content: a string or a list of parts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum MessageContent {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+impl MessageContent {
+    /// The text of the content (text parts joined).
+    pub fn text(&self) -> String {
+        match self {
+            MessageContent::Text(s) => s.clone(),
+            MessageContent::Parts(parts) => parts.iter().filter_map(|p| p.text.as_deref()).collect::<Vec<_>>().join(""),
+        }
+    }
+}
+
+/// One message of a chat request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    /// `system`, `user`, `assistant`, `tool` (any string is accepted).
+    pub role: String,
+    #[serde(default)]
+    pub content: Option<MessageContent>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+}
+
+/// `POST /v1/chat/completions` body.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ChatCompletionRequest {
+    pub model: String,
+    pub messages: Vec<ChatMessage>,
+    #[serde(default)]
+    pub stream: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream_options: Option<StreamOptions>,
+    /// Deprecated by OpenAI in favour of `max_completion_tokens`; both are read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_completion_tokens: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<f32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub n: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub presence_penalty: Option<f32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frequency_penalty: Option<f32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop: Option<StopSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Vec<Value>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_choice: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvext: Option<NvExt>,
+}
+
+/// `prompt` of a completions request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Prompt {
+    Text(String),
+    /// Only a one-element list is served (batched prompts are a 400).
+    TextList(Vec<String>),
+    Tokens(Vec<u32>),
+}
+
+/// `POST /v1/completions` body.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompletionRequest {
+    pub model: String,
+    pub prompt: Prompt,
+    #[serde(default)]
+    pub stream: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream_options: Option<StreamOptions>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<f32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub n: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub presence_penalty: Option<f32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frequency_penalty: Option<f32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop: Option<StopSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub echo: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvext: Option<NvExt>,
+}
+
+/// Range checks shared by both request kinds; the message names the field.
+fn validate_common(temperature: Option<f32>, top_p: Option<f32>, n: Option<u32>, max_tokens: Option<u32>) -> Result<(), String> {
+    if let Some(t) = temperature {
+        if !(0.0..=2.0).contains(&t) {
+            return Err(format!("temperature must be between 0 and 2, got {t}"));
+        }
+    }
+    if let Some(p) = top_p {
+        if !(p > 0.0 && p <= 1.0) {
+            return Err(format!("top_p must be in (0, 1], got {p}"));
+        }
+    }
+    if let Some(n) = n {
+        if n != 1 {
+            return Err(format!("n must be 1 (only one choice per request is served), got {n}"));
+        }
+    }
+    if max_tokens == Some(0) {
+        return Err("max_tokens must be at least 1".to_string());
+    }
+    Ok(())
+}
+
+impl ChatCompletionRequest {
+    /// `max_completion_tokens`, else `max_tokens`.
+    pub fn max_tokens(&self) -> Option<u32> {
+        self.max_completion_tokens.or(self.max_tokens)
+    }
+
+    /// Check value ranges; the error is a client error (400) naming the field.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.messages.is_empty() {
+            return Err("messages must not be empty".to_string());
+        }
+        validate_common(self.temperature, self.top_p, self.n, self.max_tokens())
+    }
+}
+
+impl CompletionRequest {
+    /// Check value ranges; the error is a client error (400) naming the field.
+    pub fn validate(&self) -> Result<(), String> {
+        if let Prompt::TextList(list) = &self.prompt {
+            if list.len() != 1 {
+                return Err(format!("prompt must be a string or a list of one string, got a list of {}", list.len()));
+            }
+        }
+        validate_common(self.temperature, self.top_p, self.n, self.max_tokens)
+    }
+}
+
+/// Token counts of a request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    pub prompt_tokens: u32,
+    pub completion_tokens: u32,
+    pub total_tokens: u32,
+}
+
+impl Usage {
+    pub fn new(prompt_tokens: u32, completion_tokens: u32) -> Self {
+        Usage { prompt_tokens, completion_tokens, total_tokens: prompt_tokens + completion_tokens }
+    }
+}
+
+/// The delta of a streamed chat choice.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ChatDelta {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+}
+
+/// One choice of a `chat.completion.chunk`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ChatChunkChoice {
+    pub index: u32,
+    pub delta: ChatDelta,
+    /// `null` until the last chunk of the choice.
+    pub finish_reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<Value>,
+}
+
+/// `object: "chat.completion.chunk"`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatCompletionChunk {
+    pub id: String,
+    pub object: String,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<ChatChunkChoice>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+impl ChatCompletionChunk {
+    /// A chunk with one choice.
+    pub fn new(id: &str, model: &str, created: u64, choice: ChatChunkChoice) -> Self {
+        ChatCompletionChunk {
+            id: id.to_string(),
+            object: "chat.completion.chunk".to_string(),
+            created,
+            model: model.to_string(),
+            choices: vec![choice],
+            usage: None,
+        }
+    }
+}
+
+/// The assistant message of a whole chat response.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ChatResponseMessage {
+    pub role: String,
+    pub content: Option<String>,
+}
+
+/// One choice of a whole chat response.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ChatChoice {
+    pub index: u32,
+    pub message: ChatResponseMessage,
+    pub finish_reason: Option<String>,
+}
+
+/// `object: "chat.completion"` (a non-streamed response, folded from the chunks).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatCompletionResponse {
+    pub id: String,
+    pub object: String,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<ChatChoice>,
+    pub usage: Usage,
+}
+
+/// One choice of a completion (chunk or whole).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CompletionChoice {
+    pub index: u32,
+    pub text: String,
+    pub finish_reason: Option<String>,
+    #[serde(default)]
+    pub logprobs: Option<Value>,
+}
+
+/// `object: "text_completion"`: both the streamed chunks and the whole response.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompletionResponse {
+    pub id: String,
+    pub object: String,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<CompletionChoice>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+impl CompletionResponse {
+    /// A chunk (or response) with one choice.
+    pub fn new(id: &str, model: &str, created: u64, choice: CompletionChoice) -> Self {
+        CompletionResponse {
+            id: id.to_string(),
+            object: "text_completion".to_string(),
+            created,
+            model: model.to_string(),
+            choices: vec![choice],
+            usage: None,
+        }
+    }
+}
+
+/// One entry of `GET /v1/models`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelObject {
+    pub id: String,
+    pub object: String,
+    pub created: u64,
+    pub owned_by: String,
+}
+
+/// `GET /v1/models` body.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelList {
+    pub object: String,
+    pub data: Vec<ModelObject>,
+}
+
+/// OpenAI's error body: `{"error": {"message", "type", "param", "code"}}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ErrorDetail {
+    pub message: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub param: Option<String>,
+    pub code: Option<String>,
+}
+
+impl ErrorBody {
+    pub fn new(message: impl Into<String>, kind: impl Into<String>, code: Option<&str>) -> Self {
+        ErrorBody { error: ErrorDetail { message: message.into(), kind: kind.into(), param: None, code: code.map(String::from) } }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chat_request_parses_openai_shapes() {
+        let req: ChatCompletionRequest = serde_json::from_str(
+            r#"{"model":"m","messages":[{"role":"system","content":"s"},
+                {"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}],
+                "stop":"x","stream":true,"max_completion_tokens":5,"unknown_field":1}"#,
+        )
+        .unwrap();
+        assert_eq!(req.messages[1].content.as_ref().unwrap().text(), "ab");
+        assert_eq!(req.stop.clone().unwrap().into_vec(), vec!["x".to_string()]);
+        assert_eq!(req.max_tokens(), Some(5));
+        assert!(req.validate().is_ok());
+    }
+
+    #[test]
+    fn validation_names_the_field() {
+        let mut req = ChatCompletionRequest { model: "m".into(), ..Default::default() };
+        assert!(req.validate().unwrap_err().contains("messages"));
+        req.messages.push(ChatMessage { role: "user".into(), content: None, name: None, tool_calls: None, tool_call_id: None });
+        req.temperature = Some(3.0);
+        assert!(req.validate().unwrap_err().contains("temperature"));
+    }
+
+    #[test]
+    fn wrong_type_is_an_error() {
+        let e = serde_json::from_str::<ChatCompletionRequest>(r#"{"model":"m","messages":[],"max_tokens":"ten"}"#);
+        assert!(e.is_err());
+    }
+
+    #[test]
+    fn prompt_forms() {
+        let r: CompletionRequest = serde_json::from_str(r#"{"model":"m","prompt":[1,2,3]}"#).unwrap();
+        assert_eq!(r.prompt, Prompt::Tokens(vec![1, 2, 3]));
+        let r: CompletionRequest = serde_json::from_str(r#"{"model":"m","prompt":["a","b"]}"#).unwrap();
+        assert!(r.validate().unwrap_err().contains("prompt"));
+    }
+}
