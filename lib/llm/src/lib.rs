@@ -9,6 +9,7 @@
 //! detokenizer turn a token engine into an OpenAI engine.
 
 pub mod engine;
+pub mod mocker;
 pub mod protocols;
 
 /// The version of this crate.
