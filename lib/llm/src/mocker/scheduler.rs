@@ -192,14 +192,15 @@ impl Scheduler {
             self.prefix_blocks_queried += seq.hashes().len() as u64;
             self.prefix_blocks_hit += cached as u64;
             let mut parent = None;
-            for hash in seq.hashes()[..hit_blocks].to_vec() {
+            for hash in &seq.hashes()[..hit_blocks] {
                 // Cached blocks need no free block.
-                if self.kv.acquire_full(hash, parent).is_err() {
+                if self.kv.acquire_full(*hash, parent).is_err() {
                     tracing::error!("a cached block could not be reused");
                 }
-                seq.held.push(HeldBlock::Full(hash.block_hash));
                 parent = Some(hash.block_hash);
             }
+            let hits: Vec<HeldBlock> = seq.hashes()[..hit_blocks].iter().map(|h| HeldBlock::Full(h.block_hash)).collect();
+            seq.held.extend(hits);
             seq.computed = hit_blocks * block_size;
             self.running.push(seq);
             let i = self.running.len() - 1;

@@ -104,7 +104,7 @@ impl Sequence {
 
     fn push(&mut self, token: u32) {
         self.tokens.push(token);
-        if self.tokens.len() % self.block_size == 0 {
+        if self.tokens.len().is_multiple_of(self.block_size) {
             let start = self.tokens.len() - self.block_size;
             let parent = self.hashes.last().map(|h| h.block_hash);
             self.hashes.push(next_block_hash(parent, &self.tokens[start..]));
