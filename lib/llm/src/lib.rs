@@ -9,7 +9,10 @@
 //! detokenizer turn a token engine into an OpenAI engine.
 
 pub mod engine;
+pub mod model_card;
+pub mod preprocessor;
 pub mod protocols;
+pub mod tokenizer;
 
 /// The version of this crate.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
