@@ -8,8 +8,12 @@
 //! and yields [`protocols::common::LLMEngineOutput`] (token ids). The preprocessor and
 //! detokenizer turn a token engine into an OpenAI engine.
 
+pub mod aggregate;
+pub mod detokenizer;
 pub mod engine;
+pub mod engines;
 pub mod model_card;
+pub mod pipeline;
 pub mod preprocessor;
 pub mod protocols;
 pub mod tokenizer;
