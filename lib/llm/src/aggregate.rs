@@ -65,7 +65,10 @@ pub async fn fold_chat(mut stream: ChatStream) -> Result<ChatCompletionResponse,
         model: first.model,
         choices: vec![ChatChoice {
             index: 0,
-            message: ChatResponseMessage { role: role.unwrap_or_else(|| "assistant".to_string()), content: Some(content) },
+            message: ChatResponseMessage {
+                role: role.unwrap_or_else(|| "assistant".to_string()),
+                content: Some(content),
+            },
             finish_reason,
         }],
         usage: counter.usage(),
@@ -91,8 +94,12 @@ pub async fn fold_completion(mut stream: CompletionStream) -> Result<CompletionR
         first.get_or_insert(item.data);
     }
     let first = first.ok_or_else(no_output)?;
-    let mut response =
-        CompletionResponse::new(&first.id, &first.model, first.created, CompletionChoice { index: 0, text, finish_reason, logprobs: None });
+    let mut response = CompletionResponse::new(
+        &first.id,
+        &first.model,
+        first.created,
+        CompletionChoice { index: 0, text, finish_reason, logprobs: None },
+    );
     response.usage = Some(counter.usage());
     Ok(response)
 }
@@ -134,7 +141,10 @@ mod tests {
     #[tokio::test]
     async fn an_error_item_fails_the_fold() {
         let items = vec![Ok(StreamItem::new(chunk(None, "a", None))), Err(EngineError::Internal("boom".into()))];
-        assert_eq!(fold_chat(futures::stream::iter(items).boxed()).await.unwrap_err(), EngineError::Internal("boom".into()));
+        assert_eq!(
+            fold_chat(futures::stream::iter(items).boxed()).await.unwrap_err(),
+            EngineError::Internal("boom".into())
+        );
         let empty: CompletionStream = futures::stream::empty().boxed();
         assert!(fold_completion(empty).await.is_err());
     }

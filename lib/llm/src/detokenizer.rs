@@ -72,7 +72,8 @@ impl Detokenizer {
     fn new(tokenizer: &Tokenizer, request: &PreprocessedRequest, inner: TokenStream, ctx: RequestContext) -> Self {
         let stop = &request.stop_conditions;
         let ignore_eos = stop.ignore_eos.unwrap_or(false);
-        let eos: HashSet<u32> = if ignore_eos { HashSet::new() } else { request.eos_token_ids.iter().copied().collect() };
+        let eos: HashSet<u32> =
+            if ignore_eos { HashSet::new() } else { request.eos_token_ids.iter().copied().collect() };
         let mut hidden = eos.clone();
         if !ignore_eos {
             hidden.extend(stop.stop_token_ids_hidden.iter().flatten().copied());
@@ -255,7 +256,11 @@ mod tests {
         PreprocessedRequest { token_ids: vec![3], stop_conditions: stop, eos_token_ids: eos, ..Default::default() }
     }
 
-    async fn run(req: &PreprocessedRequest, groups: Vec<Vec<u32>>, finish: Option<FinishReason>) -> (Vec<String>, Option<FinishReason>, RequestContext) {
+    async fn run(
+        req: &PreprocessedRequest,
+        groups: Vec<Vec<u32>>,
+        finish: Option<FinishReason>,
+    ) -> (Vec<String>, Option<FinishReason>, RequestContext) {
         let tok = tokenizer();
         let ctx = RequestContext::new("t");
         let out: Vec<_> = detokenize(&tok, req, engine(groups, finish), ctx.clone()).collect().await;
@@ -346,10 +351,11 @@ mod tests {
             Ok(LLMEngineOutput { token_ids: vec![99], text: Some("hello".into()), ..Default::default() }),
             Ok(LLMEngineOutput { token_ids: vec![98], text: Some(" you! x".into()), ..Default::default() }),
         ];
-        let out: Vec<_> = detokenize(&tokenizer(), &req, futures::stream::iter(items).boxed(), RequestContext::new("t"))
-            .map(|r| r.unwrap())
-            .collect()
-            .await;
+        let out: Vec<_> =
+            detokenize(&tokenizer(), &req, futures::stream::iter(items).boxed(), RequestContext::new("t"))
+                .map(|r| r.unwrap())
+                .collect()
+                .await;
         assert_eq!(out.iter().map(|o| o.text.clone().unwrap()).collect::<String>(), "hello you");
         assert_eq!(out.last().unwrap().finish_reason, Some(FinishReason::Stop));
     }
@@ -357,9 +363,14 @@ mod tests {
     #[tokio::test]
     async fn an_engine_error_ends_the_stream() {
         let req = request(StopConditions::default(), vec![]);
-        let items = vec![Ok(LLMEngineOutput { token_ids: ids("a"), ..Default::default() }), Err(EngineError::Internal("boom".into()))];
+        let items = vec![
+            Ok(LLMEngineOutput { token_ids: ids("a"), ..Default::default() }),
+            Err(EngineError::Internal("boom".into())),
+        ];
         let out: Vec<_> =
-            detokenize(&tokenizer(), &req, futures::stream::iter(items).boxed(), RequestContext::new("t")).collect().await;
+            detokenize(&tokenizer(), &req, futures::stream::iter(items).boxed(), RequestContext::new("t"))
+                .collect()
+                .await;
         assert_eq!(out.len(), 2);
         assert_eq!(out[1], Err(EngineError::Internal("boom".into())));
     }

@@ -119,8 +119,10 @@ impl ModelDeploymentCard {
         if chat_template.is_none() {
             chat_template = read_optional(&dir.join("chat_template.jinja"))?;
         }
-        let bos_token = token_text(tokenizer_config.get("bos_token")).or_else(|| token_text(special_tokens_map.get("bos_token")));
-        let eos_token = token_text(tokenizer_config.get("eos_token")).or_else(|| token_text(special_tokens_map.get("eos_token")));
+        let bos_token =
+            token_text(tokenizer_config.get("bos_token")).or_else(|| token_text(special_tokens_map.get("bos_token")));
+        let eos_token =
+            token_text(tokenizer_config.get("eos_token")).or_else(|| token_text(special_tokens_map.get("eos_token")));
 
         let mut eos_token_ids = Vec::new();
         for source in [generation_config.get("eos_token_id"), config.get("eos_token_id")] {
@@ -214,7 +216,8 @@ impl ModelDeploymentCard {
 }
 
 /// The builtin card's chat template.
-const BUILTIN_CHAT_TEMPLATE: &str = "{% for message in messages %}<|{{ message.role }}|>\n{{ message.content }}\n{% endfor %}\
+const BUILTIN_CHAT_TEMPLATE: &str =
+    "{% for message in messages %}<|{{ message.role }}|>\n{{ message.content }}\n{% endfor %}\
 {% if add_generation_prompt %}<|assistant|>\n{% endif %}";
 
 /// Ids of the builtin tokenizer's special tokens; byte `b` is id `b + 3`.
@@ -252,7 +255,8 @@ pub fn byte_level_tokenizer_json() -> String {
                 "rstrip": false, "normalized": false, "special": true})
         })
         .collect();
-    let byte_level = serde_json::json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false});
+    let byte_level =
+        serde_json::json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false});
     serde_json::json!({
         "version": "1.0",
         "truncation": null,

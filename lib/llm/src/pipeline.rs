@@ -7,10 +7,12 @@ use async_trait::async_trait;
 use futures::{future, StreamExt};
 
 use crate::detokenizer::detokenize;
-use crate::engine::{ChatStream, CompletionStream, EngineError, OpenAIEngine, RequestContext, StreamItem, TokenEngine, TokenStream};
+use crate::engine::{
+    ChatStream, CompletionStream, EngineError, OpenAIEngine, RequestContext, StreamItem, TokenEngine, TokenStream,
+};
 use crate::model_card::{CardError, ModelDeploymentCard};
 use crate::preprocessor::{Preprocessed, Preprocessor};
-use crate::protocols::common::LLMEngineOutput;
+use crate::protocols::common::{FinishReason, LLMEngineOutput};
 use crate::protocols::openai::{
     ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest, ChatDelta, CompletionChoice, CompletionRequest,
     CompletionResponse,
@@ -28,6 +30,12 @@ impl Pipeline {
     /// tokenizer or a broken template.
     pub fn new(card: Arc<ModelDeploymentCard>, engine: Arc<dyn TokenEngine>) -> Result<Self, CardError> {
         Ok(Pipeline { preprocessor: Arc::new(Preprocessor::new(card)?), engine })
+    }
+
+    /// A pipeline sharing an already built preprocessor (one per model card, however
+    /// many engines serve it).
+    pub fn with_preprocessor(preprocessor: Arc<Preprocessor>, engine: Arc<dyn TokenEngine>) -> Self {
+        Pipeline { preprocessor, engine }
     }
 
     /// The preprocessor (tokenizer, template) this pipeline uses.
@@ -55,9 +63,21 @@ impl ChunkAccounting {
         ChunkAccounting { prompt_tokens: Some(u32::try_from(prompt_tokens).unwrap_or(u32::MAX)), pending_tokens: 0 }
     }
 
-    /// The item `out` becomes (built by `make(text, finish_reason, is_first)`), or
-    /// `None` when it carries only tokens.
-    fn take<T>(&mut self, out: LLMEngineOutput, make: impl FnOnce(String, Option<String>, bool) -> T) -> Option<StreamItem<T>> {
+    /// The item a detokenized step becomes (built by `make(text, finish_reason,
+    /// is_first)`), or `None` when it carries only tokens. An engine error, or a
+    /// finish reason `error`, becomes an `Err` item.
+    fn take<T>(
+        &mut self,
+        result: Result<LLMEngineOutput, EngineError>,
+        make: impl FnOnce(String, Option<String>, bool) -> T,
+    ) -> Option<Result<StreamItem<T>, EngineError>> {
+        let out = match result {
+            Ok(out) => out,
+            Err(e) => return Some(Err(e)),
+        };
+        if let Some(FinishReason::Error(message)) = out.finish_reason {
+            return Some(Err(EngineError::Internal(message)));
+        }
         let tokens = self.pending_tokens.saturating_add(u32::try_from(out.token_ids.len()).unwrap_or(u32::MAX));
         let text = out.text.unwrap_or_default();
         if text.is_empty() && out.finish_reason.is_none() {
@@ -67,7 +87,11 @@ impl ChunkAccounting {
         self.pending_tokens = 0;
         let first = self.prompt_tokens.is_some();
         let finish = out.finish_reason.map(|f| f.as_openai().to_string());
-        Some(StreamItem { data: make(text, finish, first), prompt_tokens: self.prompt_tokens.take(), completion_tokens: tokens })
+        Some(Ok(StreamItem {
+            data: make(text, finish, first),
+            prompt_tokens: self.prompt_tokens.take(),
+            completion_tokens: tokens,
+        }))
     }
 }
 
@@ -81,24 +105,27 @@ impl OpenAIEngine for Pipeline {
         let created = unix_now();
         let mut accounting = ChunkAccounting::new(pre.request.token_ids.len());
         let chunks = stream.filter_map(move |result| {
-            let item = match result {
-                Ok(out) => accounting
-                    .take(out, |text, finish_reason, first| {
-                        let delta = ChatDelta {
-                            role: first.then(|| "assistant".to_string()),
-                            content: (!text.is_empty()).then_some(text),
-                        };
-                        ChatCompletionChunk::new(&id, &model, created, ChatChunkChoice { index: 0, delta, finish_reason, logprobs: None })
-                    })
-                    .map(Ok),
-                Err(e) => Some(Err(e)),
-            };
-            future::ready(item)
+            future::ready(accounting.take(result, |text, finish_reason, first| {
+                let delta = ChatDelta {
+                    role: first.then(|| "assistant".to_string()),
+                    content: (!text.is_empty()).then_some(text),
+                };
+                ChatCompletionChunk::new(
+                    &id,
+                    &model,
+                    created,
+                    ChatChunkChoice { index: 0, delta, finish_reason, logprobs: None },
+                )
+            }))
         });
         Ok(chunks.boxed())
     }
 
-    async fn completion(&self, request: CompletionRequest, ctx: RequestContext) -> Result<CompletionStream, EngineError> {
+    async fn completion(
+        &self,
+        request: CompletionRequest,
+        ctx: RequestContext,
+    ) -> Result<CompletionStream, EngineError> {
         let pre = self.preprocessor.preprocess_completion(&request)?;
         let stream = self.generate(&pre, ctx).await?;
         let id = format!("cmpl-{}", uuid::Uuid::new_v4());
@@ -108,19 +135,18 @@ impl OpenAIEngine for Pipeline {
         let mut echo = request.echo.unwrap_or(false).then(|| pre.formatted_prompt.clone());
         let mut accounting = ChunkAccounting::new(pre.request.token_ids.len());
         let chunks = stream.filter_map(move |result| {
-            let item = match result {
-                Ok(out) => accounting
-                    .take(out, |text, finish_reason, first| {
-                        let text = match (first, echo.take()) {
-                            (true, Some(prompt)) => prompt + &text,
-                            _ => text,
-                        };
-                        CompletionResponse::new(&id, &model, created, CompletionChoice { index: 0, text, finish_reason, logprobs: None })
-                    })
-                    .map(Ok),
-                Err(e) => Some(Err(e)),
-            };
-            future::ready(item)
+            future::ready(accounting.take(result, |text, finish_reason, first| {
+                let text = match (first, echo.take()) {
+                    (true, Some(prompt)) => prompt + &text,
+                    _ => text,
+                };
+                CompletionResponse::new(
+                    &id,
+                    &model,
+                    created,
+                    CompletionChoice { index: 0, text, finish_reason, logprobs: None },
+                )
+            }))
         });
         Ok(chunks.boxed())
     }

@@ -77,7 +77,9 @@ impl Preprocessor {
                 .map(|m| m.content.as_ref().map(|c| c.text()).unwrap_or_default())
                 .ok_or_else(|| EngineError::BadRequest("use_raw_prompt needs a user message".to_string()));
         }
-        self.formatter.render(&request.messages, request.tools.as_deref()).map_err(|e| EngineError::BadRequest(e.to_string()))
+        self.formatter
+            .render(&request.messages, request.tools.as_deref())
+            .map_err(|e| EngineError::BadRequest(e.to_string()))
     }
 
     /// Preprocess a chat request.
@@ -134,7 +136,9 @@ impl Preprocessor {
     }
 
     fn encode(&self, text: &str) -> Result<Vec<u32>, EngineError> {
-        self.tokenizer.encode_prompt(text, self.card.bos_token.as_deref()).map_err(|e| EngineError::Internal(e.to_string()))
+        self.tokenizer
+            .encode_prompt(text, self.card.bos_token.as_deref())
+            .map_err(|e| EngineError::Internal(e.to_string()))
     }
 
     fn build(&self, token_ids: Vec<u32>, limits: RequestLimits<'_>) -> Result<PreprocessedRequest, EngineError> {
@@ -157,7 +161,8 @@ impl Preprocessor {
         let nvext = limits.nvext.cloned().unwrap_or_default();
         let ignore_eos = nvext.ignore_eos.unwrap_or(false);
         let eos_token_ids = if ignore_eos { Vec::new() } else { self.card.eos_token_ids.clone() };
-        let stop = if ignore_eos { None } else { limits.stop.cloned().map(StopSpec::into_vec).filter(|s| !s.is_empty()) };
+        let stop =
+            if ignore_eos { None } else { limits.stop.cloned().map(StopSpec::into_vec).filter(|s| !s.is_empty()) };
         let stop_conditions = StopConditions {
             max_tokens: Some(max_tokens),
             stop,

@@ -167,7 +167,8 @@ mod tests {
     #[test]
     fn utf8_round_trips_one_token_per_byte() {
         let tok = byte_tokenizer();
-        for text in ["hello world", "  two  spaces\n\ttab", "emoji 🦀🎉 done", "中文字符 and ÿ þ", "\u{0}\u{7f}"] {
+        for text in ["hello world", "  two  spaces\n\ttab", "emoji 🦀🎉 done", "中文字符 and ÿ þ", "\u{0}\u{7f}"]
+        {
             let ids = tok.encode(text, false).unwrap();
             assert_eq!(ids.len(), text.len(), "{text:?}");
             assert_eq!(tok.decode(&ids, true).unwrap(), text);

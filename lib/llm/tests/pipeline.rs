@@ -63,7 +63,8 @@ async fn fold_gives_the_whole_response_with_usage() {
     let prompt_len = "<|user|>\nhi\n<|assistant|>\n".len() as u32;
     assert_eq!(response.usage, Usage::new(prompt_len, 5));
 
-    let req: CompletionRequest = serde_json::from_str(r#"{"model":"echo","prompt":"one two. three","stop":". "}"#).unwrap();
+    let req: CompletionRequest =
+        serde_json::from_str(r#"{"model":"echo","prompt":"one two. three","stop":". "}"#).unwrap();
     let stream = pipeline.completion(req, RequestContext::new("r")).await.unwrap();
     let response = tokio::time::timeout(LIMIT, fold_completion(stream)).await.unwrap().unwrap();
     assert!(response.id.starts_with("cmpl-"));
@@ -75,7 +76,9 @@ async fn fold_gives_the_whole_response_with_usage() {
 #[tokio::test]
 async fn echo_full_echoes_and_folds() {
     let engine = EchoFull::new(Duration::ZERO);
-    let req = chat_request(r#"{"model":"m","messages":[{"role":"user","content":"first"},{"role":"assistant","content":"x"},{"role":"user","content":"last one"}]}"#);
+    let req = chat_request(
+        r#"{"model":"m","messages":[{"role":"user","content":"first"},{"role":"assistant","content":"x"},{"role":"user","content":"last one"}]}"#,
+    );
     let stream = engine.chat(req, RequestContext::new("r")).await.unwrap();
     let response = tokio::time::timeout(LIMIT, fold_chat(stream)).await.unwrap().unwrap();
     assert_eq!(response.choices[0].message.content.as_deref(), Some("last one"));
@@ -86,9 +89,15 @@ async fn echo_full_echoes_and_folds() {
 #[tokio::test]
 async fn a_stopped_context_ends_echo_streams() {
     // Through the pipeline: the engine sees the stop and finishes with `cancelled`.
-    let pipeline = Pipeline::new(Arc::new(ModelDeploymentCard::builtin("echo")), Arc::new(EchoCore::new(Duration::from_millis(5)))).unwrap();
+    let pipeline = Pipeline::new(
+        Arc::new(ModelDeploymentCard::builtin("echo")),
+        Arc::new(EchoCore::new(Duration::from_millis(5))),
+    )
+    .unwrap();
     let ctx = RequestContext::new("r");
-    let req = chat_request(r#"{"model":"echo","messages":[{"role":"user","content":"a fairly long message to echo back slowly"}]}"#);
+    let req = chat_request(
+        r#"{"model":"echo","messages":[{"role":"user","content":"a fairly long message to echo back slowly"}]}"#,
+    );
     let mut stream = pipeline.chat(req, ctx.clone()).await.unwrap();
     let first = tokio::time::timeout(LIMIT, stream.next()).await.unwrap().unwrap().unwrap();
     assert!(first.data.choices[0].finish_reason.is_none());
@@ -117,30 +126,35 @@ async fn context_overflow_is_a_bad_request() {
     assert!(err.to_string().contains("context length"), "{err}");
 }
 
-/// Yields one token, then fails.
-struct FailingEngine;
+/// Replays the items it was built with, whatever the request.
+struct ScriptedEngine(Vec<Result<LLMEngineOutput, EngineError>>);
 
 #[async_trait]
-impl TokenEngine for FailingEngine {
-    async fn generate(&self, request: PreprocessedRequest, _ctx: RequestContext) -> Result<TokenStream, EngineError> {
-        let items = vec![
-            Ok(LLMEngineOutput { token_ids: request.token_ids[..1].to_vec(), ..Default::default() }),
-            Err(EngineError::Internal("worker lost".into())),
-        ];
-        Ok(futures::stream::iter(items).boxed())
+impl TokenEngine for ScriptedEngine {
+    async fn generate(&self, _request: PreprocessedRequest, _ctx: RequestContext) -> Result<TokenStream, EngineError> {
+        Ok(futures::stream::iter(self.0.clone()).boxed())
     }
+}
+
+async fn scripted_completion(items: Vec<Result<LLMEngineOutput, EngineError>>) -> Vec<Result<String, EngineError>> {
+    let pipeline = Pipeline::new(Arc::new(ModelDeploymentCard::builtin("m")), Arc::new(ScriptedEngine(items))).unwrap();
+    let req: CompletionRequest = serde_json::from_str(r#"{"model":"m","prompt":"xyz"}"#).unwrap();
+    let stream = pipeline.completion(req, RequestContext::new("r")).await.unwrap();
+    let items = tokio::time::timeout(LIMIT, stream.collect::<Vec<_>>()).await.unwrap();
+    items.into_iter().map(|r| r.map(|i| i.data.choices[0].text.clone())).collect()
 }
 
 #[tokio::test]
 async fn an_engine_error_mid_stream_becomes_an_err_item() {
-    let pipeline = Pipeline::new(Arc::new(ModelDeploymentCard::builtin("m")), Arc::new(FailingEngine)).unwrap();
-    let req: CompletionRequest = serde_json::from_str(r#"{"model":"m","prompt":"xyz"}"#).unwrap();
-    let items: Vec<_> = tokio::time::timeout(LIMIT, pipeline.completion(req, RequestContext::new("r")).await.unwrap().collect::<Vec<_>>())
-        .await
-        .unwrap();
-    assert_eq!(items.len(), 2);
-    assert_eq!(items[0].as_ref().unwrap().data.choices[0].text, "x");
-    assert_eq!(items[1], Err(EngineError::Internal("worker lost".into())));
+    let x_id = ModelDeploymentCard::builtin("m").tokenizer().unwrap().encode("x", false).unwrap();
+    let x = LLMEngineOutput { token_ids: x_id, ..Default::default() };
+    let items = scripted_completion(vec![Ok(x.clone()), Err(EngineError::Internal("worker lost".into()))]).await;
+    assert_eq!(items, vec![Ok("x".to_string()), Err(EngineError::Internal("worker lost".into()))]);
+
+    let failed =
+        LLMEngineOutput { finish_reason: Some(FinishReason::Error("out of memory".into())), ..Default::default() };
+    let items = scripted_completion(vec![Ok(x), Ok(failed)]).await;
+    assert_eq!(items, vec![Ok("x".to_string()), Err(EngineError::Internal("out of memory".into()))]);
 }
 
 /// A tiny HuggingFace-style model folder: a WordLevel tokenizer, a tokenizer config
@@ -195,7 +209,10 @@ async fn card_from_a_hf_folder_serves_through_the_pipeline() {
     let shipped: ModelDeploymentCard = serde_json::from_str(&serde_json::to_string(&card).unwrap()).unwrap();
     drop(root);
     let pipeline = echo_core_pipeline(shipped);
-    let prompt = pipeline.preprocessor().render_chat(&chat_request(r#"{"model":"tiny-words","messages":[{"role":"user","content":"hello world"}]}"#)).unwrap();
+    let prompt = pipeline
+        .preprocessor()
+        .render_chat(&chat_request(r#"{"model":"tiny-words","messages":[{"role":"user","content":"hello world"}]}"#))
+        .unwrap();
     assert_eq!(prompt, "<s>user: hello world assistant:");
 
     let req = chat_request(r#"{"model":"tiny-words","messages":[{"role":"user","content":"hello world"}]}"#);
@@ -213,7 +230,9 @@ async fn card_from_a_hf_folder_serves_through_the_pipeline() {
 async fn tinyllama_echo_core() {
     let card = ModelDeploymentCard::from_hf_dir("/work/shared/models/tinyllama-chat", None).unwrap();
     let pipeline = echo_core_pipeline(card);
-    let req = chat_request(r#"{"model":"tinyllama-chat","messages":[{"role":"user","content":"Héllo 🦀 wörld, 世界! 😀 ab"}],"nvext":{"ignore_eos":true}}"#);
+    let req = chat_request(
+        r#"{"model":"tinyllama-chat","messages":[{"role":"user","content":"Héllo 🦀 wörld, 世界! 😀 ab"}],"nvext":{"ignore_eos":true}}"#,
+    );
     let pre = pipeline.preprocessor().preprocess_chat(&req).unwrap();
     let whole = pipeline.preprocessor().tokenizer().decode(&pre.request.token_ids, true).unwrap();
     let stream = pipeline.chat(req, RequestContext::new("r")).await.unwrap();

@@ -14,7 +14,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::StreamExt;
 
-use crate::engine::{ChatStream, CompletionStream, EngineError, OpenAIEngine, RequestContext, StreamItem, TokenEngine, TokenStream};
+use crate::engine::{
+    ChatStream, CompletionStream, EngineError, OpenAIEngine, RequestContext, StreamItem, TokenEngine, TokenStream,
+};
 use crate::protocols::common::{FinishReason, LLMEngineOutput, PreprocessedRequest};
 use crate::protocols::openai::{
     ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest, ChatDelta, CompletionChoice, CompletionRequest,
@@ -164,23 +166,42 @@ impl OpenAIEngine for EchoFull {
         let created = unix_now();
         let model = request.model.clone();
         Ok(echo_chars(&text, request.max_tokens(), self.delay, ctx, move |content, finish_reason, first| {
-            let delta = ChatDelta { role: first.then(|| "assistant".to_string()), content: (!content.is_empty()).then_some(content) };
-            ChatCompletionChunk::new(&id, &model, created, ChatChunkChoice { index: 0, delta, finish_reason, logprobs: None })
+            let delta = ChatDelta {
+                role: first.then(|| "assistant".to_string()),
+                content: (!content.is_empty()).then_some(content),
+            };
+            ChatCompletionChunk::new(
+                &id,
+                &model,
+                created,
+                ChatChunkChoice { index: 0, delta, finish_reason, logprobs: None },
+            )
         }))
     }
 
-    async fn completion(&self, request: CompletionRequest, ctx: RequestContext) -> Result<CompletionStream, EngineError> {
+    async fn completion(
+        &self,
+        request: CompletionRequest,
+        ctx: RequestContext,
+    ) -> Result<CompletionStream, EngineError> {
         let text = match &request.prompt {
             Prompt::Text(text) => text.clone(),
             Prompt::TextList(list) if list.len() == 1 => list[0].clone(),
             Prompt::TextList(_) => return Err(EngineError::BadRequest("prompt must be a single string".to_string())),
-            Prompt::Tokens(_) => return Err(EngineError::BadRequest("echo_full echoes text prompts, not token ids".to_string())),
+            Prompt::Tokens(_) => {
+                return Err(EngineError::BadRequest("echo_full echoes text prompts, not token ids".to_string()))
+            }
         };
         let id = format!("cmpl-{}", uuid::Uuid::new_v4());
         let created = unix_now();
         let model = request.model.clone();
         Ok(echo_chars(&text, request.max_tokens, self.delay, ctx, move |text, finish_reason, _| {
-            CompletionResponse::new(&id, &model, created, CompletionChoice { index: 0, text, finish_reason, logprobs: None })
+            CompletionResponse::new(
+                &id,
+                &model,
+                created,
+                CompletionChoice { index: 0, text, finish_reason, logprobs: None },
+            )
         }))
     }
 }
@@ -230,7 +251,11 @@ mod tests {
 
     #[tokio::test]
     async fn core_echoes_ids_then_stops() {
-        let out = collect_core(PreprocessedRequest { token_ids: vec![5, 6, 7], ..Default::default() }, RequestContext::new("r")).await;
+        let out = collect_core(
+            PreprocessedRequest { token_ids: vec![5, 6, 7], ..Default::default() },
+            RequestContext::new("r"),
+        )
+        .await;
         let ids: Vec<u32> = out.iter().flat_map(|o| o.token_ids.clone()).collect();
         assert_eq!(ids, vec![5, 6, 7]);
         assert_eq!(out.last().unwrap().finish_reason, Some(FinishReason::Stop));
@@ -266,7 +291,10 @@ mod tests {
     async fn stopping_interrupts_a_long_delay() {
         let ctx = RequestContext::new("r");
         let engine = EchoCore::new(Duration::from_secs(3600));
-        let mut stream = engine.generate(PreprocessedRequest { token_ids: vec![1, 2], ..Default::default() }, ctx.clone()).await.unwrap();
+        let mut stream = engine
+            .generate(PreprocessedRequest { token_ids: vec![1, 2], ..Default::default() }, ctx.clone())
+            .await
+            .unwrap();
         let stopper = {
             let ctx = ctx.clone();
             tokio::spawn(async move {
@@ -281,11 +309,15 @@ mod tests {
 
     #[tokio::test]
     async fn full_echoes_chat_char_by_char() {
-        let req: ChatCompletionRequest =
-            serde_json::from_str(r#"{"model":"m","messages":[{"role":"system","content":"s"},{"role":"user","content":"hé!"}]}"#).unwrap();
+        let req: ChatCompletionRequest = serde_json::from_str(
+            r#"{"model":"m","messages":[{"role":"system","content":"s"},{"role":"user","content":"hé!"}]}"#,
+        )
+        .unwrap();
         let stream = EchoFull::new(Duration::ZERO).chat(req, RequestContext::new("r")).await.unwrap();
         let items: Vec<_> =
-            tokio::time::timeout(Duration::from_secs(10), stream.map(|r| r.unwrap()).collect::<Vec<_>>()).await.unwrap();
+            tokio::time::timeout(Duration::from_secs(10), stream.map(|r| r.unwrap()).collect::<Vec<_>>())
+                .await
+                .unwrap();
         let contents: Vec<String> = items.iter().filter_map(|i| i.data.choices[0].delta.content.clone()).collect();
         assert_eq!(contents, vec!["h", "é", "!"]);
         assert_eq!(items[0].data.choices[0].delta.role.as_deref(), Some("assistant"));
@@ -297,7 +329,9 @@ mod tests {
         let req: CompletionRequest = serde_json::from_str(r#"{"model":"m","prompt":"abcdef","max_tokens":2}"#).unwrap();
         let stream = EchoFull::new(Duration::ZERO).completion(req, RequestContext::new("r")).await.unwrap();
         let items: Vec<_> =
-            tokio::time::timeout(Duration::from_secs(10), stream.map(|r| r.unwrap()).collect::<Vec<_>>()).await.unwrap();
+            tokio::time::timeout(Duration::from_secs(10), stream.map(|r| r.unwrap()).collect::<Vec<_>>())
+                .await
+                .unwrap();
         let text: String = items.iter().map(|i| i.data.choices[0].text.clone()).collect();
         assert_eq!(text, "ab");
         assert_eq!(items.last().unwrap().data.choices[0].finish_reason.as_deref(), Some("length"));

@@ -14,7 +14,8 @@ const DEFAULT: &str = "default";
 const TOOL_USE: &str = "tool_use";
 
 /// The template used when a card has none: `<|role|>\ncontent\n` per message.
-const FALLBACK_TEMPLATE: &str = "{% for message in messages %}<|{{ message.role }}|>\n{{ message.content }}\n{% endfor %}\
+const FALLBACK_TEMPLATE: &str =
+    "{% for message in messages %}<|{{ message.role }}|>\n{{ message.content }}\n{% endfor %}\
 {% if add_generation_prompt %}<|assistant|>\n{% endif %}";
 
 /// A template failed to compile or render.
@@ -94,7 +95,11 @@ impl PromptFormatter {
     /// Render `messages`. `add_generation_prompt` is true unless the last message is
     /// the assistant's (the model then continues it). With tools, the `tool_use`
     /// template is used when there is one.
-    pub fn render(&self, messages: &[ChatMessage], tools: Option<&[serde_json::Value]>) -> Result<String, TemplateError> {
+    pub fn render(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&[serde_json::Value]>,
+    ) -> Result<String, TemplateError> {
         let add_generation_prompt = messages.last().is_none_or(|m| m.role != "assistant");
         let name = if tools.is_some_and(|t| !t.is_empty()) && self.has_tool_template { TOOL_USE } else { DEFAULT };
         let ctx = RenderContext {
@@ -155,7 +160,8 @@ fn tojson(value: &Value, kwargs: Kwargs) -> Result<Value, Error> {
     let result = match indent {
         Some(n) => {
             let pad = vec![b' '; n];
-            let mut ser = serde_json::Serializer::with_formatter(&mut out, serde_json::ser::PrettyFormatter::with_indent(&pad));
+            let mut ser =
+                serde_json::Serializer::with_formatter(&mut out, serde_json::ser::PrettyFormatter::with_indent(&pad));
             value.serialize(&mut ser)
         }
         None => value.serialize(&mut serde_json::Serializer::with_formatter(&mut out, PythonFormatter)),
@@ -170,11 +176,19 @@ struct PythonFormatter;
 
 impl serde_json::ser::Formatter for PythonFormatter {
     fn begin_array_value<W: ?Sized + std::io::Write>(&mut self, writer: &mut W, first: bool) -> std::io::Result<()> {
-        if first { Ok(()) } else { writer.write_all(b", ") }
+        if first {
+            Ok(())
+        } else {
+            writer.write_all(b", ")
+        }
     }
 
     fn begin_object_key<W: ?Sized + std::io::Write>(&mut self, writer: &mut W, first: bool) -> std::io::Result<()> {
-        if first { Ok(()) } else { writer.write_all(b", ") }
+        if first {
+            Ok(())
+        } else {
+            writer.write_all(b", ")
+        }
     }
 
     fn begin_object_value<W: ?Sized + std::io::Write>(&mut self, writer: &mut W) -> std::io::Result<()> {
