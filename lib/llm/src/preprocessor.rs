@@ -116,7 +116,15 @@ impl Preprocessor {
                     )))
                 }
             },
-            Prompt::Tokens(ids) => (String::new(), ids.clone()),
+            Prompt::Tokens(ids) => {
+                let vocab = self.tokenizer.vocab_size();
+                if let Some(bad) = ids.iter().find(|&&id| usize::try_from(id).map_or(true, |id| id >= vocab)) {
+                    return Err(EngineError::BadRequest(format!(
+                        "prompt token id {bad} is outside the vocabulary (size {vocab})"
+                    )));
+                }
+                (String::new(), ids.clone())
+            }
         };
         let limits = RequestLimits {
             max_tokens: request.max_tokens,
@@ -274,6 +282,8 @@ mod tests {
         assert_eq!(p.tokenizer().decode(&out.request.token_ids, false).unwrap(), "abc");
         let req: CompletionRequest = serde_json::from_str(r#"{"model":"m","prompt":[7,8]}"#).unwrap();
         assert_eq!(p.preprocess_completion(&req).unwrap().request.token_ids, vec![7, 8]);
+        let req: CompletionRequest = serde_json::from_str(r#"{"model":"m","prompt":[7,100000]}"#).unwrap();
+        assert!(matches!(p.preprocess_completion(&req), Err(EngineError::BadRequest(m)) if m.contains("100000")));
     }
 
     #[test]
