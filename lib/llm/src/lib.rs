@@ -8,9 +8,16 @@
 //! and yields [`protocols::common::LLMEngineOutput`] (token ids). The preprocessor and
 //! detokenizer turn a token engine into an OpenAI engine.
 
+pub mod aggregate;
+pub mod detokenizer;
 pub mod engine;
+pub mod engines;
 pub mod mocker;
+pub mod model_card;
+pub mod pipeline;
+pub mod preprocessor;
 pub mod protocols;
+pub mod tokenizer;
 
 /// The version of this crate.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

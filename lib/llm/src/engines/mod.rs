@@ -1,0 +1,7 @@
+//! Engines built into the crate. `echo` needs no model: `EchoFull` echoes OpenAI
+//! requests as chunks, `EchoCore` echoes a tokenized prompt's ids (behind the
+//! preprocessor pipeline).
+
+pub mod echo;
+
+pub use echo::{echo_delay_from_env, EchoCore, EchoFull};

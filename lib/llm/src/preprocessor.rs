@@ -1,0 +1,305 @@
+//! OpenAI request → [`PreprocessedRequest`]: render the chat template, tokenize, and
+//! translate the request's limits and sampling options into the token-level form.
+//!
+//! A chat request is rendered with the model's chat template (or, with
+//! `nvext.use_raw_prompt`, its last user message is sent as written). A completions
+//! `prompt` is never templated (OpenAI/vLLM semantics); token-id prompts go in as
+//! they are.
+
+pub mod prompt;
+
+use std::sync::Arc;
+
+use crate::engine::EngineError;
+use crate::model_card::{CardError, ModelDeploymentCard};
+use crate::protocols::common::{PreprocessedRequest, SamplingOptions, StopConditions};
+use crate::protocols::openai::{ChatCompletionRequest, CompletionRequest, NvExt, Prompt, StopSpec};
+use crate::tokenizer::Tokenizer;
+
+use prompt::PromptFormatter;
+
+/// A preprocessed request and the prompt text it came from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Preprocessed {
+    /// What the token engine receives.
+    pub request: PreprocessedRequest,
+    /// The rendered prompt (empty for a token-id prompt).
+    pub formatted_prompt: String,
+}
+
+/// Turns OpenAI requests into token-level requests for one model; built once per
+/// model card and shared by its requests.
+#[derive(Debug)]
+pub struct Preprocessor {
+    card: Arc<ModelDeploymentCard>,
+    tokenizer: Tokenizer,
+    formatter: PromptFormatter,
+    mdc_sum: String,
+}
+
+/// The request fields both OpenAI request kinds share.
+struct RequestLimits<'a> {
+    max_tokens: Option<u32>,
+    stop: Option<&'a StopSpec>,
+    nvext: Option<&'a NvExt>,
+    sampling: SamplingOptions,
+}
+
+impl Preprocessor {
+    /// Load the card's tokenizer and compile its chat template.
+    pub fn new(card: Arc<ModelDeploymentCard>) -> Result<Self, CardError> {
+        let tokenizer = card.tokenizer()?;
+        let formatter = PromptFormatter::from_card(&card).map_err(|e| CardError::Invalid(e.to_string()))?;
+        let mdc_sum = card.checksum();
+        Ok(Preprocessor { card, tokenizer, formatter, mdc_sum })
+    }
+
+    /// The model card.
+    pub fn card(&self) -> &Arc<ModelDeploymentCard> {
+        &self.card
+    }
+
+    /// The loaded tokenizer.
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    /// The prompt text of a chat request: the rendered template, or with
+    /// `nvext.use_raw_prompt` the last user message as written.
+    pub fn render_chat(&self, request: &ChatCompletionRequest) -> Result<String, EngineError> {
+        let raw = request.nvext.as_ref().and_then(|n| n.use_raw_prompt).unwrap_or(false);
+        if raw {
+            return request
+                .messages
+                .iter()
+                .rev()
+                .find(|m| m.role == "user")
+                .map(|m| m.content.as_ref().map(|c| c.text()).unwrap_or_default())
+                .ok_or_else(|| EngineError::BadRequest("use_raw_prompt needs a user message".to_string()));
+        }
+        self.formatter
+            .render(&request.messages, request.tools.as_deref())
+            .map_err(|e| EngineError::BadRequest(e.to_string()))
+    }
+
+    /// Preprocess a chat request.
+    pub fn preprocess_chat(&self, request: &ChatCompletionRequest) -> Result<Preprocessed, EngineError> {
+        let formatted_prompt = self.render_chat(request)?;
+        let token_ids = self.encode(&formatted_prompt)?;
+        let limits = RequestLimits {
+            max_tokens: request.max_tokens(),
+            stop: request.stop.as_ref(),
+            nvext: request.nvext.as_ref(),
+            sampling: SamplingOptions {
+                n: request.n,
+                temperature: request.temperature,
+                top_p: request.top_p,
+                seed: request.seed,
+                presence_penalty: request.presence_penalty,
+                frequency_penalty: request.frequency_penalty,
+                ..Default::default()
+            },
+        };
+        Ok(Preprocessed { request: self.build(token_ids, limits)?, formatted_prompt })
+    }
+
+    /// Preprocess a completions request.
+    pub fn preprocess_completion(&self, request: &CompletionRequest) -> Result<Preprocessed, EngineError> {
+        let (formatted_prompt, token_ids) = match &request.prompt {
+            Prompt::Text(text) => (text.clone(), self.encode(text)?),
+            Prompt::TextList(list) => match list.as_slice() {
+                [text] => (text.clone(), self.encode(text)?),
+                _ => {
+                    return Err(EngineError::BadRequest(format!(
+                        "prompt must be a string or a list of one string, got a list of {}",
+                        list.len()
+                    )))
+                }
+            },
+            Prompt::Tokens(ids) => {
+                let vocab = self.tokenizer.vocab_size();
+                if let Some(bad) = ids.iter().find(|&&id| usize::try_from(id).map_or(true, |id| id >= vocab)) {
+                    return Err(EngineError::BadRequest(format!(
+                        "prompt token id {bad} is outside the vocabulary (size {vocab})"
+                    )));
+                }
+                (String::new(), ids.clone())
+            }
+        };
+        let limits = RequestLimits {
+            max_tokens: request.max_tokens,
+            stop: request.stop.as_ref(),
+            nvext: request.nvext.as_ref(),
+            sampling: SamplingOptions {
+                n: request.n,
+                temperature: request.temperature,
+                top_p: request.top_p,
+                seed: request.seed,
+                presence_penalty: request.presence_penalty,
+                frequency_penalty: request.frequency_penalty,
+                ..Default::default()
+            },
+        };
+        Ok(Preprocessed { request: self.build(token_ids, limits)?, formatted_prompt })
+    }
+
+    fn encode(&self, text: &str) -> Result<Vec<u32>, EngineError> {
+        self.tokenizer
+            .encode_prompt(text, self.card.bos_token.as_deref())
+            .map_err(|e| EngineError::Internal(e.to_string()))
+    }
+
+    fn build(&self, token_ids: Vec<u32>, limits: RequestLimits<'_>) -> Result<PreprocessedRequest, EngineError> {
+        if token_ids.is_empty() {
+            return Err(EngineError::BadRequest("the prompt is empty".to_string()));
+        }
+        let context_length = self.card.context_length;
+        let prompt_len = u32::try_from(token_ids.len()).unwrap_or(u32::MAX);
+        if prompt_len >= context_length {
+            return Err(EngineError::BadRequest(format!(
+                "the prompt is {prompt_len} tokens; the model's context length is {context_length} tokens, \
+                 which leaves no room to generate"
+            )));
+        }
+        // A larger max_tokens is clamped to what fits rather than refused: clients
+        // (and dynamo-run's text mode) often send a generous fixed limit.
+        let room = context_length - prompt_len;
+        let max_tokens = limits.max_tokens.map_or(room, |m| m.min(room));
+
+        let nvext = limits.nvext.cloned().unwrap_or_default();
+        let ignore_eos = nvext.ignore_eos.unwrap_or(false);
+        let eos_token_ids = if ignore_eos { Vec::new() } else { self.card.eos_token_ids.clone() };
+        let stop =
+            if ignore_eos { None } else { limits.stop.cloned().map(StopSpec::into_vec).filter(|s| !s.is_empty()) };
+        let stop_conditions = StopConditions {
+            max_tokens: Some(max_tokens),
+            stop,
+            stop_token_ids_hidden: (!eos_token_ids.is_empty()).then(|| eos_token_ids.clone()),
+            min_tokens: nvext.min_tokens,
+            ignore_eos: nvext.ignore_eos,
+        };
+        let sampling_options = SamplingOptions {
+            top_k: nvext.top_k,
+            repetition_penalty: nvext.repetition_penalty,
+            min_p: nvext.min_p,
+            ..limits.sampling
+        };
+        Ok(PreprocessedRequest {
+            token_ids,
+            stop_conditions,
+            sampling_options,
+            eos_token_ids,
+            mdc_sum: Some(self.mdc_sum.clone()),
+            annotations: nvext.annotations.unwrap_or_default(),
+            estimated_prefix_hit_num_blocks: None,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocols::openai::{ChatMessage, MessageContent};
+
+    fn preprocessor(context_length: u32) -> Preprocessor {
+        let card = ModelDeploymentCard::builtin("m").with_context_length(context_length).unwrap();
+        Preprocessor::new(Arc::new(card)).unwrap()
+    }
+
+    fn chat(text: &str) -> ChatCompletionRequest {
+        ChatCompletionRequest {
+            model: "m".into(),
+            messages: vec![ChatMessage {
+                role: "user".into(),
+                content: Some(MessageContent::Text(text.into())),
+                name: None,
+                tool_calls: None,
+                tool_call_id: None,
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn chat_sets_limits_stops_and_eos() {
+        let p = preprocessor(100);
+        let mut req = chat("hi");
+        req.stop = Some(StopSpec::Many(vec!["END".into()]));
+        req.temperature = Some(0.5);
+        req.nvext = Some(NvExt { top_k: Some(4), min_tokens: Some(2), ..Default::default() });
+        let out = p.preprocess_chat(&req).unwrap();
+        assert_eq!(out.formatted_prompt, "<|user|>\nhi\n<|assistant|>\n");
+        let r = out.request;
+        // One token per byte with the builtin tokenizer.
+        assert_eq!(r.token_ids.len(), out.formatted_prompt.len());
+        assert_eq!(r.stop_conditions.max_tokens, Some(100 - r.token_ids.len() as u32));
+        assert_eq!(r.stop_conditions.stop, Some(vec!["END".to_string()]));
+        assert_eq!(r.stop_conditions.stop_token_ids_hidden, Some(vec![2]));
+        assert_eq!(r.stop_conditions.min_tokens, Some(2));
+        assert_eq!(r.eos_token_ids, vec![2]);
+        assert_eq!(r.sampling_options.temperature, Some(0.5));
+        assert_eq!(r.sampling_options.top_k, Some(4));
+        assert_eq!(r.mdc_sum, Some(p.card().checksum()));
+    }
+
+    #[test]
+    fn max_tokens_is_clamped_to_the_context() {
+        let p = preprocessor(100);
+        let mut req = chat("hi");
+        req.max_tokens = Some(10);
+        assert_eq!(p.preprocess_chat(&req).unwrap().request.stop_conditions.max_tokens, Some(10));
+        req.max_tokens = Some(1000);
+        let r = p.preprocess_chat(&req).unwrap().request;
+        assert_eq!(r.stop_conditions.max_tokens, Some(100 - r.token_ids.len() as u32));
+    }
+
+    #[test]
+    fn ignore_eos_drops_eos_and_stops() {
+        let p = preprocessor(100);
+        let mut req = chat("hi");
+        req.stop = Some(StopSpec::One("x".into()));
+        req.nvext = Some(NvExt { ignore_eos: Some(true), ..Default::default() });
+        let r = p.preprocess_chat(&req).unwrap().request;
+        assert!(r.eos_token_ids.is_empty());
+        assert_eq!(r.stop_conditions.stop, None);
+        assert_eq!(r.stop_conditions.stop_token_ids_hidden, None);
+        assert_eq!(r.stop_conditions.ignore_eos, Some(true));
+    }
+
+    #[test]
+    fn context_overflow_is_a_bad_request() {
+        let p = preprocessor(10);
+        let e = p.preprocess_chat(&chat("a long enough message")).unwrap_err();
+        assert!(matches!(&e, EngineError::BadRequest(m) if m.contains("context length is 10")), "{e:?}");
+    }
+
+    #[test]
+    fn completion_prompt_is_not_templated() {
+        let p = preprocessor(100);
+        let req: CompletionRequest = serde_json::from_str(r#"{"model":"m","prompt":"abc","max_tokens":3}"#).unwrap();
+        let out = p.preprocess_completion(&req).unwrap();
+        assert_eq!(out.formatted_prompt, "abc");
+        assert_eq!(p.tokenizer().decode(&out.request.token_ids, false).unwrap(), "abc");
+        let req: CompletionRequest = serde_json::from_str(r#"{"model":"m","prompt":[7,8]}"#).unwrap();
+        assert_eq!(p.preprocess_completion(&req).unwrap().request.token_ids, vec![7, 8]);
+        let req: CompletionRequest = serde_json::from_str(r#"{"model":"m","prompt":[7,100000]}"#).unwrap();
+        assert!(matches!(p.preprocess_completion(&req), Err(EngineError::BadRequest(m)) if m.contains("100000")));
+    }
+
+    #[test]
+    fn raw_prompt_sends_the_last_user_message() {
+        let p = preprocessor(100);
+        let mut req = chat("just this");
+        req.nvext = Some(NvExt { use_raw_prompt: Some(true), ..Default::default() });
+        assert_eq!(p.preprocess_chat(&req).unwrap().formatted_prompt, "just this");
+    }
+
+    #[test]
+    fn template_errors_are_bad_requests() {
+        let mut card = ModelDeploymentCard::builtin("m");
+        card.chat_template = Some("{{ raise_exception('no system role') }}".into());
+        let p = Preprocessor::new(Arc::new(card)).unwrap();
+        let e = p.preprocess_chat(&chat("x")).unwrap_err();
+        assert!(matches!(&e, EngineError::BadRequest(m) if m.contains("no system role")), "{e:?}");
+    }
+}
