@@ -1,7 +1,7 @@
 """Hello-world worker: serves `hello_world.backend.generate`, streaming back the words
 of the text it is sent, one at a time.
 
-    python examples/hello_world/worker.py
+    python examples/runtime/worker.py
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Hello-world client: waits for a worker of `hello_world.backend.generate`, sends it a
 sentence and prints each word that streams back.
 
-    python examples/hello_world/client.py ["some text"]
+    python examples/runtime/client.py ["some text"]
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The hello_world example, run as the README says, on both backends."""
+"""The low-level runtime example (examples/runtime), run as the README says, on both backends."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 
 from helpers import EXAMPLES_DIR, REPO_ROOT
 
-HELLO = EXAMPLES_DIR / "hello_world"
+HELLO = EXAMPLES_DIR / "runtime"
 #: Bound on the whole example (worker start, client, graceful stop).
 EXAMPLE_TIMEOUT = 60
 

@@ -1,7 +1,7 @@
 """Hello world end to end: start the worker as a subprocess, run the client against it,
 then stop the worker with SIGTERM (graceful shutdown). Exits non-zero if anything fails.
 
-    python examples/hello_world/main.py
+    python examples/runtime/main.py
 """
 
 from __future__ import annotations

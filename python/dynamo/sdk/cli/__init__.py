@@ -1,0 +1,2 @@
+"""The ``dynamo`` command: ``dynamo serve`` (a process supervisor for service graphs) and
+``dynamo run`` (``dynamo-run``)."""

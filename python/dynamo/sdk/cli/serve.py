@@ -1,0 +1,76 @@
+"""``dynamo serve module:Service [-f config.yaml] [--Service.key=value ...]``: start a
+service graph, one process per worker of every service, and supervise it."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from dynamo.sdk.cli.gpus import GpuAllocationError, allocation_disabled, detect_gpu_count
+from dynamo.sdk.cli.plan import build_plan, check_config_names, describe
+from dynamo.sdk.cli.supervisor import Supervisor
+from dynamo.sdk.lib.config import CONFIG_ENV, ServiceConfig, ServiceConfigError
+from dynamo.sdk.lib.overrides import deep_merge, load_config_file, load_deployment_config, parse_overrides
+from dynamo.sdk.loader import load_service
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:  # argparse keeps this type private
+    parser = subparsers.add_parser(
+        "serve",
+        help="run a service graph locally",
+        description="Start every service of the graph rooted at module:Service, one process per worker. "
+        "Extra --Service.key=value arguments override the configuration (values are JSON when they parse).",
+    )
+    parser.add_argument("pipeline", help="module:Service (or path/file.py:Service)")
+    parser.add_argument("-f", "--config-file", default=None, help="YAML configuration file")
+    parser.add_argument("--service-name", default=os.environ.get("DYNAMO_SERVICE_NAME"),
+                        help="start only this service of the graph")
+    parser.add_argument("--working-dir", default=None, help="directory the module is imported from (default: .)")
+    parser.add_argument("--depends", action="append", default=[], metavar="NAME=VALUE",
+                        help="a service that already runs elsewhere: do not start it (repeatable)")
+    parser.add_argument("--dry-run", action="store_true", help="print the plan and configuration; start nothing")
+    parser.set_defaults(handler=serve, accepts_overrides=True)
+
+
+def _working_dir(args: argparse.Namespace) -> str:
+    if args.working_dir:
+        return str(args.working_dir)
+    module = args.pipeline.partition(":")[0]
+    return module if Path(module).is_dir() else "."
+
+
+def serve(args: argparse.Namespace, extra: Sequence[str]) -> int:
+    """Run ``dynamo serve``; returns the exit status."""
+    working_dir = _working_dir(args)
+    try:
+        deployed = load_deployment_config()
+        if deployed is not None:
+            file_config = deployed
+        else:
+            file_config = load_config_file(args.config_file) if args.config_file else {}
+        overrides, leftover = parse_overrides(extra)
+        if leftover:
+            raise ServiceConfigError(f"unexpected arguments {leftover} (overrides look like --Service.key=value)")
+        config = deep_merge(file_config, overrides)
+        # Importing the graph may read the configuration (dynamo_address(), module-level code).
+        os.environ[CONFIG_ENV] = json.dumps(config)
+        ServiceConfig.set_instance(config)
+        root = load_service(args.pipeline, working_dir)
+        graph = root.all_services()
+        for warning in check_config_names(graph, file_config, overrides):
+            print(f"warning: {warning}", file=sys.stderr)
+        running = tuple(d.partition("=")[0] for d in args.depends)
+        gpu_count = 0 if allocation_disabled() else detect_gpu_count()
+        plans = build_plan(args.pipeline, root, config, working_dir, args.service_name, running, gpu_count)
+    except (ServiceConfigError, GpuAllocationError, ValueError, ImportError, RuntimeError, TypeError) as exc:
+        print(f"dynamo serve: error: {exc}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        print(describe(plans, config))
+        return 0
+    return asyncio.run(Supervisor(plans, working_dir).run())

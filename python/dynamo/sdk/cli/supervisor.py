@@ -1,0 +1,158 @@
+"""A small asyncio process supervisor for ``dynamo serve``.
+
+Starts every planned process in its own session, prefixes each output line with the
+process's label (``Backend[1] | ...``), forwards SIGINT/SIGTERM to every child (then
+SIGKILL after a bound), reaps them all, reports a child that exits with its status,
+restarts it when its service says so, and otherwise stops the graph and exits non-zero.
+
+Why not circus or supervisord: the needs are small (start, prefix, forward, reap,
+restart), asyncio's subprocess support covers them in the standard library, and the
+reference's use of circus is what the component proposal calls a source of pain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import sys
+from dataclasses import dataclass
+
+from dynamo.sdk.cli.plan import ProcessPlan, ServicePlan
+
+logger = logging.getLogger("dynamo.serve")
+
+#: Seconds children get to exit after SIGTERM before they are killed.
+STOP_TIMEOUT_ENV = "DYN_SDK_STOP_TIMEOUT"
+DEFAULT_STOP_TIMEOUT = 30.0
+#: Seconds between a child's exit and its restart.
+RESTART_DELAY = 1.0
+
+
+def _die_with_parent() -> None:
+    # A supervisor killed with SIGKILL cannot forward anything; the kernel does it.
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+@dataclass
+class _Child:
+    plan: ProcessPlan
+    service: ServicePlan
+    proc: asyncio.subprocess.Process | None = None
+    restarts: int = 0
+
+
+class Supervisor:
+    """Runs the processes of a plan until they end, a signal arrives, or one fails."""
+
+    def __init__(self, plans: list[ServicePlan], working_dir: str) -> None:
+        self.children = [_Child(p, s) for s in plans for p in s.processes]
+        self.working_dir = working_dir
+        self.stopping = asyncio.Event()
+        self.failed: list[str] = []
+        self.stop_timeout = float(os.environ.get(STOP_TIMEOUT_ENV, DEFAULT_STOP_TIMEOUT))
+
+    def _say(self, text: str) -> None:
+        sys.stdout.write(f"[dynamo serve] {text}\n")
+        sys.stdout.flush()
+
+    async def _start(self, child: _Child) -> None:
+        child.proc = await asyncio.create_subprocess_exec(
+            *child.plan.argv,
+            env={**os.environ, **child.plan.env},
+            cwd=self.working_dir,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+        self._say(f"started {child.plan.label} (pid {child.proc.pid})")
+
+    async def _pump(self, child: _Child, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stdout is not None
+        prefix = f"{child.plan.label} | ".encode()
+        out = sys.stdout.buffer
+        while line := await proc.stdout.readline():
+            out.write(prefix + (line if line.endswith(b"\n") else line + b"\n"))
+            out.flush()
+
+    async def _watch(self, child: _Child) -> None:
+        while True:
+            proc = child.proc
+            assert proc is not None
+            await asyncio.gather(self._pump(child, proc), proc.wait())
+            status = proc.returncode
+            if self.stopping.is_set():
+                return
+            policy = child.service.restart
+            wants = policy == "always" or (policy == "on-failure" and status != 0)
+            self._say(f"{child.plan.label} exited with status {status}")
+            if wants and child.restarts < child.service.max_restarts:
+                child.restarts += 1
+                self._say(f"restarting {child.plan.label} ({child.restarts}/{child.service.max_restarts})")
+                await asyncio.sleep(RESTART_DELAY)
+                if self.stopping.is_set():
+                    return
+                await self._start(child)
+                continue
+            if status != 0 or wants:
+                self.failed.append(f"{child.plan.label} exited with status {status}")
+                self.stopping.set()
+            return
+
+    def _signal_all(self, sig: signal.Signals) -> None:
+        for child in self.children:
+            proc = child.proc
+            if proc is not None and proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, sig)
+
+    async def run(self) -> int:
+        """Start everything and supervise; the exit status of ``dynamo serve``."""
+        loop = asyncio.get_running_loop()
+        received: list[str] = []
+
+        def on_signal(sig: signal.Signals) -> None:
+            if received:
+                self._say(f"{sig.name} again: killing every process")
+                self._signal_all(signal.SIGKILL)
+                return
+            received.append(sig.name)
+            self.stopping.set()
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, on_signal, sig)
+        watchers: list[asyncio.Task[None]] = []
+        try:
+            for child in self.children:
+                await self._start(child)
+                watchers.append(loop.create_task(self._watch(child)))
+        except OSError as exc:
+            self.failed.append(f"cannot start a process: {exc}")
+            self.stopping.set()
+        all_done = asyncio.gather(*watchers)
+        stop_wait = loop.create_task(self.stopping.wait())
+        await asyncio.wait([all_done, stop_wait], return_when=asyncio.FIRST_COMPLETED)
+        stop_wait.cancel()
+        if self.stopping.is_set():
+            why = f"received {received[0]}" if received else "; ".join(self.failed)
+            self._say(f"stopping every process ({why})")
+            self._signal_all(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(asyncio.shield(all_done), self.stop_timeout)
+            except asyncio.TimeoutError:
+                self._say(f"processes still running after {self.stop_timeout:g}s: killing them")
+                self._signal_all(signal.SIGKILL)
+                await all_done
+        for child in self.children:
+            if child.proc is not None and child.proc.returncode is None:
+                await child.proc.wait()
+        if self.failed:
+            self._say("the graph failed: " + "; ".join(self.failed))
+            return 1
+        return 0

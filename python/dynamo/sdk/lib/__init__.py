@@ -1,0 +1,1 @@
+"""Helpers services use at run time (``dynamo.sdk.lib.config.ServiceConfig``)."""
