@@ -139,7 +139,16 @@ class WorkerProcess:
     other report lines (e.g. `DONE ...`) that tests wait for.
     """
 
-    def __init__(self, script: Path, args: list[str], env: dict[str, str], log_dir: Path, name: str):
+    def __init__(
+        self,
+        script: Path,
+        args: list[str],
+        env: dict[str, str],
+        log_dir: Path,
+        name: str,
+        argv: list[str] | None = None,
+        cwd: Path | None = None,
+    ):
         self.script = script
         self.name = name
         self.stderr_path = log_dir / f"{name}.stderr"
@@ -148,10 +157,11 @@ class WorkerProcess:
         self._lock = threading.Lock()
         self.instance_id: int | None = None
         self.proc = spawn(
-            [sys.executable, "-u", str(script), *args],
+            argv if argv is not None else [sys.executable, "-u", str(script), *args],
             env={**env, "PYTHONUNBUFFERED": "1"},
             stdout=subprocess.PIPE,
             stderr=self._stderr,
+            cwd=cwd,
         )
         self._reader = threading.Thread(target=self._read, name=f"stdout-{name}", daemon=True)
         self._reader.start()
@@ -256,6 +266,17 @@ class WorkerPool:
             path = (WORKERS_DIR / path) if (WORKERS_DIR / path).exists() else (REPO_ROOT / path)
         name = f"{path.stem}-{len(self.started)}"
         worker = WorkerProcess(path, list(args), env if env is not None else self.env, self.log_dir, name)
+        self.started.append(worker)
+        return worker
+
+    def command(
+        self, argv: list[str], *, name: str, cwd: Path | None = None, env: dict[str, str] | None = None
+    ) -> WorkerProcess:
+        """Start any command (e.g. `dynamo serve ...`) with the same bookkeeping."""
+        worker = WorkerProcess(
+            Path(argv[0]), [], env if env is not None else self.env, self.log_dir,
+            f"{name}-{len(self.started)}", argv=argv, cwd=cwd,
+        )
         self.started.append(worker)
         return worker
 

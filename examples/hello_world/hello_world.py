@@ -12,9 +12,8 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from pydantic import BaseModel
-
 from dynamo.sdk import api, async_on_shutdown, depends, endpoint, liveness, readiness, service
+from pydantic import BaseModel
 
 
 class RequestType(BaseModel):

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from dynamo.sdk.lib.config import ServiceConfig, load_from_env
-from dynamo.sdk.lib.overrides import deep_merge, load_config_file, parse_overrides
+from dynamo.sdk.lib.overrides import deep_merge, is_flag, load_config_file, parse_overrides
 
 
 def split_declared(parser: argparse.ArgumentParser, argv: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -29,11 +29,14 @@ def split_declared(parser: argparse.ArgumentParser, argv: Sequence[str]) -> tupl
         option = arg.split("=", 1)[0]
         action = parser._option_string_actions.get(option)  # argparse has no public lookup
         if action is None:
-            if arg.startswith("-"):
-                rest.append(arg)
-            else:
-                declared.append(arg)  # a positional argument
             i += 1
+            if not arg.startswith("-"):
+                declared.append(arg)  # a positional argument
+                continue
+            rest.append(arg)
+            if "=" not in arg and i < len(argv) and not is_flag(argv[i]):
+                rest.append(argv[i])  # the value of a configuration flag
+                i += 1
             continue
         declared.append(arg)
         i += 1

@@ -86,7 +86,7 @@ def _nest(path: Sequence[str], value: Any) -> dict[str, Any]:
     return result
 
 
-def _is_flag(arg: str) -> bool:
+def is_flag(arg: str) -> bool:
     """Whether ``arg`` starts a new option (``--x``), as opposed to a value such as ``-1``."""
     if not arg.startswith("-"):
         return False
@@ -132,7 +132,7 @@ def parse_overrides(
         if default_service is not None and (len(path) == 1 or path[0] not in services):
             path = [default_service, *path]
         if not eq:
-            if i < len(items) and not _is_flag(items[i]):
+            if i < len(items) and not is_flag(items[i]):
                 raw = items[i]
                 i += 1
             else:
