@@ -9,6 +9,8 @@
 //! detokenizer turn a token engine into an OpenAI engine.
 
 pub mod engine;
+pub mod http;
+pub mod model_manager;
 pub mod protocols;
 
 /// The version of this crate.
