@@ -8,6 +8,7 @@
 //! and yields [`protocols::common::LLMEngineOutput`] (token ids). The preprocessor and
 //! detokenizer turn a token engine into an OpenAI engine.
 
+pub mod discovery;
 pub mod engine;
 pub mod http;
 pub mod model_manager;

@@ -155,6 +155,9 @@ pub enum EngineEvent {
     Stopped(String),
 }
 
+/// A script's steps: (content, finish reason, prompt tokens).
+type ScriptSteps = futures::stream::BoxStream<'static, Result<(Option<String>, Option<&'static str>, u32), EngineError>>;
+
 /// An engine whose behaviour the prompt picks:
 /// - `wait`: one chunk, then wait until the context is stopped (reported), then end;
 /// - `fail`: one chunk, then an error item;
@@ -180,7 +183,7 @@ impl ScriptEngine {
         &self,
         text: String,
         ctx: RequestContext,
-    ) -> Result<futures::stream::BoxStream<'static, Result<(Option<String>, Option<&'static str>, u32), EngineError>>, EngineError> {
+    ) -> Result<ScriptSteps, EngineError> {
         let _ = self.events.send(EngineEvent::Started(text.clone()));
         let prompt = text.split_whitespace().count() as u32;
         match text.as_str() {
