@@ -148,7 +148,7 @@ async fn bad_requests_get_openai_errors() {
     assert_eq!(unknown.json()["error"]["code"], "model_not_found");
 
     let too_large = serde_json::json!({"model": "script", "prompt": "x".repeat(4096)});
-    assert_openai_error(&post(f.addr, "/v1/completions", &too_large).await, 413, "invalid_request_error", "");
+    assert_openai_error(&post(f.addr, "/v1/completions", &too_large).await, 413, "invalid_request_error", "limit of 1024 bytes");
 
     assert_openai_error(&post(f.addr, "/v1/chat/completions", &chat_body("script", "unavailable", true)).await, 503, "service_unavailable", "no capacity");
     assert_openai_error(&post(f.addr, "/v1/chat/completions", &chat_body("script", "bad", false)).await, 400, "invalid_request_error", "refuses");

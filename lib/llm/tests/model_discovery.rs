@@ -397,3 +397,29 @@ async fn a_second_worker_keeps_the_model_when_the_first_leaves() {
     wait_for_models(f.addr, &[]).await;
     f.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopping_the_context_reaches_the_worker_while_the_caller_reads_on() {
+    let store = Arc::new(MemStore::default());
+    let (worker, mut stops) = token_worker(&store, "t", serde_json::json!({})).await;
+    let caller = runtime(&store).await;
+    let client = caller.namespace("ns").unwrap().component("backend").unwrap().endpoint("generate").unwrap().client().await.unwrap();
+    client.wait_for_instances(Some(WAIT)).await.unwrap();
+    let engine = dynamo_llm::discovery::RemoteTokenEngine::new(client, RouterMode::Random);
+
+    let echoed = engine.generate(PreprocessedRequest { token_ids: vec![7, 8], ..Default::default() }, RequestContext::new("echo")).await.unwrap();
+    let items: Vec<_> = bounded("the echo", echoed.collect::<Vec<_>>()).await;
+    let tokens: Vec<u32> = items.iter().flat_map(|i| i.as_ref().unwrap().token_ids.clone()).collect();
+    assert_eq!(tokens, vec![7, 8]);
+    assert!(items.last().unwrap().as_ref().unwrap().finish_reason.is_some());
+
+    let ctx = RequestContext::new("stop-me");
+    let mut stream = engine.generate(PreprocessedRequest { token_ids: vec![0], ..Default::default() }, ctx.clone()).await.unwrap();
+    bounded("first item", stream.next()).await.unwrap().unwrap();
+    ctx.stop_generating();
+    // The worker sees the stop (with the request id propagated), and its stream ends.
+    assert_eq!(bounded("the stop", stops.recv()).await.as_deref(), Some("stop-me"));
+    assert!(bounded("the end of the stream", stream.next()).await.is_none());
+    caller.shutdown().await;
+    worker.shutdown().await;
+}

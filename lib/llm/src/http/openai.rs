@@ -67,7 +67,7 @@ fn include_usage(options: &Option<StreamOptions>) -> bool {
 
 /// `POST /v1/chat/completions`.
 pub(crate) async fn chat_completions(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
-    let request: ChatCompletionRequest = match body_or_error(body).and_then(|b| parse_json(&b)) {
+    let request: ChatCompletionRequest = match body_or_error(body, state.body_limit).and_then(|b| parse_json(&b)) {
         Ok(r) => r,
         Err(e) => return e.into_response(),
     };
@@ -86,7 +86,7 @@ pub(crate) async fn chat_completions(State(state): State<Arc<AppState>>, body: R
 
 /// `POST /v1/completions`.
 pub(crate) async fn completions(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
-    let request: CompletionRequest = match body_or_error(body).and_then(|b| parse_json(&b)) {
+    let request: CompletionRequest = match body_or_error(body, state.body_limit).and_then(|b| parse_json(&b)) {
         Ok(r) => r,
         Err(e) => return e.into_response(),
     };

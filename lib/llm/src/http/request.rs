@@ -3,16 +3,22 @@
 //! text and not OpenAI-shaped).
 
 use axum::extract::rejection::BytesRejection;
+use axum::http::StatusCode;
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
 
-/// The body, or a 413 (too large) / 400 (unreadable) error.
-pub(crate) fn body_or_error(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+/// The body, or a 413 (larger than `limit` bytes) / 400 (unreadable) error.
+pub(crate) fn body_or_error(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes, ApiError> {
     body.map_err(|rejection| {
         let status = rejection.status();
-        ApiError::new(status, rejection.body_text(), "invalid_request_error", None)
+        let message = if status == StatusCode::PAYLOAD_TOO_LARGE {
+            format!("the request body is larger than the limit of {limit} bytes")
+        } else {
+            rejection.body_text()
+        };
+        ApiError::new(status, message, "invalid_request_error", None)
     })
 }
 

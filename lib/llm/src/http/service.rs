@@ -54,6 +54,8 @@ pub(crate) struct AppState {
     pub metrics: Arc<HttpMetrics>,
     /// Fires when the drain bound passes: in-flight responses end with an error.
     pub shutdown: CancellationToken,
+    /// Largest accepted request body in bytes.
+    pub body_limit: usize,
 }
 
 /// Configures an [`HttpService`].
@@ -116,6 +118,7 @@ impl HttpServiceBuilder {
             manager: self.manager.unwrap_or_default(),
             metrics: Arc::new(HttpMetrics::new()?),
             shutdown: CancellationToken::new(),
+            body_limit: self.body_limit,
         });
         Ok(HttpService { host: self.host, port: self.port, body_limit: self.body_limit, drain_timeout: self.drain_timeout, state })
     }
@@ -192,7 +195,7 @@ impl HttpService {
         let bound = self.bind().await?;
         let local_addr = bound.local_addr();
         let task = tokio::spawn(bound.serve(cancel.clone()));
-        Ok(RunningHttpService { local_addr, cancel, task: Some(task) })
+        Ok(RunningHttpService { local_addr, cancel, force: self.state.shutdown.clone(), task: Some(task) })
     }
 }
 
@@ -245,11 +248,13 @@ impl BoundHttpService {
     }
 }
 
-/// A service serving on its own task; dropping the handle cancels and aborts it.
+/// A service serving on its own task; dropping the handle stops it at once (in-flight
+/// responses end with an error), [`RunningHttpService::shutdown`] gracefully.
 #[derive(Debug)]
 pub struct RunningHttpService {
     local_addr: SocketAddr,
     cancel: CancellationToken,
+    force: CancellationToken,
     task: Option<JoinHandle<Result<(), HttpError>>>,
 }
 
@@ -273,6 +278,7 @@ impl Drop for RunningHttpService {
     fn drop(&mut self) {
         if let Some(task) = self.task.take() {
             self.cancel.cancel();
+            self.force.cancel();
             task.abort();
         }
     }
