@@ -10,10 +10,13 @@
 
 pub mod aggregate;
 pub mod detokenizer;
+pub mod discovery;
 pub mod engine;
 pub mod engines;
+pub mod http;
 pub mod mocker;
 pub mod model_card;
+pub mod model_manager;
 pub mod pipeline;
 pub mod preprocessor;
 pub mod protocols;

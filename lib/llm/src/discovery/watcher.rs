@@ -1,0 +1,231 @@
+//! `ModelWatcher`: follows the model entries in discovery and keeps a
+//! [`ModelManager`] in step: the first entry of a model builds its engines, the last
+//! one to go removes them. A bad entry (malformed JSON, unreachable card, a factory
+//! that refuses) is logged and skipped; it never stops the watcher.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use dynamo_runtime::discovery::{KeyValue, WatchEvent};
+use dynamo_runtime::{Client, DistributedRuntime, EndpointId};
+
+use super::card::fetch_card;
+use super::error::ModelDiscoveryError;
+use super::model_entry::{ModelEntry, ModelKind, MODELS_PREFIX};
+use super::remote::{RemoteOpenAIEngine, RemoteTokenEngine};
+use super::router_mode::RouterMode;
+use crate::engine::{OpenAIEngine, TokenEngine};
+use crate::model_manager::{EngineKind, ModelManager, ReadyCheck};
+
+/// Builds the OpenAI engine of a `backend` model from its card (JSON) and the token
+/// engine that reaches its workers; in practice the preprocessor pipeline.
+pub type EngineFactory =
+    Arc<dyn Fn(serde_json::Value, Arc<dyn TokenEngine>) -> Result<Arc<dyn OpenAIEngine>, String> + Send + Sync>;
+
+/// Default bound on fetching a model card.
+pub const DEFAULT_CARD_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Watches `v1/models/` and registers the models it finds in a [`ModelManager`].
+pub struct ModelWatcher {
+    runtime: DistributedRuntime,
+    manager: Arc<ModelManager>,
+    router_mode: RouterMode,
+    factory: EngineFactory,
+    card_timeout: Duration,
+    entries: HashMap<String, ModelEntry>,
+    /// The endpoint each route of each model was built from.
+    built: HashMap<(String, EngineKind), EndpointId>,
+}
+
+impl std::fmt::Debug for ModelWatcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModelWatcher").field("router_mode", &self.router_mode).field("entries", &self.entries.len()).finish()
+    }
+}
+
+fn routes(kind: ModelKind) -> &'static [EngineKind] {
+    match kind {
+        ModelKind::Chat => &[EngineKind::Chat],
+        ModelKind::Completions => &[EngineKind::Completions],
+        ModelKind::Backend => &[EngineKind::Chat, EngineKind::Completions],
+    }
+}
+
+fn has_instances(client: &Client) -> ReadyCheck {
+    let client = client.clone();
+    Arc::new(move || !client.instance_ids().is_empty())
+}
+
+impl ModelWatcher {
+    /// A watcher registering into `manager`, routing with `router_mode`, building
+    /// `backend` models with `factory`.
+    pub fn new(runtime: DistributedRuntime, manager: Arc<ModelManager>, router_mode: RouterMode, factory: EngineFactory) -> Self {
+        ModelWatcher {
+            runtime,
+            manager,
+            router_mode,
+            factory,
+            card_timeout: DEFAULT_CARD_TIMEOUT,
+            entries: HashMap::new(),
+            built: HashMap::new(),
+        }
+    }
+
+    /// Bound on fetching a model card (default 10 s).
+    pub fn with_card_timeout(mut self, timeout: Duration) -> Self {
+        self.card_timeout = timeout;
+        self
+    }
+
+    /// Load the models registered now, then follow changes on a task owned by the
+    /// returned handle, until `cancel` fires or the runtime shuts down.
+    pub async fn start(mut self, cancel: CancellationToken) -> Result<ModelWatcherHandle, ModelDiscoveryError> {
+        let mut watch = self.runtime.discovery().watch_prefix(MODELS_PREFIX).await?;
+        for kv in std::mem::take(&mut watch.initial) {
+            self.put(kv).await;
+        }
+        let task_cancel = cancel.clone();
+        let task = tokio::spawn(async move {
+            let runtime_cancel = self.runtime.cancel_token();
+            loop {
+                let event = tokio::select! {
+                    e = watch.events.recv() => e,
+                    _ = task_cancel.cancelled() => return,
+                    _ = runtime_cancel.cancelled() => return,
+                };
+                // A slow card fetch must not hold up shutdown.
+                let handled = async {
+                    match event {
+                        Some(WatchEvent::Put(kv)) => self.put(kv).await,
+                        Some(WatchEvent::Delete(key)) => self.delete(&key).await,
+                        None => return false,
+                    }
+                    true
+                };
+                let keep_going = tokio::select! {
+                    k = handled => k,
+                    _ = task_cancel.cancelled() => return,
+                };
+                if !keep_going {
+                    if !self.runtime.is_shutting_down() {
+                        tracing::error!("the model watch ended; the model list is frozen");
+                    }
+                    return;
+                }
+            }
+        });
+        Ok(ModelWatcherHandle { cancel, task: Some(task) })
+    }
+
+    async fn put(&mut self, kv: KeyValue) {
+        let entry = match serde_json::from_slice::<ModelEntry>(&kv.value) {
+            Ok(entry) => entry,
+            Err(e) => {
+                tracing::warn!(key = kv.key, error = %e, "ignoring a malformed model entry");
+                self.delete(&kv.key).await;
+                return;
+            }
+        };
+        if let Some(old) = self.entries.get(&kv.key) {
+            if *old == entry {
+                return;
+            }
+            // The entry changed (another name, kind or endpoint): forget the old one first.
+            self.delete(&kv.key).await;
+        }
+        self.entries.insert(kv.key, entry.clone());
+        self.build(&entry).await;
+    }
+
+    /// Build the routes of `entry`'s model that nobody serves yet.
+    async fn build(&mut self, entry: &ModelEntry) {
+        let missing: Vec<EngineKind> = routes(entry.kind)
+            .iter()
+            .copied()
+            .filter(|r| !self.built.contains_key(&(entry.name.clone(), *r)) && !self.manager.has_engine(&entry.name, *r))
+            .collect();
+        if missing.is_empty() {
+            return;
+        }
+        match self.engine_for(entry).await {
+            Ok((engine, ready)) => {
+                for route in missing {
+                    self.manager.add_engine(&entry.name, route, engine.clone(), Some(ready.clone()));
+                    self.built.insert((entry.name.clone(), route), entry.endpoint.clone());
+                }
+            }
+            Err(e) => tracing::warn!(model = entry.name, endpoint = %entry.endpoint, error = %e, "cannot serve this model entry; skipping it"),
+        }
+    }
+
+    async fn engine_for(&self, entry: &ModelEntry) -> Result<(Arc<dyn OpenAIEngine>, ReadyCheck), ModelDiscoveryError> {
+        let id = &entry.endpoint;
+        let endpoint = self.runtime.namespace(id.namespace.clone())?.component(id.component.clone())?.endpoint(id.name.clone())?;
+        let client = endpoint.client().await?;
+        let ready = has_instances(&client);
+        match entry.kind {
+            ModelKind::Chat | ModelKind::Completions => Ok((Arc::new(RemoteOpenAIEngine::new(client, self.router_mode)), ready)),
+            ModelKind::Backend => {
+                let card = fetch_card(&self.runtime, entry, self.card_timeout).await?;
+                let tokens: Arc<dyn TokenEngine> = Arc::new(RemoteTokenEngine::new(client, self.router_mode));
+                let engine = (self.factory)(card, tokens).map_err(ModelDiscoveryError::Card)?;
+                Ok((engine, ready))
+            }
+        }
+    }
+
+    async fn delete(&mut self, key: &str) {
+        let Some(gone) = self.entries.remove(key) else { return };
+        let covered = |entries: &HashMap<String, ModelEntry>, route: EngineKind, endpoint: &EndpointId| {
+            entries.values().any(|e| e.name == gone.name && e.endpoint == *endpoint && routes(e.kind).contains(&route))
+        };
+        let mut lost = false;
+        for &route in routes(gone.kind) {
+            let slot = (gone.name.clone(), route);
+            if self.built.get(&slot) == Some(&gone.endpoint) && !covered(&self.entries, route, &gone.endpoint) {
+                self.built.remove(&slot);
+                self.manager.remove_engine(&gone.name, route);
+                lost = true;
+            }
+        }
+        if !lost {
+            return;
+        }
+        tracing::info!(model = gone.name, endpoint = %gone.endpoint, "no instance serves this model endpoint any more");
+        // Another endpoint may still serve the model: build from it.
+        let others: Vec<ModelEntry> = self.entries.values().filter(|e| e.name == gone.name).cloned().collect();
+        for entry in others {
+            self.build(&entry).await;
+        }
+    }
+}
+
+/// A running [`ModelWatcher`]; dropping it stops the watcher.
+#[derive(Debug)]
+pub struct ModelWatcherHandle {
+    cancel: CancellationToken,
+    task: Option<JoinHandle<()>>,
+}
+
+impl ModelWatcherHandle {
+    /// Stop watching and wait for the task to end.
+    pub async fn stop(mut self) {
+        self.cancel.cancel();
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for ModelWatcherHandle {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            self.cancel.cancel();
+            task.abort();
+        }
+    }
+}

@@ -1,0 +1,91 @@
+//! OpenAI-shaped error responses: `{"error": {"message", "type", "param", "code"}}`
+//! with the matching status code.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+
+use crate::engine::EngineError;
+use crate::protocols::openai::ErrorBody;
+
+/// An error the HTTP service answers with.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiError {
+    /// The HTTP status.
+    pub status: StatusCode,
+    /// The OpenAI error body.
+    pub body: ErrorBody,
+}
+
+impl ApiError {
+    /// An error with `status`, OpenAI `type` `kind` and optional `code`.
+    pub fn new(status: StatusCode, message: impl Into<String>, kind: &str, code: Option<&str>) -> Self {
+        ApiError { status, body: ErrorBody::new(message, kind, code) }
+    }
+
+    /// 400 `invalid_request_error`.
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, message, "invalid_request_error", None)
+    }
+
+    /// 400 `invalid_request_error` naming the offending field in `param`.
+    pub fn bad_field(message: impl Into<String>, param: Option<String>) -> Self {
+        let mut e = Self::bad_request(message);
+        e.body.error.param = param;
+        e
+    }
+
+    /// 404 `not_found_error` with code `model_not_found`.
+    pub fn model_not_found(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, message, "not_found_error", Some("model_not_found"))
+    }
+
+    /// 503 `service_unavailable`.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, message, "service_unavailable", None)
+    }
+
+    /// 500 `internal_error`.
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, message, "internal_error", None)
+    }
+}
+
+impl From<EngineError> for ApiError {
+    fn from(e: EngineError) -> Self {
+        match e {
+            EngineError::BadRequest(m) => ApiError::bad_request(m),
+            EngineError::NotFound(m) => ApiError::model_not_found(m),
+            EngineError::Unavailable(m) => ApiError::unavailable(m),
+            EngineError::Internal(m) => ApiError::internal(m),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, Json(self.body)).into_response()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn engine_errors_keep_their_status() {
+        for e in [
+            EngineError::BadRequest("b".into()),
+            EngineError::NotFound("n".into()),
+            EngineError::Unavailable("u".into()),
+            EngineError::Internal("i".into()),
+        ] {
+            let status = e.status();
+            let api = ApiError::from(e);
+            assert_eq!(api.status.as_u16(), status);
+        }
+        let json = serde_json::to_value(ApiError::unavailable("gone").body).unwrap();
+        assert_eq!(json["error"]["type"], "service_unavailable");
+        assert_eq!(json["error"]["message"], "gone");
+    }
+}

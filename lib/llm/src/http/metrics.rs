@@ -1,0 +1,177 @@
+//! The frontend's Prometheus metrics (`GET /metrics`), in a registry the service owns:
+//! request counts by outcome, in-flight requests, and latency and token histograms.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
+
+use crate::model_manager::EngineKind;
+
+/// Metric names start with this.
+pub const METRICS_PREFIX: &str = "dynamo_frontend";
+
+/// The frontend's metric families.
+pub struct HttpMetrics {
+    registry: Registry,
+    requests: IntCounterVec,
+    inflight: IntGaugeVec,
+    duration: HistogramVec,
+    ttft: HistogramVec,
+    itl: HistogramVec,
+    isl: HistogramVec,
+    osl: HistogramVec,
+}
+
+impl std::fmt::Debug for HttpMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HttpMetrics")
+    }
+}
+
+fn histogram(name: &str, help: &str, buckets: Vec<f64>) -> prometheus::Result<HistogramVec> {
+    HistogramVec::new(HistogramOpts::new(format!("{METRICS_PREFIX}_{name}"), help).buckets(buckets), &["model"])
+}
+
+impl HttpMetrics {
+    /// Create the families in a fresh registry.
+    pub fn new() -> prometheus::Result<Self> {
+        let registry = Registry::new();
+        let requests = IntCounterVec::new(
+            Opts::new(format!("{METRICS_PREFIX}_requests_total"), "Requests by model, route, streaming and outcome"),
+            &["model", "endpoint", "request_type", "status"],
+        )?;
+        let inflight = IntGaugeVec::new(
+            Opts::new(format!("{METRICS_PREFIX}_inflight_requests"), "Requests being served now"),
+            &["model"],
+        )?;
+        let seconds = prometheus::exponential_buckets(0.001, 2.0, 19)?; // 1 ms .. 262 s
+        let duration = histogram("request_duration_seconds", "Time from request to the end of the response", seconds.clone())?;
+        let ttft = histogram("time_to_first_token_seconds", "Time from request to the first item", seconds)?;
+        let itl = histogram(
+            "inter_token_latency_seconds",
+            "Time between items divided by the tokens they carry",
+            prometheus::exponential_buckets(0.0001, 2.0, 16)?,
+        )?;
+        let tokens = prometheus::exponential_buckets(1.0, 2.0, 18)?; // 1 .. 131072
+        let isl = histogram("input_sequence_tokens", "Prompt tokens per request", tokens.clone())?;
+        let osl = histogram("output_sequence_tokens", "Generated tokens per request", tokens)?;
+        registry.register(Box::new(requests.clone()))?;
+        registry.register(Box::new(inflight.clone()))?;
+        for h in [&duration, &ttft, &itl, &isl, &osl] {
+            registry.register(Box::new(h.clone()))?;
+        }
+        Ok(HttpMetrics { registry, requests, inflight, duration, ttft, itl, isl, osl })
+    }
+
+    /// The registry, for callers that add their own families.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// Every metric in the Prometheus text format.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        if let Err(e) = prometheus::TextEncoder::new().encode_utf8(&self.registry.gather(), &mut out) {
+            tracing::warn!(error = %e, "could not encode metrics");
+        }
+        out
+    }
+
+    /// Start tracking one request; it counts as an error unless
+    /// [`RequestMetrics::succeeded`] is called before it is dropped.
+    pub(crate) fn start(self: &Arc<Self>, model: &str, route: EngineKind, streaming: bool) -> RequestMetrics {
+        self.inflight.with_label_values(&[model]).inc();
+        RequestMetrics {
+            metrics: self.clone(),
+            model: model.to_string(),
+            route,
+            streaming,
+            started: Instant::now(),
+            last_item: None,
+            prompt_seen: false,
+            output_tokens: 0,
+            success: false,
+        }
+    }
+}
+
+/// One request's measurements, recorded when dropped.
+pub(crate) struct RequestMetrics {
+    metrics: Arc<HttpMetrics>,
+    model: String,
+    route: EngineKind,
+    streaming: bool,
+    started: Instant,
+    last_item: Option<Instant>,
+    prompt_seen: bool,
+    output_tokens: u64,
+    success: bool,
+}
+
+impl RequestMetrics {
+    /// An item arrived carrying these token counts.
+    pub(crate) fn item(&mut self, prompt_tokens: Option<u32>, completion_tokens: u32) {
+        let now = Instant::now();
+        let model = [self.model.as_str()];
+        match self.last_item {
+            None => self.metrics.ttft.with_label_values(&model).observe((now - self.started).as_secs_f64()),
+            Some(last) if completion_tokens > 0 => {
+                let per_token = (now - last).as_secs_f64() / f64::from(completion_tokens);
+                self.metrics.itl.with_label_values(&model).observe(per_token);
+            }
+            Some(_) => {}
+        }
+        self.last_item = Some(now);
+        if let (Some(prompt), false) = (prompt_tokens, self.prompt_seen) {
+            self.prompt_seen = true;
+            self.metrics.isl.with_label_values(&model).observe(f64::from(prompt));
+        }
+        self.output_tokens += u64::from(completion_tokens);
+    }
+
+    /// The response completed.
+    pub(crate) fn succeeded(&mut self) {
+        self.success = true;
+    }
+}
+
+impl Drop for RequestMetrics {
+    fn drop(&mut self) {
+        let m = &self.metrics;
+        let model = [self.model.as_str()];
+        m.inflight.with_label_values(&model).dec();
+        let request_type = if self.streaming { "stream" } else { "unary" };
+        let status = if self.success { "success" } else { "error" };
+        m.requests.with_label_values(&[self.model.as_str(), self.route.as_str(), request_type, status]).inc();
+        m.duration.with_label_values(&model).observe(self.started.elapsed().as_secs_f64());
+        if self.last_item.is_some() {
+            m.osl.with_label_values(&model).observe(self.output_tokens as f64);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_is_counted_once_with_its_outcome() {
+        let metrics = Arc::new(HttpMetrics::new().unwrap());
+        {
+            let mut r = metrics.start("m", EngineKind::Chat, true);
+            r.item(Some(7), 1);
+            r.item(None, 2);
+            assert!(metrics.render().contains("dynamo_frontend_inflight_requests{model=\"m\"} 1"));
+            r.succeeded();
+        }
+        drop(metrics.start("m", EngineKind::Completions, false));
+        let text = metrics.render();
+        assert!(text.contains(r#"dynamo_frontend_requests_total{endpoint="chat_completions",model="m",request_type="stream",status="success"} 1"#), "{text}");
+        assert!(text.contains(r#"dynamo_frontend_requests_total{endpoint="completions",model="m",request_type="unary",status="error"} 1"#), "{text}");
+        assert!(text.contains("dynamo_frontend_inflight_requests{model=\"m\"} 0"));
+        assert!(text.contains("dynamo_frontend_input_sequence_tokens_sum{model=\"m\"} 7"), "{text}");
+        assert!(text.contains("dynamo_frontend_output_sequence_tokens_sum{model=\"m\"} 3"), "{text}");
+        assert!(text.contains("dynamo_frontend_inter_token_latency_seconds_count{model=\"m\"} 1"), "{text}");
+    }
+}

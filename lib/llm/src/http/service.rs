@@ -1,0 +1,285 @@
+//! `HttpService`: the OpenAI-compatible HTTP server. Built with
+//! [`HttpService::builder`], bound (port 0 picks a free port), served until a
+//! cancellation token fires, then shut down gracefully within a bound.
+
+use std::future::IntoFuture;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post};
+use axum::Router;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::error::ApiError;
+use super::metrics::HttpMetrics;
+use super::{health, openai};
+use crate::model_manager::ModelManager;
+
+/// Default largest request body: 32 MiB.
+pub const DEFAULT_BODY_LIMIT: usize = 32 * 1024 * 1024;
+/// Default bound on draining in-flight responses at shutdown.
+pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// After the drain bound, how long streams get to end before the server stops waiting.
+const FORCE_STOP_BOUND: Duration = Duration::from_secs(2);
+
+/// Why the service could not start or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum HttpError {
+    /// The listening socket could not be opened.
+    #[error("cannot listen on {address}: {source}")]
+    Bind {
+        /// `host:port` asked for.
+        address: String,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The server failed while running.
+    #[error("HTTP server failed: {0}")]
+    Serve(std::io::Error),
+    /// The metrics registry could not be built.
+    #[error("metrics: {0}")]
+    Metrics(#[from] prometheus::Error),
+    /// The server task ended abnormally.
+    #[error("HTTP server task failed: {0}")]
+    Task(String),
+}
+
+/// What every handler reads.
+pub(crate) struct AppState {
+    pub manager: Arc<ModelManager>,
+    pub metrics: Arc<HttpMetrics>,
+    /// Fires when the drain bound passes: in-flight responses end with an error.
+    pub shutdown: CancellationToken,
+    /// Largest accepted request body in bytes.
+    pub body_limit: usize,
+}
+
+/// Configures an [`HttpService`].
+#[derive(Debug, Clone)]
+pub struct HttpServiceBuilder {
+    host: String,
+    port: u16,
+    body_limit: usize,
+    drain_timeout: Duration,
+    manager: Option<Arc<ModelManager>>,
+}
+
+impl Default for HttpServiceBuilder {
+    fn default() -> Self {
+        HttpServiceBuilder {
+            host: "0.0.0.0".to_string(),
+            port: 8080,
+            body_limit: DEFAULT_BODY_LIMIT,
+            drain_timeout: DEFAULT_DRAIN_TIMEOUT,
+            manager: None,
+        }
+    }
+}
+
+impl HttpServiceBuilder {
+    /// Address to listen on (default `0.0.0.0`).
+    pub fn host(mut self, host: impl Into<String>) -> Self {
+        self.host = host.into();
+        self
+    }
+
+    /// Port to listen on (default 8080; 0 picks a free port, see
+    /// [`BoundHttpService::local_addr`]).
+    pub fn port(mut self, port: u16) -> Self {
+        self.port = port;
+        self
+    }
+
+    /// Largest accepted request body in bytes (default 32 MiB); larger is a 413.
+    pub fn body_limit(mut self, bytes: usize) -> Self {
+        self.body_limit = bytes;
+        self
+    }
+
+    /// Bound on draining in-flight responses at shutdown (default 10 s).
+    pub fn drain_timeout(mut self, timeout: Duration) -> Self {
+        self.drain_timeout = timeout;
+        self
+    }
+
+    /// The models to serve (default: a new, empty manager).
+    pub fn manager(mut self, manager: Arc<ModelManager>) -> Self {
+        self.manager = Some(manager);
+        self
+    }
+
+    /// Build the service.
+    pub fn build(self) -> Result<HttpService, HttpError> {
+        let state = Arc::new(AppState {
+            manager: self.manager.unwrap_or_default(),
+            metrics: Arc::new(HttpMetrics::new()?),
+            shutdown: CancellationToken::new(),
+            body_limit: self.body_limit,
+        });
+        Ok(HttpService { host: self.host, port: self.port, body_limit: self.body_limit, drain_timeout: self.drain_timeout, state })
+    }
+}
+
+/// The OpenAI-compatible HTTP service.
+pub struct HttpService {
+    host: String,
+    port: u16,
+    body_limit: usize,
+    drain_timeout: Duration,
+    state: Arc<AppState>,
+}
+
+impl std::fmt::Debug for HttpService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpService").field("host", &self.host).field("port", &self.port).finish()
+    }
+}
+
+impl HttpService {
+    /// A builder with the defaults.
+    pub fn builder() -> HttpServiceBuilder {
+        HttpServiceBuilder::default()
+    }
+
+    /// The models this service serves.
+    pub fn manager(&self) -> &Arc<ModelManager> {
+        &self.state.manager
+    }
+
+    /// The service's metrics (its registry can take more families).
+    pub fn metrics(&self) -> &Arc<HttpMetrics> {
+        &self.state.metrics
+    }
+
+    /// The routes, for embedding in another axum server.
+    pub fn router(&self) -> Router {
+        Router::new()
+            .route("/v1/models", get(health::list_models))
+            .route("/v1/chat/completions", post(openai::chat_completions))
+            .route("/v1/completions", post(openai::completions))
+            .route("/health", get(health::health))
+            .route("/live", get(health::live))
+            .route("/metrics", get(health::metrics))
+            .fallback(|| async { ApiError::new(axum::http::StatusCode::NOT_FOUND, "no such route", "not_found_error", None) })
+            .layer(DefaultBodyLimit::max(self.body_limit))
+            .with_state(self.state.clone())
+    }
+
+    /// Open the listening socket.
+    pub async fn bind(&self) -> Result<BoundHttpService, HttpError> {
+        let address = format!("{}:{}", self.host, self.port);
+        let listener = TcpListener::bind((self.host.as_str(), self.port))
+            .await
+            .map_err(|source| HttpError::Bind { address: address.clone(), source })?;
+        let local_addr = listener.local_addr().map_err(|source| HttpError::Bind { address, source })?;
+        Ok(BoundHttpService {
+            listener,
+            local_addr,
+            router: self.router(),
+            drain_timeout: self.drain_timeout,
+            shutdown: self.state.shutdown.clone(),
+        })
+    }
+
+    /// Bind and serve until `cancel` fires, then shut down gracefully.
+    pub async fn run(&self, cancel: CancellationToken) -> Result<(), HttpError> {
+        self.bind().await?.serve(cancel).await
+    }
+
+    /// Bind, then serve on a task owned by the returned handle.
+    pub async fn spawn(&self, cancel: CancellationToken) -> Result<RunningHttpService, HttpError> {
+        let bound = self.bind().await?;
+        let local_addr = bound.local_addr();
+        let task = tokio::spawn(bound.serve(cancel.clone()));
+        Ok(RunningHttpService { local_addr, cancel, force: self.state.shutdown.clone(), task: Some(task) })
+    }
+}
+
+/// A service whose socket is open; [`BoundHttpService::serve`] takes connections.
+pub struct BoundHttpService {
+    listener: TcpListener,
+    local_addr: SocketAddr,
+    router: Router,
+    drain_timeout: Duration,
+    shutdown: CancellationToken,
+}
+
+impl std::fmt::Debug for BoundHttpService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BoundHttpService").field("local_addr", &self.local_addr).finish()
+    }
+}
+
+impl BoundHttpService {
+    /// The address the socket is bound to (the real port when 0 was asked for).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Serve until `cancel` fires; then stop accepting, let in-flight responses finish
+    /// within the drain bound, end the rest with an error, and return.
+    pub async fn serve(self, cancel: CancellationToken) -> Result<(), HttpError> {
+        tracing::info!(address = %self.local_addr, "HTTP service listening");
+        let graceful = cancel.clone();
+        let server = axum::serve(self.listener, self.router)
+            .with_graceful_shutdown(async move { graceful.cancelled().await })
+            .into_future();
+        tokio::pin!(server);
+        tokio::select! {
+            result = &mut server => return result.map_err(HttpError::Serve),
+            _ = cancel.cancelled() => {}
+        }
+        if let Ok(result) = tokio::time::timeout(self.drain_timeout, &mut server).await {
+            return result.map_err(HttpError::Serve);
+        }
+        tracing::warn!(timeout = ?self.drain_timeout, "drain bound reached; ending in-flight responses");
+        self.shutdown.cancel();
+        match tokio::time::timeout(FORCE_STOP_BOUND, &mut server).await {
+            Ok(result) => result.map_err(HttpError::Serve),
+            Err(_) => {
+                tracing::warn!("some HTTP connections outlived the shutdown bound");
+                Ok(())
+            }
+        }
+    }
+}
+
+/// A service serving on its own task; dropping the handle stops it at once (in-flight
+/// responses end with an error), [`RunningHttpService::shutdown`] gracefully.
+#[derive(Debug)]
+pub struct RunningHttpService {
+    local_addr: SocketAddr,
+    cancel: CancellationToken,
+    force: CancellationToken,
+    task: Option<JoinHandle<Result<(), HttpError>>>,
+}
+
+impl RunningHttpService {
+    /// The bound address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Shut down gracefully and wait for the server to stop.
+    pub async fn shutdown(mut self) -> Result<(), HttpError> {
+        self.cancel.cancel();
+        match self.task.take() {
+            Some(task) => task.await.map_err(|e| HttpError::Task(e.to_string()))?,
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for RunningHttpService {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            self.cancel.cancel();
+            self.force.cancel();
+            task.abort();
+        }
+    }
+}

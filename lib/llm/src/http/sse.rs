@@ -1,0 +1,203 @@
+//! A streamed response as Server-Sent Events: one `data: <chunk json>` event per
+//! chunk, an optional usage chunk, then `data: [DONE]`. An error item becomes an event
+//! carrying an OpenAI error object and ends the stream without `[DONE]`.
+
+use std::convert::Infallible;
+
+use axum::response::sse::{Event, Sse};
+use axum::response::{IntoResponse, Response};
+use futures::{Stream, StreamExt};
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+use super::error::ApiError;
+use super::guard::CancelOnDrop;
+use super::metrics::RequestMetrics;
+use crate::engine::{EngineError, OpenAIStream, StreamItem};
+use crate::protocols::openai::{ChatCompletionChunk, CompletionResponse, Usage};
+use crate::protocols::unix_now;
+
+/// The identity fields every chunk of a response shares.
+#[derive(Debug, Clone)]
+pub(crate) struct ChunkMeta {
+    pub id: String,
+    pub model: String,
+    pub created: u64,
+}
+
+/// A chunk type the SSE stream can close with a usage-only chunk.
+pub(crate) trait StreamChunk: Serialize + Send + 'static {
+    /// This chunk's id, model and creation time.
+    fn meta(&self) -> ChunkMeta;
+    /// A chunk with no choices that carries `usage`.
+    fn usage_only(meta: ChunkMeta, usage: Usage) -> Self;
+}
+
+impl StreamChunk for ChatCompletionChunk {
+    fn meta(&self) -> ChunkMeta {
+        ChunkMeta { id: self.id.clone(), model: self.model.clone(), created: self.created }
+    }
+
+    fn usage_only(meta: ChunkMeta, usage: Usage) -> Self {
+        ChatCompletionChunk {
+            id: meta.id,
+            object: "chat.completion.chunk".to_string(),
+            created: meta.created,
+            model: meta.model,
+            choices: Vec::new(),
+            usage: Some(usage),
+        }
+    }
+}
+
+impl StreamChunk for CompletionResponse {
+    fn meta(&self) -> ChunkMeta {
+        ChunkMeta { id: self.id.clone(), model: self.model.clone(), created: self.created }
+    }
+
+    fn usage_only(meta: ChunkMeta, usage: Usage) -> Self {
+        CompletionResponse {
+            id: meta.id,
+            object: "text_completion".to_string(),
+            created: meta.created,
+            model: meta.model,
+            choices: Vec::new(),
+            usage: Some(usage),
+        }
+    }
+}
+
+enum Phase {
+    Streaming,
+    /// The engine's stream ended: the usage chunk (if asked for), then `[DONE]`.
+    Closing,
+    Done,
+}
+
+/// What the SSE body owns; dropping it (the client went away) drops the guard, which
+/// stops the engine.
+struct SseState<C> {
+    first: Option<Option<Result<StreamItem<C>, EngineError>>>,
+    stream: OpenAIStream<C>,
+    guard: CancelOnDrop,
+    metrics: RequestMetrics,
+    include_usage: bool,
+    meta: ChunkMeta,
+    prompt_tokens: u32,
+    completion_tokens: u32,
+    shutdown: CancellationToken,
+    phase: Phase,
+}
+
+/// Options of one streamed response.
+pub(crate) struct SseOptions {
+    /// Send a usage chunk before `[DONE]`.
+    pub include_usage: bool,
+    /// Id and model for the usage chunk when the engine sent no chunk.
+    pub fallback_meta: ChunkMeta,
+    /// Server shutdown: end the stream with an error event.
+    pub shutdown: CancellationToken,
+}
+
+impl ChunkMeta {
+    /// Meta for a response that has seen no chunk yet.
+    pub(crate) fn fallback(id: &str, model: &str) -> Self {
+        ChunkMeta { id: id.to_string(), model: model.to_string(), created: unix_now() }
+    }
+}
+
+/// The SSE response for `stream`, whose first item (already awaited, to turn an
+/// immediate error into an HTTP status) is `first`.
+pub(crate) fn sse_response<C: StreamChunk>(
+    first: Option<Result<StreamItem<C>, EngineError>>,
+    stream: OpenAIStream<C>,
+    guard: CancelOnDrop,
+    metrics: RequestMetrics,
+    options: SseOptions,
+) -> Response {
+    let state = SseState {
+        first: Some(first),
+        stream,
+        guard,
+        metrics,
+        include_usage: options.include_usage,
+        meta: options.fallback_meta,
+        prompt_tokens: 0,
+        completion_tokens: 0,
+        shutdown: options.shutdown,
+        phase: Phase::Streaming,
+    };
+    Sse::new(events(state)).into_response()
+}
+
+fn events<C: StreamChunk>(state: SseState<C>) -> impl Stream<Item = Result<Event, Infallible>> + Send {
+    futures::stream::unfold(state, |mut st| async move {
+        let event = st.next_event().await?;
+        Some((Ok(event), st))
+    })
+}
+
+fn error_event(e: EngineError) -> Event {
+    let body = ApiError::from(e).body;
+    Event::default().data(serde_json::to_string(&body).unwrap_or_else(|_| "{\"error\":{}}".to_string()))
+}
+
+impl<C: StreamChunk> SseState<C> {
+    async fn next_event(&mut self) -> Option<Event> {
+        match self.phase {
+            Phase::Done => None,
+            Phase::Closing => Some(self.done_event()),
+            Phase::Streaming => {
+                let next = match self.first.take() {
+                    Some(first) => first,
+                    None => tokio::select! {
+                        item = self.stream.next() => item,
+                        _ = self.shutdown.cancelled() => Some(Err(EngineError::Unavailable("the server is shutting down".into()))),
+                    },
+                };
+                Some(match next {
+                    Some(Ok(item)) => self.chunk_event(item),
+                    Some(Err(e)) => {
+                        self.phase = Phase::Done;
+                        error_event(e)
+                    }
+                    None if self.include_usage => {
+                        self.phase = Phase::Closing;
+                        let usage = Usage::new(self.prompt_tokens, self.completion_tokens);
+                        let chunk = C::usage_only(self.meta.clone(), usage);
+                        self.serialize(&chunk)
+                    }
+                    None => self.done_event(),
+                })
+            }
+        }
+    }
+
+    /// `[DONE]`: the response completed.
+    fn done_event(&mut self) -> Event {
+        self.phase = Phase::Done;
+        self.metrics.succeeded();
+        self.guard.completed();
+        Event::default().data("[DONE]")
+    }
+
+    fn chunk_event(&mut self, item: StreamItem<C>) -> Event {
+        self.metrics.item(item.prompt_tokens, item.completion_tokens);
+        if let Some(p) = item.prompt_tokens {
+            self.prompt_tokens = p;
+        }
+        self.completion_tokens += item.completion_tokens;
+        self.meta = item.data.meta();
+        self.serialize(&item.data)
+    }
+
+    fn serialize(&mut self, chunk: &C) -> Event {
+        match serde_json::to_string(chunk) {
+            Ok(json) => Event::default().data(json),
+            Err(e) => {
+                self.phase = Phase::Done;
+                error_event(EngineError::Internal(format!("cannot serialize a chunk: {e}")))
+            }
+        }
+    }
+}

@@ -1,0 +1,232 @@
+//! The models a frontend can serve: model name → chat engine and/or completions
+//! engine. The HTTP service reads it on every request; the model watcher (and
+//! `dynamo-run` for static engines) writes it.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+
+use crate::engine::{EngineError, OpenAIEngine};
+
+/// Whether an engine can take a request now (a remote engine: its endpoint has at
+/// least one instance). Engines added without one are always routable.
+pub type ReadyCheck = Arc<dyn Fn() -> bool + Send + Sync>;
+
+/// Which OpenAI route an engine serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EngineKind {
+    /// `POST /v1/chat/completions`.
+    Chat,
+    /// `POST /v1/completions`.
+    Completions,
+}
+
+impl EngineKind {
+    /// The route's name in messages and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EngineKind::Chat => "chat_completions",
+            EngineKind::Completions => "completions",
+        }
+    }
+}
+
+#[derive(Clone)]
+struct Slot {
+    engine: Arc<dyn OpenAIEngine>,
+    ready: Option<ReadyCheck>,
+}
+
+impl Slot {
+    fn is_ready(&self) -> bool {
+        self.ready.as_ref().is_none_or(|check| check())
+    }
+}
+
+#[derive(Clone, Default)]
+struct Model {
+    chat: Option<Slot>,
+    completions: Option<Slot>,
+}
+
+impl Model {
+    fn slot(&self, kind: EngineKind) -> Option<&Slot> {
+        match kind {
+            EngineKind::Chat => self.chat.as_ref(),
+            EngineKind::Completions => self.completions.as_ref(),
+        }
+    }
+
+    fn slot_mut(&mut self, kind: EngineKind) -> &mut Option<Slot> {
+        match kind {
+            EngineKind::Chat => &mut self.chat,
+            EngineKind::Completions => &mut self.completions,
+        }
+    }
+
+    fn is_routable(&self) -> bool {
+        self.chat.iter().chain(self.completions.iter()).any(Slot::is_ready)
+    }
+}
+
+/// Thread-safe map of model name → engines. Cheap to share behind an `Arc`.
+#[derive(Default)]
+pub struct ModelManager {
+    models: RwLock<BTreeMap<String, Model>>,
+}
+
+impl std::fmt::Debug for ModelManager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModelManager").field("models", &self.model_names()).finish()
+    }
+}
+
+impl ModelManager {
+    /// An empty manager.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Serve `name` on the route of `kind` with `engine`, replacing any engine there.
+    /// `ready` says whether the engine can take requests now (`None`: always).
+    pub fn add_engine(&self, name: &str, kind: EngineKind, engine: Arc<dyn OpenAIEngine>, ready: Option<ReadyCheck>) {
+        let mut models = self.models.write();
+        *models.entry(name.to_string()).or_default().slot_mut(kind) = Some(Slot { engine, ready });
+        tracing::info!(model = name, route = kind.as_str(), "model added");
+    }
+
+    /// Serve `name` for chat with an engine that is always ready (a static engine).
+    pub fn add_chat_model(&self, name: &str, engine: Arc<dyn OpenAIEngine>) {
+        self.add_engine(name, EngineKind::Chat, engine, None);
+    }
+
+    /// Serve `name` for completions with an engine that is always ready.
+    pub fn add_completions_model(&self, name: &str, engine: Arc<dyn OpenAIEngine>) {
+        self.add_engine(name, EngineKind::Completions, engine, None);
+    }
+
+    /// Serve `name` for both chat and completions with one always-ready engine (what
+    /// `dynamo-run in=http out=echo_full` does).
+    pub fn add_full_model(&self, name: &str, engine: Arc<dyn OpenAIEngine>) {
+        self.add_chat_model(name, engine.clone());
+        self.add_completions_model(name, engine);
+    }
+
+    /// Stop serving `name` on the route of `kind`; the model goes when it has no route
+    /// left. Returns whether an engine was removed.
+    pub fn remove_engine(&self, name: &str, kind: EngineKind) -> bool {
+        let mut models = self.models.write();
+        let Some(model) = models.get_mut(name) else { return false };
+        let removed = model.slot_mut(kind).take().is_some();
+        if model.chat.is_none() && model.completions.is_none() {
+            models.remove(name);
+        }
+        removed
+    }
+
+    /// Stop serving `name` entirely. Returns whether it was known.
+    pub fn remove_model(&self, name: &str) -> bool {
+        let removed = self.models.write().remove(name).is_some();
+        if removed {
+            tracing::info!(model = name, "model removed");
+        }
+        removed
+    }
+
+    /// Whether `name` has an engine for `kind` (ready or not).
+    pub fn has_engine(&self, name: &str, kind: EngineKind) -> bool {
+        self.models.read().get(name).is_some_and(|m| m.slot(kind).is_some())
+    }
+
+    /// Whether `name` is known (ready or not).
+    pub fn has_model(&self, name: &str) -> bool {
+        self.models.read().contains_key(name)
+    }
+
+    /// The engine serving `name` on the route of `kind`; `NotFound` when there is none.
+    pub fn engine(&self, name: &str, kind: EngineKind) -> Result<Arc<dyn OpenAIEngine>, EngineError> {
+        let models = self.models.read();
+        let model = models.get(name).ok_or_else(|| EngineError::NotFound(format!("model '{name}' does not exist")))?;
+        model
+            .slot(kind)
+            .map(|s| s.engine.clone())
+            .ok_or_else(|| EngineError::NotFound(format!("model '{name}' does not serve {}", kind.as_str())))
+    }
+
+    /// The chat engine of `name`.
+    pub fn chat_engine(&self, name: &str) -> Result<Arc<dyn OpenAIEngine>, EngineError> {
+        self.engine(name, EngineKind::Chat)
+    }
+
+    /// The completions engine of `name`.
+    pub fn completions_engine(&self, name: &str) -> Result<Arc<dyn OpenAIEngine>, EngineError> {
+        self.engine(name, EngineKind::Completions)
+    }
+
+    /// Every known model, sorted, whether it can be routed now or not.
+    pub fn model_names(&self) -> Vec<String> {
+        self.models.read().keys().cloned().collect()
+    }
+
+    /// The models that can take a request now, sorted (what `/v1/models` lists and
+    /// `/health` counts).
+    pub fn routable_models(&self) -> Vec<String> {
+        // Clone the slots out so that no readiness check runs under the lock.
+        let models: Vec<(String, Model)> = self.models.read().iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        models.into_iter().filter(|(_, m)| m.is_routable()).map(|(name, _)| name).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use async_trait::async_trait;
+
+    use crate::engine::{ChatStream, CompletionStream, RequestContext};
+    use crate::protocols::openai::{ChatCompletionRequest, CompletionRequest};
+
+    struct Nothing;
+
+    #[async_trait]
+    impl OpenAIEngine for Nothing {
+        async fn chat(&self, _: ChatCompletionRequest, _: RequestContext) -> Result<ChatStream, EngineError> {
+            Err(EngineError::Internal("unused".into()))
+        }
+        async fn completion(&self, _: CompletionRequest, _: RequestContext) -> Result<CompletionStream, EngineError> {
+            Err(EngineError::Internal("unused".into()))
+        }
+    }
+
+    #[test]
+    fn add_get_remove() {
+        let m = ModelManager::new();
+        m.add_chat_model("a", Arc::new(Nothing));
+        m.add_full_model("b", Arc::new(Nothing));
+        assert!(m.chat_engine("a").is_ok());
+        assert!(matches!(m.completions_engine("a"), Err(EngineError::NotFound(msg)) if msg.contains("completions")));
+        assert!(matches!(m.chat_engine("zz"), Err(EngineError::NotFound(_))));
+        assert_eq!(m.model_names(), vec!["a", "b"]);
+        assert!(m.remove_engine("b", EngineKind::Chat));
+        assert!(m.has_model("b") && !m.has_engine("b", EngineKind::Chat));
+        assert!(m.remove_engine("b", EngineKind::Completions));
+        assert!(!m.has_model("b"));
+        assert!(m.remove_model("a"));
+        assert!(!m.remove_model("a"));
+        assert!(m.model_names().is_empty());
+    }
+
+    #[test]
+    fn routable_follows_the_ready_check() {
+        let m = ModelManager::new();
+        let up = Arc::new(AtomicBool::new(false));
+        let check = up.clone();
+        m.add_engine("remote", EngineKind::Chat, Arc::new(Nothing), Some(Arc::new(move || check.load(Ordering::SeqCst))));
+        m.add_chat_model("static", Arc::new(Nothing));
+        assert_eq!(m.routable_models(), vec!["static"]);
+        up.store(true, Ordering::SeqCst);
+        assert_eq!(m.routable_models(), vec!["remote", "static"]);
+    }
+}
