@@ -421,6 +421,9 @@ def test_gpu_assignment_in_the_plan():
         DYN_DISABLE_AUTO_GPU_ALLOCATION="1",
     )
     assert disabled.returncode == 0 and "CUDA_VISIBLE_DEVICES {Whole[0]: -" in disabled.stdout
+    elsewhere = dynamo_cli(["serve", "gpu_graph:Whole", "--depends", "Half=tcp://other:1", "--dry-run"], cwd=GRAPHS,
+                           DYN_SDK_GPU_COUNT="2")
+    assert elsewhere.returncode == 0 and list(dry_run_config(elsewhere)) == ["Whole"], elsewhere.stderr
     only = dynamo_cli(["serve", "gpu_graph:Whole", "--service-name", "Half", "--dry-run"], cwd=GRAPHS,
                       DYN_SDK_GPU_COUNT="1")
     assert only.returncode == 0 and list(dry_run_config(only)) == ["Half"]
