@@ -41,13 +41,33 @@ impl TokenCount {
     }
 }
 
-/// Folds chat chunks into a `chat.completion`.
+/// The response's id, model and creation time: the caller's, until the first chunk
+/// brings the engine's.
 #[derive(Debug)]
-pub struct ChatAggregator {
+struct Identity {
     id: String,
     model: String,
     created: u64,
-    seen_chunk: bool,
+    from_chunk: bool,
+}
+
+impl Identity {
+    fn new(id: &str, model: &str) -> Self {
+        Identity { id: id.to_string(), model: model.to_string(), created: unix_now(), from_chunk: false }
+    }
+
+    /// Take a chunk's identity if no chunk came before.
+    fn adopt(&mut self, id: String, model: String, created: u64) {
+        if !self.from_chunk {
+            *self = Identity { id, model, created, from_chunk: true };
+        }
+    }
+}
+
+/// Folds chat chunks into a `chat.completion`.
+#[derive(Debug)]
+pub struct ChatAggregator {
+    identity: Identity,
     choices: BTreeMap<u32, (Option<String>, String, Option<String>)>,
     tokens: TokenCount,
 }
@@ -55,25 +75,13 @@ pub struct ChatAggregator {
 impl ChatAggregator {
     /// An aggregator whose response uses `id`/`model` unless the chunks carry their own.
     pub fn new(id: &str, model: &str) -> Self {
-        ChatAggregator {
-            id: id.to_string(),
-            model: model.to_string(),
-            created: unix_now(),
-            seen_chunk: false,
-            choices: BTreeMap::new(),
-            tokens: TokenCount::default(),
-        }
+        ChatAggregator { identity: Identity::new(id, model), choices: BTreeMap::new(), tokens: TokenCount::default() }
     }
 
     /// Add one item.
     pub fn push(&mut self, item: StreamItem<ChatCompletionChunk>) {
         let chunk = item.data;
-        if !self.seen_chunk {
-            self.seen_chunk = true;
-            self.id = chunk.id;
-            self.model = chunk.model;
-            self.created = chunk.created;
-        }
+        self.identity.adopt(chunk.id, chunk.model, chunk.created);
         self.tokens.add(item.prompt_tokens, item.completion_tokens, chunk.usage);
         for choice in chunk.choices {
             let (role, content, finish) = self.choices.entry(choice.index).or_default();
@@ -108,10 +116,10 @@ impl ChatAggregator {
             });
         }
         ChatCompletionResponse {
-            id: self.id,
+            id: self.identity.id,
             object: "chat.completion".to_string(),
-            created: self.created,
-            model: self.model,
+            created: self.identity.created,
+            model: self.identity.model,
             choices,
             usage: self.tokens.usage(),
         }
@@ -129,10 +137,7 @@ impl ChatAggregator {
 /// Folds completion chunks into one `text_completion` with `usage`.
 #[derive(Debug)]
 pub struct CompletionAggregator {
-    id: String,
-    model: String,
-    created: u64,
-    seen_chunk: bool,
+    identity: Identity,
     choices: BTreeMap<u32, (String, Option<String>)>,
     tokens: TokenCount,
 }
@@ -140,25 +145,13 @@ pub struct CompletionAggregator {
 impl CompletionAggregator {
     /// An aggregator whose response uses `id`/`model` unless the chunks carry their own.
     pub fn new(id: &str, model: &str) -> Self {
-        CompletionAggregator {
-            id: id.to_string(),
-            model: model.to_string(),
-            created: unix_now(),
-            seen_chunk: false,
-            choices: BTreeMap::new(),
-            tokens: TokenCount::default(),
-        }
+        CompletionAggregator { identity: Identity::new(id, model), choices: BTreeMap::new(), tokens: TokenCount::default() }
     }
 
     /// Add one item.
     pub fn push(&mut self, item: StreamItem<CompletionResponse>) {
         let chunk = item.data;
-        if !self.seen_chunk {
-            self.seen_chunk = true;
-            self.id = chunk.id;
-            self.model = chunk.model;
-            self.created = chunk.created;
-        }
+        self.identity.adopt(chunk.id, chunk.model, chunk.created);
         self.tokens.add(item.prompt_tokens, item.completion_tokens, chunk.usage);
         for choice in chunk.choices {
             let (text, finish) = self.choices.entry(choice.index).or_default();
@@ -180,10 +173,10 @@ impl CompletionAggregator {
             choices.push(CompletionChoice::default());
         }
         CompletionResponse {
-            id: self.id,
+            id: self.identity.id,
             object: "text_completion".to_string(),
-            created: self.created,
-            model: self.model,
+            created: self.identity.created,
+            model: self.identity.model,
             choices,
             usage: Some(self.tokens.usage()),
         }
