@@ -10,10 +10,6 @@ use crate::protocols::common::LLMEngineOutput;
 /// Where a sequence's output items go.
 pub(crate) type OutputSender = mpsc::UnboundedSender<Result<LLMEngineOutput, EngineError>>;
 
-/// Smallest generated token id.
-pub(crate) const MIN_TOKEN_ID: u32 = 100;
-/// One past the largest generated token id.
-pub(crate) const MAX_TOKEN_ID: u32 = 1000;
 
 /// A block a sequence holds in the KV manager.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,6 +26,8 @@ pub(crate) struct Sequence {
     /// The engine's id of the request.
     pub(crate) id: u64,
     tokens: Vec<u32>,
+    /// Prompt tokens (generated tokens are drawn from them, so they exist in the model's vocabulary).
+    prompt_len: usize,
     block_size: usize,
     hashes: Vec<BlockHash>,
     /// Blocks held, in token order.
@@ -49,6 +47,7 @@ impl Sequence {
         let mut seq = Sequence {
             id,
             tokens: Vec::with_capacity(prompt.len() + max_tokens),
+            prompt_len: prompt.len(),
             block_size,
             hashes: Vec::new(),
             held: Vec::new(),
@@ -94,9 +93,11 @@ impl Sequence {
         tokens.div_ceil(self.block_size)
     }
 
-    /// Sample and append the next token (deterministic from the seed).
+    /// Sample and append the next token: one of the prompt's tokens, picked pseudo-randomly
+    /// (deterministic from the seed). The prompt is never empty (the engine refuses that).
     pub(crate) fn sample(&mut self) -> u32 {
-        let token = MIN_TOKEN_ID + (splitmix64(&mut self.rng_state) % u64::from(MAX_TOKEN_ID - MIN_TOKEN_ID)) as u32;
+        let pick = (splitmix64(&mut self.rng_state) % self.prompt_len.max(1) as u64) as usize;
+        let token = self.tokens.get(pick).copied().unwrap_or(0);
         self.push(token);
         self.generated += 1;
         token
@@ -135,7 +136,7 @@ mod tests {
         let mut s = seq((0..6).collect(), 7);
         assert_eq!(s.hashes().len(), 1, "the partial block has no hash");
         let a = s.sample();
-        assert!((MIN_TOKEN_ID..MAX_TOKEN_ID).contains(&a));
+        assert!((0..6).contains(&a), "generated tokens come from the prompt");
         assert_eq!(s.hashes().len(), 1);
         let b = s.sample();
         assert_eq!(s.hashes().len(), 2, "the block filled during decode is hashed");
@@ -147,7 +148,7 @@ mod tests {
 
     #[test]
     fn sampling_is_deterministic_per_seed() {
-        let (mut a, mut b, mut c) = (seq(vec![1], 3), seq(vec![1], 3), seq(vec![1], 4));
+        let (mut a, mut b, mut c) = (seq((0..50).collect(), 3), seq((0..50).collect(), 3), seq((0..50).collect(), 4));
         let ta: Vec<u32> = (0..8).map(|_| a.sample()).collect();
         let tb: Vec<u32> = (0..8).map(|_| b.sample()).collect();
         let tc: Vec<u32> = (0..8).map(|_| c.sample()).collect();
