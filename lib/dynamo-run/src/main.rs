@@ -1,12 +1,6 @@
-//! `dynamo-run`: the inputs and engines arrive with the LLM serving work; for now the
-//! binary reports its version and says what it cannot do yet.
+//! The `dynamo-run` binary: everything is in the library's [`dynamo_run::run_cli`].
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.iter().any(|a| a == "--version" || a == "-V") {
-        println!("dynamo-run {}", dynamo_llm::VERSION);
-        return;
-    }
-    eprintln!("dynamo-run {}: no engines are available in this build yet", dynamo_llm::VERSION);
-    std::process::exit(2);
+    let args: Vec<String> = std::env::args_os().skip(1).map(|a| a.to_string_lossy().into_owned()).collect();
+    std::process::exit(dynamo_run::run_cli(args));
 }

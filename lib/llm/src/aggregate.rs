@@ -1,107 +1,194 @@
-//! Folding a stream of chunks into one whole response, for `stream: false`.
+//! Folding a stream of chunks into one whole response (`stream: false` in the HTTP
+//! frontend, and `dynamo-run`'s text and batch inputs): chat deltas are concatenated
+//! per choice, completions text likewise, the last finish reason wins, and `usage`
+//! adds up the token counts the items carry.
+
+use std::collections::BTreeMap;
 
 use futures::StreamExt;
 
 use crate::engine::{ChatStream, CompletionStream, EngineError, StreamItem};
 use crate::protocols::openai::{
-    ChatChoice, ChatCompletionChunk, ChatCompletionResponse, ChatResponseMessage, CompletionChoice, CompletionResponse,
-    Usage,
+    ChatChoice, ChatCompletionChunk, ChatCompletionResponse, ChatResponseMessage, CompletionChoice, CompletionResponse, Usage,
 };
+use crate::protocols::unix_now;
 
-/// Token counts summed over a stream's items.
-#[derive(Default)]
-struct UsageCounter {
-    prompt_tokens: u32,
-    completion_tokens: u32,
+/// Token counts over a stream: the prompt count from the items that carry one, the
+/// completion counts summed; a `usage` an engine put on a chunk is the fallback.
+#[derive(Debug, Default, Clone, Copy)]
+struct TokenCount {
+    prompt: Option<u32>,
+    completion: u32,
+    from_chunk: Option<Usage>,
 }
 
-impl UsageCounter {
-    fn add<T>(&mut self, item: &StreamItem<T>) {
-        if let Some(p) = item.prompt_tokens {
-            self.prompt_tokens = self.prompt_tokens.max(p);
+impl TokenCount {
+    fn add(&mut self, prompt: Option<u32>, completion: u32, chunk_usage: Option<Usage>) {
+        if prompt.is_some() {
+            self.prompt = prompt;
         }
-        self.completion_tokens = self.completion_tokens.saturating_add(item.completion_tokens);
+        self.completion += completion;
+        if chunk_usage.is_some() {
+            self.from_chunk = chunk_usage;
+        }
     }
 
     fn usage(&self) -> Usage {
-        Usage::new(self.prompt_tokens, self.completion_tokens)
+        match (self.prompt, self.completion, self.from_chunk) {
+            (None, 0, Some(u)) => u,
+            (prompt, completion, _) => Usage::new(prompt.unwrap_or(0), completion),
+        }
     }
 }
 
-fn no_output() -> EngineError {
-    EngineError::Internal("the engine returned no output".to_string())
+/// The response's id, model and creation time: the caller's, until the first chunk
+/// brings the engine's.
+#[derive(Debug)]
+struct Identity {
+    id: String,
+    model: String,
+    created: u64,
+    from_chunk: bool,
 }
 
-/// Fold a chat stream into a `chat.completion`: the deltas' content joined, the
-/// last finish reason, and `usage` from the items' token counts. An `Err` item (or
-/// an empty stream) fails the whole response.
-pub async fn fold_chat(mut stream: ChatStream) -> Result<ChatCompletionResponse, EngineError> {
-    let mut first: Option<ChatCompletionChunk> = None;
-    let mut role = None;
-    let mut content = String::new();
-    let mut finish_reason = None;
-    let mut counter = UsageCounter::default();
-    while let Some(item) = stream.next().await {
-        let item = item?;
-        counter.add(&item);
-        for choice in &item.data.choices {
-            if let Some(r) = &choice.delta.role {
-                role.get_or_insert_with(|| r.clone());
+impl Identity {
+    fn new(id: &str, model: &str) -> Self {
+        Identity { id: id.to_string(), model: model.to_string(), created: unix_now(), from_chunk: false }
+    }
+
+    /// Take a chunk's identity if no chunk came before.
+    fn adopt(&mut self, id: String, model: String, created: u64) {
+        if !self.from_chunk {
+            *self = Identity { id, model, created, from_chunk: true };
+        }
+    }
+}
+
+/// Folds chat chunks into a `chat.completion`.
+#[derive(Debug)]
+pub struct ChatAggregator {
+    identity: Identity,
+    choices: BTreeMap<u32, (Option<String>, String, Option<String>)>,
+    tokens: TokenCount,
+}
+
+impl ChatAggregator {
+    /// An aggregator whose response uses `id`/`model` unless the chunks carry their own.
+    pub fn new(id: &str, model: &str) -> Self {
+        ChatAggregator { identity: Identity::new(id, model), choices: BTreeMap::new(), tokens: TokenCount::default() }
+    }
+
+    /// Add one item.
+    pub fn push(&mut self, item: StreamItem<ChatCompletionChunk>) {
+        let chunk = item.data;
+        self.identity.adopt(chunk.id, chunk.model, chunk.created);
+        self.tokens.add(item.prompt_tokens, item.completion_tokens, chunk.usage);
+        for choice in chunk.choices {
+            let (role, content, finish) = self.choices.entry(choice.index).or_default();
+            if role.is_none() {
+                *role = choice.delta.role;
             }
-            if let Some(c) = &choice.delta.content {
-                content.push_str(c);
+            if let Some(text) = choice.delta.content {
+                content.push_str(&text);
             }
             if choice.finish_reason.is_some() {
-                finish_reason.clone_from(&choice.finish_reason);
+                *finish = choice.finish_reason;
             }
         }
-        first.get_or_insert(item.data);
     }
-    let first = first.ok_or_else(no_output)?;
-    Ok(ChatCompletionResponse {
-        id: first.id,
-        object: "chat.completion".to_string(),
-        created: first.created,
-        model: first.model,
-        choices: vec![ChatChoice {
-            index: 0,
-            message: ChatResponseMessage {
-                role: role.unwrap_or_else(|| "assistant".to_string()),
-                content: Some(content),
-            },
-            finish_reason,
-        }],
-        usage: counter.usage(),
-    })
+
+    /// The whole response.
+    pub fn finish(self) -> ChatCompletionResponse {
+        let mut choices: Vec<ChatChoice> = self
+            .choices
+            .into_iter()
+            .map(|(index, (role, content, finish_reason))| ChatChoice {
+                index,
+                message: ChatResponseMessage { role: role.unwrap_or_else(|| "assistant".to_string()), content: Some(content) },
+                finish_reason,
+            })
+            .collect();
+        if choices.is_empty() {
+            choices.push(ChatChoice {
+                index: 0,
+                message: ChatResponseMessage { role: "assistant".to_string(), content: Some(String::new()) },
+                finish_reason: None,
+            });
+        }
+        ChatCompletionResponse {
+            id: self.identity.id,
+            object: "chat.completion".to_string(),
+            created: self.identity.created,
+            model: self.identity.model,
+            choices,
+            usage: self.tokens.usage(),
+        }
+    }
+
+    /// Fold a whole stream; the first error item fails the fold.
+    pub async fn fold(mut self, mut stream: ChatStream) -> Result<ChatCompletionResponse, EngineError> {
+        while let Some(item) = stream.next().await {
+            self.push(item?);
+        }
+        Ok(self.finish())
+    }
 }
 
-/// Fold a completion stream into one `text_completion` with `usage`. An `Err` item
-/// (or an empty stream) fails the whole response.
-pub async fn fold_completion(mut stream: CompletionStream) -> Result<CompletionResponse, EngineError> {
-    let mut first: Option<CompletionResponse> = None;
-    let mut text = String::new();
-    let mut finish_reason = None;
-    let mut counter = UsageCounter::default();
-    while let Some(item) = stream.next().await {
-        let item = item?;
-        counter.add(&item);
-        for choice in &item.data.choices {
+/// Folds completion chunks into one `text_completion` with `usage`.
+#[derive(Debug)]
+pub struct CompletionAggregator {
+    identity: Identity,
+    choices: BTreeMap<u32, (String, Option<String>)>,
+    tokens: TokenCount,
+}
+
+impl CompletionAggregator {
+    /// An aggregator whose response uses `id`/`model` unless the chunks carry their own.
+    pub fn new(id: &str, model: &str) -> Self {
+        CompletionAggregator { identity: Identity::new(id, model), choices: BTreeMap::new(), tokens: TokenCount::default() }
+    }
+
+    /// Add one item.
+    pub fn push(&mut self, item: StreamItem<CompletionResponse>) {
+        let chunk = item.data;
+        self.identity.adopt(chunk.id, chunk.model, chunk.created);
+        self.tokens.add(item.prompt_tokens, item.completion_tokens, chunk.usage);
+        for choice in chunk.choices {
+            let (text, finish) = self.choices.entry(choice.index).or_default();
             text.push_str(&choice.text);
             if choice.finish_reason.is_some() {
-                finish_reason.clone_from(&choice.finish_reason);
+                *finish = choice.finish_reason;
             }
         }
-        first.get_or_insert(item.data);
     }
-    let first = first.ok_or_else(no_output)?;
-    let mut response = CompletionResponse::new(
-        &first.id,
-        &first.model,
-        first.created,
-        CompletionChoice { index: 0, text, finish_reason, logprobs: None },
-    );
-    response.usage = Some(counter.usage());
-    Ok(response)
+
+    /// The whole response.
+    pub fn finish(self) -> CompletionResponse {
+        let mut choices: Vec<CompletionChoice> = self
+            .choices
+            .into_iter()
+            .map(|(index, (text, finish_reason))| CompletionChoice { index, text, finish_reason, logprobs: None })
+            .collect();
+        if choices.is_empty() {
+            choices.push(CompletionChoice::default());
+        }
+        CompletionResponse {
+            id: self.identity.id,
+            object: "text_completion".to_string(),
+            created: self.identity.created,
+            model: self.identity.model,
+            choices,
+            usage: Some(self.tokens.usage()),
+        }
+    }
+
+    /// Fold a whole stream; the first error item fails the fold.
+    pub async fn fold(mut self, mut stream: CompletionStream) -> Result<CompletionResponse, EngineError> {
+        while let Some(item) = stream.next().await {
+            self.push(item?);
+        }
+        Ok(self.finish())
+    }
 }
 
 #[cfg(test)]
@@ -109,43 +196,51 @@ mod tests {
     use super::*;
     use crate::protocols::openai::{ChatChunkChoice, ChatDelta};
 
-    fn chunk(role: Option<&str>, content: &str, finish: Option<&str>) -> ChatCompletionChunk {
-        ChatCompletionChunk::new(
-            "chatcmpl-1",
-            "m",
-            7,
-            ChatChunkChoice {
-                index: 0,
-                delta: ChatDelta { role: role.map(String::from), content: Some(content.to_string()) },
-                finish_reason: finish.map(String::from),
-                logprobs: None,
-            },
-        )
+    fn chat_item(content: Option<&str>, finish: Option<&str>, prompt: Option<u32>, tokens: u32) -> StreamItem<ChatCompletionChunk> {
+        let choice = ChatChunkChoice {
+            index: 0,
+            delta: ChatDelta { role: Some("assistant".into()), content: content.map(String::from) },
+            finish_reason: finish.map(String::from),
+            logprobs: None,
+        };
+        StreamItem { data: ChatCompletionChunk::new("c1", "m", 5, choice), prompt_tokens: prompt, completion_tokens: tokens }
     }
 
     #[tokio::test]
-    async fn chat_fold_joins_content_and_counts_usage() {
+    async fn chat_concatenates_and_counts() {
         let items = vec![
-            Ok(StreamItem { data: chunk(Some("assistant"), "he", None), prompt_tokens: Some(5), completion_tokens: 2 }),
-            Ok(StreamItem { data: chunk(None, "llo", Some("length")), prompt_tokens: None, completion_tokens: 3 }),
+            Ok(chat_item(Some("Hel"), None, Some(4), 1)),
+            Ok(chat_item(Some("lo"), None, None, 1)),
+            Ok(chat_item(None, Some("stop"), None, 0)),
         ];
-        let r = fold_chat(futures::stream::iter(items).boxed()).await.unwrap();
-        assert_eq!(r.id, "chatcmpl-1");
-        assert_eq!(r.object, "chat.completion");
-        assert_eq!(r.choices[0].message.content.as_deref(), Some("hello"));
-        assert_eq!(r.choices[0].message.role, "assistant");
-        assert_eq!(r.choices[0].finish_reason.as_deref(), Some("length"));
-        assert_eq!(r.usage, Usage::new(5, 5));
+        let resp = ChatAggregator::new("x", "y").fold(futures::stream::iter(items).boxed()).await.unwrap();
+        assert_eq!(resp.id, "c1");
+        assert_eq!(resp.object, "chat.completion");
+        assert_eq!(resp.choices[0].message.content.as_deref(), Some("Hello"));
+        assert_eq!(resp.choices[0].finish_reason.as_deref(), Some("stop"));
+        assert_eq!(resp.usage, Usage::new(4, 2));
     }
 
     #[tokio::test]
     async fn an_error_item_fails_the_fold() {
-        let items = vec![Ok(StreamItem::new(chunk(None, "a", None))), Err(EngineError::Internal("boom".into()))];
-        assert_eq!(
-            fold_chat(futures::stream::iter(items).boxed()).await.unwrap_err(),
-            EngineError::Internal("boom".into())
-        );
-        let empty: CompletionStream = futures::stream::empty().boxed();
-        assert!(fold_completion(empty).await.is_err());
+        let items = vec![Ok(chat_item(Some("a"), None, None, 1)), Err(EngineError::Internal("boom".into()))];
+        let err = ChatAggregator::new("x", "y").fold(futures::stream::iter(items).boxed()).await.unwrap_err();
+        assert_eq!(err, EngineError::Internal("boom".into()));
+    }
+
+    #[test]
+    fn completions_concatenate_text() {
+        let mut agg = CompletionAggregator::new("req", "m");
+        for (text, finish) in [("a", None), ("b", Some("length"))] {
+            let choice = CompletionChoice { index: 0, text: text.into(), finish_reason: finish.map(String::from), logprobs: None };
+            agg.push(StreamItem { data: CompletionResponse::new("cmpl-1", "m", 1, choice), prompt_tokens: Some(3), completion_tokens: 1 });
+        }
+        let resp = agg.finish();
+        assert_eq!(resp.choices[0].text, "ab");
+        assert_eq!(resp.choices[0].finish_reason.as_deref(), Some("length"));
+        assert_eq!(resp.usage, Some(Usage::new(3, 2)));
+        let empty = CompletionAggregator::new("req", "m").finish();
+        assert_eq!(empty.id, "req");
+        assert_eq!(empty.usage, Some(Usage::new(0, 0)));
     }
 }

@@ -21,14 +21,34 @@ pub const DEFAULT_KV_CACHE_BLOCK_SIZE: u32 = 16;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ModelKind {
-    /// OpenAI chat requests in, chat chunks out (the worker templates and tokenizes).
+    /// An OpenAI engine (the worker templates and tokenizes itself): frontends route
+    /// both chat and completions requests to it, as [`crate::engine::OpenAIEngine`]
+    /// has both methods. A worker that only does chat answers completions with its
+    /// own error.
     Chat,
-    /// OpenAI completions in, completion chunks out.
+    /// An OpenAI engine that serves completions only.
     Completions,
     /// Token level: `PreprocessedRequest` in, `LLMEngineOutput` out; the frontend
     /// preprocesses and detokenizes with this card.
     #[default]
     Backend,
+}
+
+impl ModelKind {
+    /// The name used in JSON and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ModelKind::Chat => "chat",
+            ModelKind::Completions => "completions",
+            ModelKind::Backend => "backend",
+        }
+    }
+}
+
+impl std::fmt::Display for ModelKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// A card could not be built or is invalid.

@@ -7,6 +7,7 @@ use async_trait::async_trait;
 use futures::{future, StreamExt};
 
 use crate::detokenizer::detokenize;
+use crate::discovery::EngineFactory;
 use crate::engine::{
     ChatStream, CompletionStream, EngineError, OpenAIEngine, RequestContext, StreamItem, TokenEngine, TokenStream,
 };
@@ -36,6 +37,17 @@ impl Pipeline {
     /// many engines serve it).
     pub fn with_preprocessor(preprocessor: Arc<Preprocessor>, engine: Arc<dyn TokenEngine>) -> Self {
         Pipeline { preprocessor, engine }
+    }
+
+    /// The [`EngineFactory`] a frontend's [`crate::discovery::ModelWatcher`] uses for
+    /// `backend` models: a pipeline built from each fetched card (JSON).
+    pub fn factory() -> EngineFactory {
+        Arc::new(|card: serde_json::Value, engine: Arc<dyn TokenEngine>| {
+            let card: ModelDeploymentCard =
+                serde_json::from_value(card).map_err(|e| format!("invalid model card: {e}"))?;
+            let pipeline = Pipeline::new(Arc::new(card), engine).map_err(|e| e.to_string())?;
+            Ok(Arc::new(pipeline) as Arc<dyn OpenAIEngine>)
+        })
     }
 
     /// The preprocessor (tokenizer, template) this pipeline uses.

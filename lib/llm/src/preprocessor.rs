@@ -45,6 +45,21 @@ struct RequestLimits<'a> {
     sampling: SamplingOptions,
 }
 
+/// The sampling options that chat and completions requests both carry, by name.
+macro_rules! sampling_options {
+    ($request:expr) => {
+        SamplingOptions {
+            n: $request.n,
+            temperature: $request.temperature,
+            top_p: $request.top_p,
+            seed: $request.seed,
+            presence_penalty: $request.presence_penalty,
+            frequency_penalty: $request.frequency_penalty,
+            ..Default::default()
+        }
+    };
+}
+
 impl Preprocessor {
     /// Load the card's tokenizer and compile its chat template.
     pub fn new(card: Arc<ModelDeploymentCard>) -> Result<Self, CardError> {
@@ -90,15 +105,7 @@ impl Preprocessor {
             max_tokens: request.max_tokens(),
             stop: request.stop.as_ref(),
             nvext: request.nvext.as_ref(),
-            sampling: SamplingOptions {
-                n: request.n,
-                temperature: request.temperature,
-                top_p: request.top_p,
-                seed: request.seed,
-                presence_penalty: request.presence_penalty,
-                frequency_penalty: request.frequency_penalty,
-                ..Default::default()
-            },
+            sampling: sampling_options!(request),
         };
         Ok(Preprocessed { request: self.build(token_ids, limits)?, formatted_prompt })
     }
@@ -130,15 +137,7 @@ impl Preprocessor {
             max_tokens: request.max_tokens,
             stop: request.stop.as_ref(),
             nvext: request.nvext.as_ref(),
-            sampling: SamplingOptions {
-                n: request.n,
-                temperature: request.temperature,
-                top_p: request.top_p,
-                seed: request.seed,
-                presence_penalty: request.presence_penalty,
-                frequency_penalty: request.frequency_penalty,
-                ..Default::default()
-            },
+            sampling: sampling_options!(request),
         };
         Ok(Preprocessed { request: self.build(token_ids, limits)?, formatted_prompt })
     }

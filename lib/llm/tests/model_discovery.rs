@@ -216,6 +216,10 @@ async fn models_come_and_go_with_their_workers() {
     assert_eq!(events_content(&events), "over the wire ");
     let usage: serde_json::Value = serde_json::from_str(&events[events.len() - 2]).unwrap();
     assert_eq!(usage["usage"], serde_json::json!({"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}));
+    // A chat model is an OpenAI engine: it serves completions too.
+    let resp = post(f.addr, "/v1/completions", &serde_json::json!({"model": "chat-model", "prompt": "both routes"})).await;
+    assert_eq!(resp.status, 200, "{}", resp.body);
+    assert_eq!(resp.json()["choices"][0]["text"], "both routes ");
 
     // A backend model: the frontend fetches its (large) card and builds the pipeline.
     let card = serde_json::json!({"display_name": "token-model", "tokenizer": "t".repeat(2 * 1024 * 1024)});

@@ -8,7 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::StreamExt;
 
-use dynamo_llm::aggregate::{fold_chat, fold_completion};
+use dynamo_llm::aggregate::{ChatAggregator, CompletionAggregator};
 use dynamo_llm::engine::{EngineError, OpenAIEngine, RequestContext, TokenEngine, TokenStream};
 use dynamo_llm::engines::{EchoCore, EchoFull};
 use dynamo_llm::model_card::{ModelDeploymentCard, ModelKind};
@@ -56,7 +56,7 @@ async fn fold_gives_the_whole_response_with_usage() {
     let pipeline = echo_core_pipeline(ModelDeploymentCard::builtin("echo"));
     let req = chat_request(r#"{"model":"echo","messages":[{"role":"user","content":"hi"}],"max_tokens":5}"#);
     let stream = pipeline.chat(req, RequestContext::new("r")).await.unwrap();
-    let response = tokio::time::timeout(LIMIT, fold_chat(stream)).await.unwrap().unwrap();
+    let response = tokio::time::timeout(LIMIT, ChatAggregator::new("r", "m").fold(stream)).await.unwrap().unwrap();
     assert_eq!(response.object, "chat.completion");
     assert_eq!(response.choices[0].message.content.as_deref(), Some("<|use"));
     assert_eq!(response.choices[0].finish_reason.as_deref(), Some("length"));
@@ -66,7 +66,7 @@ async fn fold_gives_the_whole_response_with_usage() {
     let req: CompletionRequest =
         serde_json::from_str(r#"{"model":"echo","prompt":"one two. three","stop":". "}"#).unwrap();
     let stream = pipeline.completion(req, RequestContext::new("r")).await.unwrap();
-    let response = tokio::time::timeout(LIMIT, fold_completion(stream)).await.unwrap().unwrap();
+    let response = tokio::time::timeout(LIMIT, CompletionAggregator::new("r", "m").fold(stream)).await.unwrap().unwrap();
     assert!(response.id.starts_with("cmpl-"));
     assert_eq!(response.choices[0].text, "one two");
     assert_eq!(response.choices[0].finish_reason.as_deref(), Some("stop"));
@@ -80,7 +80,7 @@ async fn echo_full_echoes_and_folds() {
         r#"{"model":"m","messages":[{"role":"user","content":"first"},{"role":"assistant","content":"x"},{"role":"user","content":"last one"}]}"#,
     );
     let stream = engine.chat(req, RequestContext::new("r")).await.unwrap();
-    let response = tokio::time::timeout(LIMIT, fold_chat(stream)).await.unwrap().unwrap();
+    let response = tokio::time::timeout(LIMIT, ChatAggregator::new("r", "m").fold(stream)).await.unwrap().unwrap();
     assert_eq!(response.choices[0].message.content.as_deref(), Some("last one"));
     assert_eq!(response.choices[0].finish_reason.as_deref(), Some("stop"));
     assert_eq!(response.usage.completion_tokens, 8);
@@ -217,7 +217,7 @@ async fn card_from_a_hf_folder_serves_through_the_pipeline() {
 
     let req = chat_request(r#"{"model":"tiny-words","messages":[{"role":"user","content":"hello world"}]}"#);
     let stream = pipeline.chat(req, RequestContext::new("r")).await.unwrap();
-    let response = tokio::time::timeout(LIMIT, fold_chat(stream)).await.unwrap().unwrap();
+    let response = tokio::time::timeout(LIMIT, ChatAggregator::new("r", "m").fold(stream)).await.unwrap().unwrap();
     // The BOS is not doubled, and special tokens are not echoed as text.
     assert_eq!(response.usage.prompt_tokens, 5);
     assert_eq!(response.choices[0].message.content.as_deref(), Some("user: hello world assistant:"));
@@ -236,7 +236,7 @@ async fn tinyllama_echo_core() {
     let pre = pipeline.preprocessor().preprocess_chat(&req).unwrap();
     let whole = pipeline.preprocessor().tokenizer().decode(&pre.request.token_ids, true).unwrap();
     let stream = pipeline.chat(req, RequestContext::new("r")).await.unwrap();
-    let response = tokio::time::timeout(LIMIT, fold_chat(stream)).await.unwrap().unwrap();
+    let response = tokio::time::timeout(LIMIT, ChatAggregator::new("r", "m").fold(stream)).await.unwrap().unwrap();
     assert_eq!(response.choices[0].message.content.as_deref(), Some(whole.as_str()));
     assert!(whole.contains("Héllo 🦀 wörld, 世界! 😀 ab"), "{whole:?}");
 }

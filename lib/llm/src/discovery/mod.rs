@@ -18,7 +18,8 @@ pub mod wire;
 
 pub use card::{card_endpoint_name, fetch_card};
 pub use error::ModelDiscoveryError;
-pub use model_entry::{endpoint_models_prefix, model_key, ModelEntry, ModelKind, MODELS_PREFIX};
+pub use crate::model_card::ModelKind;
+pub use model_entry::{endpoint_models_prefix, model_key, ModelEntry, MODELS_PREFIX};
 pub use register::{register_model, unregister_model, ModelRegistration};
 pub use remote::{RemoteOpenAIEngine, RemoteTokenEngine};
 pub use router_mode::{RouterMode, UnknownRouterMode};

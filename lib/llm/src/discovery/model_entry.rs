@@ -4,33 +4,10 @@
 use dynamo_runtime::EndpointId;
 use serde::{Deserialize, Serialize};
 
+use crate::model_card::ModelKind;
+
 /// Discovery prefix of model entries.
 pub const MODELS_PREFIX: &str = "v1/models/";
-
-/// What a registered model takes and yields.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ModelKind {
-    /// An OpenAI engine serving chat completions (requests and chunks on the wire).
-    Chat,
-    /// An OpenAI engine serving completions.
-    Completions,
-    /// A token engine (`PreprocessedRequest` in, `LLMEngineOutput` out); the frontend
-    /// fetches the model card and runs the preprocessor itself. Served for both chat
-    /// and completions.
-    Backend,
-}
-
-impl ModelKind {
-    /// The name used in JSON and logs.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ModelKind::Chat => "chat",
-            ModelKind::Completions => "completions",
-            ModelKind::Backend => "backend",
-        }
-    }
-}
 
 /// One served instance of a model, as stored in discovery (JSON). Small on purpose:
 /// the full model card is served by the worker itself (see

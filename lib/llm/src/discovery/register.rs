@@ -5,7 +5,8 @@ use dynamo_runtime::Endpoint;
 
 use super::card::serve_card;
 use super::error::ModelDiscoveryError;
-use super::model_entry::{model_key, ModelEntry, ModelKind};
+use super::model_entry::{model_key, ModelEntry};
+use crate::model_card::ModelKind;
 
 /// What a worker says about the model it serves on an endpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]

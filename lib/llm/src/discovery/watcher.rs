@@ -15,10 +15,11 @@ use dynamo_runtime::{Client, DistributedRuntime, EndpointId};
 
 use super::card::fetch_card;
 use super::error::ModelDiscoveryError;
-use super::model_entry::{ModelEntry, ModelKind, MODELS_PREFIX};
+use super::model_entry::{ModelEntry, MODELS_PREFIX};
 use super::remote::{RemoteOpenAIEngine, RemoteTokenEngine};
 use super::router_mode::RouterMode;
 use crate::engine::{OpenAIEngine, TokenEngine};
+use crate::model_card::ModelKind;
 use crate::model_manager::{EngineKind, ModelManager, ReadyCheck};
 
 /// Builds the OpenAI engine of a `backend` model from its card (JSON) and the token
@@ -47,11 +48,13 @@ impl std::fmt::Debug for ModelWatcher {
     }
 }
 
+/// The routes a model of `kind` is served on. A `chat` model is an OpenAI engine, which
+/// takes completions too (`echo_full` behind `dynamo-run in=dyn://…` serves both); only a
+/// `completions` model is limited to its route.
 fn routes(kind: ModelKind) -> &'static [EngineKind] {
     match kind {
-        ModelKind::Chat => &[EngineKind::Chat],
+        ModelKind::Chat | ModelKind::Backend => &[EngineKind::Chat, EngineKind::Completions],
         ModelKind::Completions => &[EngineKind::Completions],
-        ModelKind::Backend => &[EngineKind::Chat, EngineKind::Completions],
     }
 }
 

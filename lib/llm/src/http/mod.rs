@@ -2,7 +2,6 @@
 //! `/v1/completions` (SSE or whole responses), `/health`, `/live`, `/metrics`.
 //! Models come from a [`crate::model_manager::ModelManager`].
 
-pub mod aggregate;
 mod error;
 mod guard;
 mod health;

@@ -13,12 +13,12 @@ use bytes::Bytes;
 use futures::StreamExt;
 use serde::Serialize;
 
-use super::aggregate::{ChatAggregator, CompletionAggregator};
 use super::error::ApiError;
 use super::guard::CancelOnDrop;
 use super::request::{body_or_error, parse_json};
 use super::service::AppState;
 use super::sse::{sse_response, ChunkMeta, SseOptions, StreamChunk};
+use crate::aggregate::{ChatAggregator, CompletionAggregator};
 use crate::engine::{EngineError, OpenAIStream, RequestContext, StreamItem};
 use crate::model_manager::EngineKind;
 use crate::protocols::openai::{

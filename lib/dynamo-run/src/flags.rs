@@ -1,0 +1,328 @@
+//! The command line: `in=`/`out=` and the `--` flags, parsed with clap, then checked
+//! together into a [`RunConfig`].
+
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use clap::{ArgAction, Parser, ValueEnum};
+use dynamo_llm::discovery::RouterMode;
+use dynamo_runtime::EndpointId;
+
+use crate::error::RunError;
+
+/// Default HTTP port of `in=http`.
+pub const DEFAULT_HTTP_PORT: u16 = 8080;
+
+/// The flags as clap parses them.
+#[derive(Debug, Parser)]
+#[command(
+    name = "dynamo-run",
+    version,
+    about = "Run an LLM engine behind an input: an OpenAI HTTP server, an interactive chat, a batch file, or a dyn:// endpoint",
+    after_help = "INPUTS: in=http | in=text | in=stdin | in=batch:FILE.jsonl | in=dyn://NAMESPACE.COMPONENT.ENDPOINT\n\
+                  \x20 (default: text when stdin is a terminal, else stdin)\n\
+                  OUTPUTS: out=echo_full | out=echo_core | out=mocker | out=dyn | out=vllm (default: echo_full)\n\
+                  See docs/dynamo-run.md."
+)]
+pub struct Flags {
+    /// `in=INPUT` and/or `out=OUTPUT`, in either order.
+    #[arg(value_name = "in=INPUT|out=OUTPUT")]
+    pub io: Vec<String>,
+
+    /// HuggingFace model folder (tokenizer.json, tokenizer_config.json, config.json);
+    /// without it a built-in byte-level card is used.
+    #[arg(long, value_name = "DIR")]
+    pub model_path: Option<PathBuf>,
+
+    /// The name clients use for the model (default: the folder's name, or `dynamo`).
+    #[arg(long, value_name = "NAME")]
+    pub model_name: Option<String>,
+
+    /// Port of `in=http` (0 picks a free port; the bound one is printed).
+    #[arg(long, value_name = "PORT", default_value_t = DEFAULT_HTTP_PORT)]
+    pub http_port: u16,
+
+    /// Address of `in=http`.
+    #[arg(long, value_name = "HOST", default_value = "0.0.0.0")]
+    pub http_host: String,
+
+    /// How `out=dyn` picks a worker instance.
+    #[arg(long, value_enum, value_name = "MODE", default_value_t = RouterModeArg::RoundRobin)]
+    pub router_mode: RouterModeArg,
+
+    /// Override the model's context length (tokens).
+    #[arg(long, value_name = "TOKENS", value_parser = clap::value_parser!(u32).range(1..))]
+    pub context_length: Option<u32>,
+
+    /// Override the KV cache block size (tokens per block; the mocker's `block_size`).
+    #[arg(long, value_name = "TOKENS", value_parser = clap::value_parser!(u32).range(1..))]
+    pub kv_cache_block_size: Option<u32>,
+
+    /// JSON file of engine arguments (`out=mocker`: see docs/mocker.md).
+    #[arg(long, value_name = "FILE")]
+    pub extra_engine_args: Option<PathBuf>,
+
+    /// Most tokens generated per prompt by `in=text`, `in=stdin` and `in=batch`
+    /// (default: up to the context length).
+    #[arg(long, value_name = "TOKENS", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_tokens: Option<u32>,
+
+    /// More logging: `-v` debug, `-vv` trace (default: `DYN_LOG`, else `info` for
+    /// servers and `warn` for text, stdin and batch).
+    #[arg(short, long, action = ArgAction::Count)]
+    pub verbose: u8,
+}
+
+/// `--router-mode` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum RouterModeArg {
+    /// Each instance in turn.
+    RoundRobin,
+    /// An instance at random.
+    Random,
+    /// KV-cache-aware routing (not available yet).
+    Kv,
+}
+
+/// Where requests come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Input {
+    /// The OpenAI HTTP service.
+    Http,
+    /// An interactive chat on stdin/stdout, with history.
+    Text,
+    /// All of stdin as one prompt; the answer goes to stdout.
+    Stdin,
+    /// A JSONL file of `{"text": ...}` prompts.
+    Batch(PathBuf),
+    /// Serve the engine on this endpoint and register the model.
+    Endpoint(EndpointId),
+}
+
+impl FromStr for Input {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "http" => Ok(Input::Http),
+            "text" => Ok(Input::Text),
+            "stdin" => Ok(Input::Stdin),
+            _ if s.starts_with("batch:") => {
+                let file = &s["batch:".len()..];
+                if file.is_empty() {
+                    return Err("in=batch: needs a file: in=batch:FILE.jsonl".to_string());
+                }
+                Ok(Input::Batch(PathBuf::from(file)))
+            }
+            _ if s.starts_with("dyn://") => {
+                EndpointId::parse(s).map(Input::Endpoint).map_err(|e| format!("in={s}: {}", e.message()))
+            }
+            _ => {
+                Err(format!("unknown input 'in={s}': expected http, text, stdin, batch:FILE.jsonl or dyn://ns.comp.ep"))
+            }
+        }
+    }
+}
+
+/// What answers them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Output {
+    /// Echoes the last user message / the prompt, character by character.
+    EchoFull,
+    /// Echoes the prompt's token ids behind the preprocessor.
+    EchoCore,
+    /// The simulated paged-KV-cache engine.
+    Mocker,
+    /// Models that workers registered in discovery.
+    Dyn,
+    /// The vLLM worker (not part of this build).
+    Vllm,
+}
+
+impl FromStr for Output {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "echo_full" => Ok(Output::EchoFull),
+            "echo_core" => Ok(Output::EchoCore),
+            "mocker" => Ok(Output::Mocker),
+            "dyn" => Ok(Output::Dyn),
+            "vllm" => Ok(Output::Vllm),
+            _ if s.starts_with("dyn://") => {
+                Err(format!("out={s}: write out=dyn (workers are found through discovery)"))
+            }
+            _ => Err(format!("unknown output 'out={s}': expected echo_full, echo_core, mocker, dyn or vllm")),
+        }
+    }
+}
+
+impl Output {
+    /// The name `out=` takes.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Output::EchoFull => "echo_full",
+            Output::EchoCore => "echo_core",
+            Output::Mocker => "mocker",
+            Output::Dyn => "dyn",
+            Output::Vllm => "vllm",
+        }
+    }
+}
+
+/// Everything a run needs, checked.
+#[derive(Debug, Clone)]
+pub struct RunConfig {
+    pub input: Input,
+    pub output: Output,
+    pub model_path: Option<PathBuf>,
+    pub model_name: Option<String>,
+    pub http_host: String,
+    pub http_port: u16,
+    pub router_mode: RouterMode,
+    pub context_length: Option<u32>,
+    pub kv_cache_block_size: Option<u32>,
+    pub extra_engine_args: Option<PathBuf>,
+    pub max_tokens: Option<u32>,
+    pub verbose: u8,
+}
+
+impl Flags {
+    /// Check the flags together. `stdin_is_terminal` picks the default input.
+    pub fn into_config(self, stdin_is_terminal: bool) -> Result<RunConfig, RunError> {
+        let usage = |m: String| Err(RunError::Usage(m));
+        let (mut input, mut output) = (None, None);
+        for arg in &self.io {
+            if let Some(value) = arg.strip_prefix("in=") {
+                if input.replace(value.parse::<Input>().map_err(RunError::Usage)?).is_some() {
+                    return usage("in= is given twice".to_string());
+                }
+            } else if let Some(value) = arg.strip_prefix("out=") {
+                if output.replace(value.parse::<Output>().map_err(RunError::Usage)?).is_some() {
+                    return usage("out= is given twice".to_string());
+                }
+            } else {
+                return usage(format!("unexpected argument '{arg}': positional arguments are in=INPUT and out=OUTPUT"));
+            }
+        }
+        let input = input.unwrap_or(if stdin_is_terminal { Input::Text } else { Input::Stdin });
+        let output = output.unwrap_or(Output::EchoFull);
+
+        if output == Output::Vllm {
+            return usage(
+                "out=vllm: the vLLM worker is not part of this build (try out=mocker or out=echo_full)".to_string(),
+            );
+        }
+        let router_mode = match self.router_mode {
+            RouterModeArg::RoundRobin => RouterMode::RoundRobin,
+            RouterModeArg::Random => RouterMode::Random,
+            RouterModeArg::Kv => {
+                return usage(
+                    "--router-mode kv: kv routing is not available yet (use round-robin or random)".to_string(),
+                )
+            }
+        };
+        if output == Output::Dyn {
+            if matches!(input, Input::Endpoint(_)) {
+                return usage("in=dyn://… serves a local engine; it cannot be combined with out=dyn".to_string());
+            }
+            for (flag, given) in [
+                ("--context-length", self.context_length.is_some()),
+                ("--kv-cache-block-size", self.kv_cache_block_size.is_some()),
+                ("--model-path", self.model_path.is_some()),
+                ("--extra-engine-args", self.extra_engine_args.is_some()),
+            ] {
+                if given {
+                    return usage(format!("{flag} cannot be used with out=dyn: the workers' model cards decide"));
+                }
+            }
+        }
+        if self.extra_engine_args.is_some() && output != Output::Mocker {
+            return usage(format!("--extra-engine-args is read by out=mocker only, not out={}", output.as_str()));
+        }
+        if self.max_tokens.is_some() && matches!(input, Input::Http | Input::Endpoint(_)) {
+            return usage(
+                "--max-tokens applies to in=text, in=stdin and in=batch; HTTP clients send their own".to_string(),
+            );
+        }
+        if let Some(name) = &self.model_name {
+            if name.trim().is_empty() {
+                return usage("--model-name must not be empty".to_string());
+            }
+        }
+        Ok(RunConfig {
+            input,
+            output,
+            model_path: self.model_path,
+            model_name: self.model_name,
+            http_host: self.http_host,
+            http_port: self.http_port,
+            router_mode,
+            context_length: self.context_length,
+            kv_cache_block_size: self.kv_cache_block_size,
+            extra_engine_args: self.extra_engine_args,
+            max_tokens: self.max_tokens,
+            verbose: self.verbose,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(args: &[&str]) -> Result<RunConfig, RunError> {
+        let argv = std::iter::once("dynamo-run").chain(args.iter().copied());
+        Flags::try_parse_from(argv).map_err(|e| RunError::Usage(e.to_string()))?.into_config(false)
+    }
+
+    fn usage_error(args: &[&str]) -> String {
+        match config(args) {
+            Err(RunError::Usage(m)) => m,
+            other => panic!("expected a usage error for {args:?}, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn defaults() {
+        let c = config(&[]).unwrap();
+        assert_eq!(c.input, Input::Stdin);
+        assert_eq!(c.output, Output::EchoFull);
+        assert_eq!(c.http_port, 8080);
+        assert_eq!(c.http_host, "0.0.0.0");
+        assert_eq!(c.router_mode, RouterMode::RoundRobin);
+        let argv = ["dynamo-run"];
+        assert_eq!(Flags::try_parse_from(argv).unwrap().into_config(true).unwrap().input, Input::Text);
+    }
+
+    #[test]
+    fn in_and_out_in_either_order() {
+        let c = config(&["out=mocker", "in=dyn://ns.mocker.generate", "--kv-cache-block-size", "32", "-vv"]).unwrap();
+        assert_eq!(c.output, Output::Mocker);
+        assert_eq!(c.input, Input::Endpoint(EndpointId::parse("ns.mocker.generate").unwrap()));
+        assert_eq!(c.kv_cache_block_size, Some(32));
+        assert_eq!(c.verbose, 2);
+        let c = config(&["in=batch:/tmp/x.jsonl", "--router-mode", "random", "out=dyn"]).unwrap();
+        assert_eq!(c.input, Input::Batch(PathBuf::from("/tmp/x.jsonl")));
+        assert_eq!(c.router_mode, RouterMode::Random);
+    }
+
+    #[test]
+    fn bad_combinations_are_usage_errors() {
+        assert!(usage_error(&["in=dyn://a.b.c", "out=dyn"]).contains("out=dyn"));
+        assert!(usage_error(&["in=http", "out=dyn", "--context-length", "5"]).contains("--context-length"));
+        assert!(usage_error(&["out=dyn", "--kv-cache-block-size", "5"]).contains("--kv-cache-block-size"));
+        assert!(usage_error(&["out=vllm"]).contains("not part of this build"));
+        assert!(usage_error(&["out=dyn", "--router-mode", "kv"]).contains("kv routing is not available yet"));
+        assert!(usage_error(&["in=http", "in=text"]).contains("twice"));
+        assert!(usage_error(&["in=nope"]).contains("unknown input"));
+        assert!(usage_error(&["out=nope"]).contains("unknown output"));
+        assert!(usage_error(&["in=dyn://a.b"]).contains("namespace.component.endpoint"));
+        assert!(usage_error(&["in=batch:"]).contains("FILE"));
+        assert!(usage_error(&["model.gguf"]).contains("unexpected argument"));
+        assert!(usage_error(&["out=echo_full", "--extra-engine-args", "x.json"]).contains("out=mocker"));
+        assert!(usage_error(&["in=http", "--max-tokens", "3"]).contains("--max-tokens"));
+        assert!(usage_error(&["--http-port", "nope"]).contains("--http-port"));
+        assert!(usage_error(&["--context-length", "0"]).contains("--context-length"));
+    }
+}

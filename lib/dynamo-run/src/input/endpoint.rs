@@ -1,0 +1,82 @@
+//! `in=dyn://ns.comp.ep`: serve the local engine on that endpoint and register its
+//! model, so that frontends (`in=http out=dyn`, anywhere) discover it; run until
+//! SIGINT/SIGTERM, then leave gracefully (the model entry goes, in-flight streams drain).
+//!
+//! - A token engine (`echo_core`, `mocker`) is served with `serve_token_engine` and
+//!   registered as a `backend` model with its card, so the frontend runs the
+//!   preprocessor; the mocker publishes KV events and load metrics on the component.
+//! - `echo_full` is served with `serve_openai_engine` and registered as a `chat` model,
+//!   which frontends route both chat and completions requests to.
+
+use dynamo_llm::discovery::{
+    register_model, serve_openai_engine, serve_token_engine, ModelDiscoveryError, ModelRegistration,
+};
+use dynamo_llm::mocker::MockerPublisher;
+use dynamo_llm::model_card::ModelKind;
+use dynamo_runtime::{DistributedRuntime, EndpointId};
+use tokio_util::sync::CancellationToken;
+
+use crate::error::RunError;
+use crate::flags::{Output, RunConfig};
+use crate::local::{LocalEngine, LocalModel};
+use crate::output;
+
+/// Serve on `id` until `cancel` fires (or the runtime shuts itself down).
+pub async fn run(config: &RunConfig, id: &EndpointId, cancel: CancellationToken) -> Result<(), RunError> {
+    let runtime = DistributedRuntime::from_env().await?;
+    let mut local = None;
+    let result = serve(config, id, &runtime, &mut local, cancel).await;
+    runtime.shutdown().await;
+    if let Some(local) = local {
+        local.shutdown().await;
+    }
+    result
+}
+
+async fn serve(
+    config: &RunConfig,
+    id: &EndpointId,
+    runtime: &DistributedRuntime,
+    local: &mut Option<LocalModel>,
+    cancel: CancellationToken,
+) -> Result<(), RunError> {
+    let endpoint =
+        runtime.namespace(id.namespace.clone())?.component(id.component.clone())?.endpoint(id.name.clone())?;
+    let publisher = (config.output == Output::Mocker)
+        .then(|| MockerPublisher::new(endpoint.component().clone(), runtime.instance_id()));
+    let model = local.insert(LocalModel::build(config, publisher)?);
+    let card = &model.card;
+    let (kind, card_json) = match &model.engine {
+        LocalEngine::OpenAI(engine) => {
+            serve_openai_engine(&endpoint, engine.clone()).await?;
+            (ModelKind::Chat, None)
+        }
+        LocalEngine::Tokens(engine) => {
+            serve_token_engine(&endpoint, engine.clone()).await?;
+            let json = serde_json::to_value(card.as_ref()).map_err(ModelDiscoveryError::from)?;
+            (ModelKind::Backend, Some(json))
+        }
+    };
+    let registration = ModelRegistration {
+        name: card.display_name.clone(),
+        kind,
+        card_checksum: Some(card.checksum()),
+        context_length: Some(card.context_length),
+        kv_cache_block_size: Some(card.kv_cache_block_size),
+    };
+    register_model(&endpoint, registration, card_json).await?;
+    output::status(&format!(
+        "serving model '{}' ({kind}, out={}) on dyn://{id}, instance {:x}",
+        card.display_name,
+        config.output.as_str(),
+        runtime.instance_id()
+    ));
+    let stopped_below = runtime.cancel_token();
+    tokio::select! {
+        _ = cancel.cancelled() => Ok(()),
+        _ = stopped_below.cancelled() => Err(RunError::Runtime(dynamo_runtime::Error::new(
+            dynamo_runtime::ErrorKind::Shutdown,
+            "the runtime shut down on its own (lease lost?)",
+        ))),
+    }
+}

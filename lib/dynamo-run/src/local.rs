@@ -1,0 +1,107 @@
+//! The engines that run in this process (`out=echo_full|echo_core|mocker`) and the model
+//! card they are served with.
+
+use std::sync::Arc;
+
+use dynamo_llm::engine::{OpenAIEngine, TokenEngine};
+use dynamo_llm::engines::{EchoCore, EchoFull};
+use dynamo_llm::mocker::{MockerArgs, MockerEngine, MockerPublisher};
+use dynamo_llm::model_card::{ModelDeploymentCard, ModelKind};
+use dynamo_llm::pipeline::Pipeline;
+
+use crate::error::RunError;
+use crate::flags::{Output, RunConfig};
+
+/// The model name of the built-in card when `--model-name` is not given.
+pub const BUILTIN_MODEL_NAME: &str = "dynamo";
+
+/// How a local engine is served.
+pub enum LocalEngine {
+    /// Templates and tokenizes itself (`echo_full`): registered as a `chat` model.
+    OpenAI(Arc<dyn OpenAIEngine>),
+    /// Token level (`echo_core`, `mocker`): served behind the preprocessor with the
+    /// card, registered as a `backend` model.
+    Tokens(Arc<dyn TokenEngine>),
+}
+
+/// A local engine and its model card.
+pub struct LocalModel {
+    /// The card (its `display_name` is the served model name).
+    pub card: Arc<ModelDeploymentCard>,
+    /// The engine.
+    pub engine: LocalEngine,
+    /// The mocker, kept to stop its scheduler at shutdown.
+    mocker: Option<Arc<MockerEngine>>,
+}
+
+impl LocalModel {
+    /// Build the engine `config.output` names. `publisher` receives the mocker's KV
+    /// events and load metrics (`in=dyn://`). Must run inside the tokio runtime.
+    pub fn build(config: &RunConfig, publisher: Option<MockerPublisher>) -> Result<Self, RunError> {
+        let mut card = load_card(config)?;
+        let mut mocker = None;
+        let engine = match config.output {
+            Output::EchoFull => {
+                card = card.with_kind(ModelKind::Chat);
+                LocalEngine::OpenAI(Arc::new(EchoFull::from_env()))
+            }
+            Output::EchoCore => LocalEngine::Tokens(Arc::new(EchoCore::from_env())),
+            Output::Mocker => {
+                let mut args = match &config.extra_engine_args {
+                    Some(path) => MockerArgs::from_path(path)?,
+                    None => MockerArgs::default(),
+                };
+                if let Some(block_size) = config.kv_cache_block_size {
+                    args.block_size = block_size as usize;
+                }
+                // The frontend hashes KV blocks with the card's block size: keep them equal.
+                let block_size = u32::try_from(args.block_size)
+                    .map_err(|_| RunError::Usage(format!("block_size {} is too large", args.block_size)))?;
+                card = card.with_kv_cache_block_size(block_size)?;
+                let engine = Arc::new(MockerEngine::new(args, publisher)?);
+                mocker = Some(engine.clone());
+                LocalEngine::Tokens(engine)
+            }
+            Output::Dyn | Output::Vllm => {
+                return Err(RunError::Usage(format!("out={} is not a local engine", config.output.as_str())));
+            }
+        };
+        Ok(LocalModel { card: Arc::new(card), engine, mocker })
+    }
+
+    /// The served model name.
+    pub fn name(&self) -> &str {
+        &self.card.display_name
+    }
+
+    /// The engine as the HTTP service, text and batch inputs call it: a token engine
+    /// behind the preprocessor pipeline, an OpenAI engine as it is.
+    pub fn openai_engine(&self) -> Result<Arc<dyn OpenAIEngine>, RunError> {
+        match &self.engine {
+            LocalEngine::OpenAI(engine) => Ok(engine.clone()),
+            LocalEngine::Tokens(engine) => Ok(Arc::new(Pipeline::new(self.card.clone(), engine.clone())?)),
+        }
+    }
+
+    /// Stop background work (the mocker's scheduler and publisher).
+    pub async fn shutdown(&self) {
+        if let Some(mocker) = &self.mocker {
+            mocker.shutdown().await;
+        }
+    }
+}
+
+/// The card of `--model-path` (or the built-in one) with the flags' overrides.
+fn load_card(config: &RunConfig) -> Result<ModelDeploymentCard, RunError> {
+    let mut card = match &config.model_path {
+        Some(dir) => ModelDeploymentCard::from_hf_dir(dir, config.model_name.as_deref())?,
+        None => ModelDeploymentCard::builtin(config.model_name.as_deref().unwrap_or(BUILTIN_MODEL_NAME)),
+    };
+    if let Some(n) = config.context_length {
+        card = card.with_context_length(n)?;
+    }
+    if let Some(n) = config.kv_cache_block_size {
+        card = card.with_kv_cache_block_size(n)?;
+    }
+    Ok(card)
+}
