@@ -115,8 +115,16 @@ pub fn register_llm(
     coroutine(py, registered)
 }
 
+/// Run the `dynamo-run` command line (`argv` without the program name) to completion,
+/// without the GIL; returns its exit status.
+#[pyfunction]
+pub fn run_dynamo_run(py: Python<'_>, argv: Vec<String>) -> i32 {
+    py.detach(|| dynamo_run::run_cli(argv))
+}
+
 /// Add this module's functions to `m`.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(register_llm, m)?)?;
+    m.add_function(wrap_pyfunction!(run_dynamo_run, m)?)?;
     Ok(())
 }
