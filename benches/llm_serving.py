@@ -18,8 +18,9 @@ Scenarios (the processes are started here, on free loopback ports):
   one of them plus a short user question, ``max_tokens: 32``. ``--requests`` requests in
   all per concurrency level.
 
-The clients are asyncio tasks in this process, each with one keep-alive HTTP/1.1
-connection and a minimal HTTP/SSE reader (uvloop when installed). Measured: requests/s
+The clients are asyncio tasks, each with one keep-alive HTTP/1.1 connection and a
+minimal HTTP/SSE reader (uvloop when installed), in this process or split over
+``--client-procs`` processes. Measured: requests/s
 (completed streams over the wall time), time to first token (the first event with
 content) p50/p99, and inter-token latency (gaps between content events) p50/p99.
 
@@ -35,6 +36,7 @@ import contextlib
 import ctypes
 import itertools
 import json
+import multiprocessing
 import os
 import random
 import signal
@@ -44,6 +46,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,7 +58,7 @@ DYNAMO_RUN = [sys.executable, "-c", "import sys; from dynamo.llm.cli import main
 
 SYSTEM_PROMPTS = 16
 #: Words per system prompt: about 1,000 tokens with a Llama tokenizer.
-SYSTEM_PROMPT_WORDS = 760
+SYSTEM_PROMPT_WORDS = 940
 MAX_TOKENS = 32
 NUM_GPU_BLOCKS = 640
 STARTUP_TIMEOUT = 60.0
@@ -297,6 +300,36 @@ async def run_level(
     return result
 
 
+def _level_in_process(job: tuple[str, int, int, list[bytes], float | None, int | None]) -> Result:
+    scenario, port, concurrency, bodies, duration, requests = job
+    return run_async(run_level(scenario, port, concurrency, bodies, duration=duration, requests=requests))
+
+
+def measure(
+    scenario: str, port: int, concurrency: int, bodies: list[bytes], *, duration: float | None,
+    requests: int | None, client_procs: int,
+) -> Result:
+    """One level, its clients split over `client_procs` processes (one Python process
+    cannot drive the frontend at full speed)."""
+    procs = max(1, min(client_procs, concurrency))
+    if procs == 1:
+        return _level_in_process((scenario, port, concurrency, bodies, duration, requests))
+    jobs = []
+    for i in range(procs):
+        share = concurrency // procs + (1 if i < concurrency % procs else 0)
+        quota = None if requests is None else requests // procs + (1 if i < requests % procs else 0)
+        jobs.append((scenario, port, share, bodies[i::procs] or bodies, duration, quota))
+    with ProcessPoolExecutor(procs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        parts = list(pool.map(_level_in_process, jobs))
+    merged = Result(scenario, concurrency, 0, 0, max(p.seconds for p in parts))
+    for part in parts:
+        merged.completed += part.completed
+        merged.errors += part.errors
+        merged.ttft += part.ttft
+        merged.gaps += part.gaps
+    return merged
+
+
 def run_async(coro: Any) -> Any:
     try:
         import uvloop
@@ -334,10 +367,11 @@ def echo_scenario(args: argparse.Namespace, log_dir: Path) -> list[Result]:
         wait_for_models(port, ["echo"], processes)
         bodies = [json.dumps({"model": "echo", "messages": [{"role": "user", "content": "hi"}],
                               "stream": True}).encode()]
-        run_async(run_level("echo", port, 8, bodies, duration=1.0, requests=None))  # warm-up
+        measure("echo", port, 8, bodies, duration=1.0, requests=None, client_procs=1)  # warm-up
         results = []
         for concurrency in args.concurrency:
-            result = run_async(run_level("echo", port, concurrency, bodies, duration=args.duration, requests=None))
+            result = measure("echo", port, concurrency, bodies, duration=args.duration, requests=None,
+                             client_procs=args.client_procs)
             report(result)
             results.append(result)
         return results
@@ -413,7 +447,8 @@ def mocker_scenario(args: argparse.Namespace, log_dir: Path) -> list[Result]:
         print(f"  prompt tokens of one request: {prompt_tokens(port, bodies[0])}")
         results = []
         for concurrency in args.concurrency:
-            result = run_async(run_level("mocker", port, concurrency, bodies, duration=None, requests=args.requests))
+            result = measure("mocker", port, concurrency, bodies, duration=None, requests=args.requests,
+                             client_procs=args.client_procs)
             report(result)
             results.append(result)
         return results
@@ -444,6 +479,7 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per echo level (default 10)")
     parser.add_argument("--requests", type=int, default=640, help="requests per mocker level (default 640)")
     parser.add_argument("--model-path", type=Path, default=DEFAULT_MODEL_PATH, help="tokenizer folder of the mocker")
+    parser.add_argument("--client-procs", type=int, default=1, help="client processes sharing the clients")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--timeout", type=float, default=600.0, help="bound on the whole run (s)")
     args = parser.parse_args()
