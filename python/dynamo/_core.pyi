@@ -312,7 +312,10 @@ def register_llm(
 
 def run_dynamo_run(argv: list[str]) -> int:
     """Run the ``dynamo-run`` command line in this process until it ends (an HTTP or
-    ``dyn://`` input runs until SIGINT/SIGTERM), without holding the GIL.
+    ``dyn://`` input runs until SIGINT/SIGTERM), blocking the calling thread without
+    holding the GIL. dynamo-run installs its own SIGINT/SIGTERM handling; Python's SIGINT
+    handler still sees the signal (set it to ``signal.SIG_DFL`` first, as the
+    ``dynamo-run`` console script does, to avoid a ``KeyboardInterrupt`` afterwards).
 
     Arguments:
         argv: the arguments without the program name, e.g.
