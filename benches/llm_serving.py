@@ -3,7 +3,8 @@
     python benches/llm_serving.py                       # both scenarios (about 2 minutes)
     python benches/llm_serving.py --scenario echo --duration 5
     python benches/llm_serving.py --scenario mocker --requests 640 --model-path DIR
-    python benches/llm_serving.py --json /tmp/llm.json
+    python benches/llm_serving.py --scenario mocker --speedup-ratio 1000   # engine time ~0: the stack's share
+    python benches/llm_serving.py --client-procs 2 --json /tmp/llm.json
 
 Scenarios (the processes are started here, on free loopback ports):
 
@@ -16,7 +17,8 @@ Scenarios (the processes are started here, on free loopback ports):
   tokenizer from ``--model-path``), embedded backend (file discovery, TCP planes). The
   workload has 16 system prompts of about 1,000 tokens shared as prefixes; each request is
   one of them plus a short user question, ``max_tokens: 32``. ``--requests`` requests in
-  all per concurrency level.
+  all per concurrency level; the workers keep their caches from level to level. After
+  each level, each worker's prefix-cache hit rate (from its load metrics) is printed.
 
 The clients are asyncio tasks, each with one keep-alive HTTP/1.1 connection and a
 minimal HTTP/SSE reader (uvloop when installed), in this process or split over
@@ -435,7 +437,7 @@ def mocker_scenario(args: argparse.Namespace, log_dir: Path) -> list[Result]:
     port = free_port()
     env = base_env(log_dir)
     engine_args = log_dir / "mocker.json"
-    engine_args.write_text(json.dumps({"num_gpu_blocks": NUM_GPU_BLOCKS}))
+    engine_args.write_text(json.dumps({"num_gpu_blocks": NUM_GPU_BLOCKS, "speedup_ratio": args.speedup_ratio}))
     try:
         processes.start("mockers", [sys.executable, "-m", "dynamo.mocker", "--model-path", str(args.model_path),
                                     "--model-name", "tinyllama-chat", "--endpoint", "dyn://bench.mocker.generate",
@@ -450,10 +452,39 @@ def mocker_scenario(args: argparse.Namespace, log_dir: Path) -> list[Result]:
             result = measure("mocker", port, concurrency, bodies, duration=None, requests=args.requests,
                              client_procs=args.client_procs)
             report(result)
+            rates = run_async(prefix_hit_rates(env, "bench.mocker"))
+            print(f"  prefix cache hit rate since start, per worker: {', '.join(f'{r:.2f}' for r in rates)}")
             results.append(result)
         return results
     finally:
         processes.stop()
+
+
+async def prefix_hit_rates(env: dict[str, str], component: str, workers: int = 2) -> list[float]:
+    """Each mocker worker's `gpu_prefix_cache_hit_rate` from its next load metrics event
+    (they publish at least once a second)."""
+    from dynamo.runtime import DistributedRuntime
+
+    os.environ.update({k: v for k, v in env.items() if k.startswith("DYN_")})
+    runtime = DistributedRuntime(asyncio.get_running_loop(), False)
+    namespace, name = component.split(".")
+    rates: dict[int, float] = {}
+    try:
+        subscription = await runtime.namespace(namespace).component(name).subscribe("load_metrics")
+
+        async def collect() -> None:
+            async for event in subscription:
+                data = event if isinstance(event, dict) else json.loads(event)
+                rates[data["worker_id"]] = data["gpu_prefix_cache_hit_rate"]
+                if len(rates) >= workers:
+                    return
+
+        await asyncio.wait_for(collect(), 5)
+    except asyncio.TimeoutError:
+        pass
+    finally:
+        await runtime.shutdown()
+    return sorted(rates.values())
 
 
 def report(result: Result) -> None:
@@ -478,6 +509,8 @@ def main() -> None:
                         help="comma-separated client counts (default 32,128)")
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per echo level (default 10)")
     parser.add_argument("--requests", type=int, default=640, help="requests per mocker level (default 640)")
+    parser.add_argument("--speedup-ratio", type=float, default=1.0,
+                        help="the mocker's speedup_ratio (default 1: its timing model in real time)")
     parser.add_argument("--model-path", type=Path, default=DEFAULT_MODEL_PATH, help="tokenizer folder of the mocker")
     parser.add_argument("--client-procs", type=int, default=1, help="client processes sharing the clients")
     parser.add_argument("--json", type=Path, help="also write the figures here")
@@ -493,8 +526,9 @@ def main() -> None:
             print("frontend + echo_full (DYN_TOKEN_ECHO_DELAY_MS=0), 2-character streaming chats", flush=True)
             results += echo_scenario(args, log_dir)
         if args.scenario in ("mocker", "all"):
-            print(f"frontend + 2 mocker workers ({NUM_GPU_BLOCKS} blocks each), {SYSTEM_PROMPTS} shared ~1k-token "
-                  f"system prompts, max_tokens {MAX_TOKENS}, {args.requests} requests per level", flush=True)
+            print(f"frontend + 2 mocker workers ({NUM_GPU_BLOCKS} blocks each, speedup_ratio {args.speedup_ratio}), "
+                  f"{SYSTEM_PROMPTS} shared ~1k-token system prompts, max_tokens {MAX_TOKENS}, {args.requests} "
+                  "requests per level", flush=True)
             results += mocker_scenario(args, log_dir)
     if args.json:
         args.json.write_text(json.dumps([r.summary() for r in results], indent=2))
