@@ -270,6 +270,19 @@ def workers(backend: BackendEnv, tmp_path: Path) -> Iterator[WorkerPool]:
 
 
 @pytest.fixture
+def workers_local(tmp_path: Path) -> Iterator[WorkerPool]:
+    """Like `workers`, for processes that need no discovery (a frontend with a local
+    engine, batch runs): not parametrized by backend, the runtime's settings removed."""
+    from llm_helpers import local_env
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    pool = WorkerPool(local_env(), logs)
+    yield pool
+    pool.stop_all()
+
+
+@pytest.fixture
 async def runtime(backend: BackendEnv) -> AsyncIterator[Any]:
     """A DistributedRuntime in this process, configured from the backend's environment."""
     from dynamo.runtime import DistributedRuntime

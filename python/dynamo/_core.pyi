@@ -5,6 +5,7 @@ cannot drift apart.
 """
 
 import asyncio
+import os
 from collections.abc import Awaitable, Coroutine
 from typing import Any, final
 
@@ -29,6 +30,8 @@ __all__ = [
     "StreamDisconnectedError",
     "Subscription",
     "__version__",
+    "register_llm",
+    "run_dynamo_run",
 ]
 
 class DynamoError(Exception):
@@ -265,3 +268,60 @@ class Subscription:
 
     def __aiter__(self) -> Subscription: ...
     def __anext__(self) -> Awaitable[Any]: ...
+
+def register_llm(
+    endpoint: Endpoint,
+    model_path: str | os.PathLike[str] | None = None,
+    model_name: str | None = None,
+    kind: str = "backend",
+    context_length: int | None = None,
+    kv_cache_block_size: int | None = None,
+) -> Coroutine[Any, Any, None]:
+    """Register the model served on ``endpoint`` so that frontends discover it: build its
+    card, serve the card on ``{endpoint}_card`` of the same component, and write the
+    model entry under ``v1/models/{ns}/{component}/{endpoint}/{instance}``, bound to this
+    process's lease (it disappears when the process dies or shuts down).
+
+    Start serving the endpoint first (``asyncio.create_task(endpoint.serve_endpoint(h))``)
+    and register right after: frontends list the model once an instance of the endpoint
+    is discoverable, not before.
+
+    Arguments:
+        endpoint: the endpoint whose handler serves the model.
+        model_path: a HuggingFace model folder (``tokenizer.json``, ``tokenizer_config.json``,
+            ``config.json``; weights are not read). ``None``: the built-in card (a
+            byte-level tokenizer, every byte one token, and a plain chat template).
+        model_name: the public name (``model`` in requests); default the folder's name,
+            or ``"dynamo"`` for the built-in card.
+        kind: ``"backend"`` (token ids in and out; the frontend tokenizes with the card),
+            ``"chat"`` (OpenAI chat requests in, chunks out; also sent completions) or
+            ``"completions"``.
+        context_length: overrides the card's context length (tokens, at least 1).
+        kv_cache_block_size: overrides the card's KV block size (tokens, at least 1).
+
+    Returns:
+        A coroutine that completes once the model is registered.
+
+    Raises:
+        ValueError: ``kind`` is not one of the three (raised at the call).
+        ConfigError: the model folder is missing or unreadable, its tokenizer does not
+            load (``backend``), an override is 0, or the card is larger than the request
+            plane carries.
+        DynamoError: discovery failed (e.g. the runtime is shutting down).
+    """
+
+def run_dynamo_run(argv: list[str]) -> int:
+    """Run the ``dynamo-run`` command line in this process until it ends (an HTTP or
+    ``dyn://`` input runs until SIGINT/SIGTERM), blocking the calling thread without
+    holding the GIL. dynamo-run installs its own SIGINT/SIGTERM handling; Python's SIGINT
+    handler still sees the signal (set it to ``signal.SIG_DFL`` first, as the
+    ``dynamo-run`` console script does, to avoid a ``KeyboardInterrupt`` afterwards).
+
+    Arguments:
+        argv: the arguments without the program name, e.g.
+            ``["in=http", "out=echo_full", "--http-port", "8080"]``.
+
+    Returns:
+        The exit status: 0 on success, 2 for a bad command line, 1 for other errors
+        (printed to stderr as ``dynamo-run: error: ...``).
+    """

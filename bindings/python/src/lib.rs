@@ -1,4 +1,4 @@
-//! `dynamo._core`: thin PyO3 wrappers over `dynamo-runtime`. Conversion and the
+//! `dynamo._core`: thin PyO3 wrappers over `dynamo-runtime` and `dynamo-llm`. Conversion and the
 //! asyncio bridge live here; behaviour lives in the runtime crate and in `python/dynamo`.
 
 mod bridge;
@@ -7,6 +7,7 @@ mod convert;
 mod errors;
 mod events;
 mod kv;
+mod llm;
 mod poll_iter;
 mod runtime;
 mod serving;
@@ -26,6 +27,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<events::PySubscription>()?;
     m.add_class::<kv::PyKeyValueStore>()?;
     errors::register(m)?;
+    llm::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -215,8 +215,8 @@ impl PyComponent {
 /// An endpoint.
 #[pyclass(name = "Endpoint", module = "dynamo._core", frozen)]
 pub struct PyEndpoint {
-    inner: Endpoint,
-    bridge: Arc<LoopBridge>,
+    pub(crate) inner: Endpoint,
+    pub(crate) bridge: Arc<LoopBridge>,
 }
 
 #[pymethods]

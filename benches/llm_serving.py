@@ -1,0 +1,538 @@
+"""LLM serving benchmark: streaming chat requests against the OpenAI frontend.
+
+    python benches/llm_serving.py                       # both scenarios (about 2 minutes)
+    python benches/llm_serving.py --scenario echo --duration 5
+    python benches/llm_serving.py --scenario mocker --requests 640 --model-path DIR
+    python benches/llm_serving.py --scenario mocker --speedup-ratio 1000   # engine time ~0: the stack's share
+    python benches/llm_serving.py --client-procs 2 --json /tmp/llm.json
+
+Scenarios (the processes are started here, on free loopback ports):
+
+* ``echo``: ``dynamo-run in=http out=echo_full`` with ``DYN_TOKEN_ECHO_DELAY_MS=0``: the
+  frontend's own cost. Each client loops a streaming chat request whose message is two
+  characters (so a 4-event stream: 2 characters, the stop chunk, ``[DONE]``) for
+  ``--duration`` seconds.
+* ``mocker``: ``dynamo-run in=http out=dyn`` in front of ``python -m dynamo.mocker
+  --num-workers 2`` (``num_gpu_blocks: 640`` each, the mocker's default timing model, its
+  tokenizer from ``--model-path``), embedded backend (file discovery, TCP planes). The
+  workload has 16 system prompts of about 1,000 tokens shared as prefixes; each request is
+  one of them plus a short user question, ``max_tokens: 32``. ``--requests`` requests in
+  all per concurrency level; the workers keep their caches from level to level. After
+  each level, each worker's prefix-cache hit rate (from its load metrics) is printed.
+
+The clients are asyncio tasks, each with one keep-alive HTTP/1.1 connection and a
+minimal HTTP/SSE reader (uvloop when installed), in this process or split over
+``--client-procs`` processes. Measured: requests/s
+(completed streams over the wall time), time to first token (the first event with
+content) p50/p99, and inter-token latency (gaps between content events) p50/p99.
+
+The processes log to a temp directory (shown on failure); all of them are killed on exit
+and die with this process (PR_SET_PDEATHSIG). The whole run is bounded by ``--timeout``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ctypes
+import itertools
+import json
+import multiprocessing
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve()
+REPO_ROOT = HERE.parent.parent
+DEFAULT_MODEL_PATH = REPO_ROOT.parent / "shared" / "models" / "tinyllama-chat"
+DYNAMO_RUN = [sys.executable, "-c", "import sys; from dynamo.llm.cli import main; main()"]
+
+SYSTEM_PROMPTS = 16
+#: Words per system prompt: about 1,000 tokens with a Llama tokenizer.
+SYSTEM_PROMPT_WORDS = 940
+MAX_TOKENS = 32
+NUM_GPU_BLOCKS = 640
+STARTUP_TIMEOUT = 60.0
+REQUEST_TIMEOUT = 60.0
+
+WORDS = str.split(
+    "the of and to in is was for on that with as by at from his her an were which are this be "
+    "system model cache token prefix routing worker engine request latency memory block stream "
+    "river mountain garden window silver orange planet music letter forest island market "
+    "quickly slowly carefully brightly quietly simply rarely often always never"
+)
+
+
+# ----------------------------------------------------------------------------- processes
+
+
+def _die_with_parent() -> None:
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Processes:
+    """Child processes of one scenario, their logs in `log_dir`."""
+
+    def __init__(self, log_dir: Path):
+        self.log_dir = log_dir
+        self.started: list[tuple[str, subprocess.Popen[bytes]]] = []
+
+    def start(self, name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        log = open(self.log_dir / f"{name}.log", "wb")  # noqa: SIM115 (closed with the process)
+        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                preexec_fn=_die_with_parent)
+        log.close()
+        self.started.append((name, proc))
+        return proc
+
+    def check(self) -> None:
+        for name, proc in self.started:
+            if proc.poll() is not None:
+                tail = (self.log_dir / f"{name}.log").read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"{name} exited with {proc.returncode}:\n{tail}")
+
+    def stop(self) -> None:
+        for _, proc in self.started:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        for _, proc in self.started:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def wait_for_models(port: int, models: list[str], processes: Processes) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT
+    while time.monotonic() < deadline:
+        processes.check()
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=1) as r:
+                listed = sorted(m["id"] for m in json.load(r)["data"])
+                if all(m in listed for m in models):
+                    return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"the frontend did not list {models} within {STARTUP_TIMEOUT:.0f}s (logs in {processes.log_dir})")
+
+
+# ----------------------------------------------------------------------------- client
+
+
+@dataclass
+class Sample:
+    """One completed stream."""
+
+    ttft: float
+    gaps: list[float]
+    tokens: int
+
+
+class Connection:
+    """One keep-alive HTTP/1.1 connection posting streaming chat requests."""
+
+    def __init__(self, port: int):
+        self.port = port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def _open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        if self.reader is None or self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
+        return self.reader, self.writer
+
+    async def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.reader = self.writer = None
+
+    async def chat(self, body: bytes) -> Sample:
+        reader, writer = await self._open()
+        start = time.perf_counter()
+        writer.write(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        status = await reader.readline()
+        if not status.startswith(b"HTTP/1.1 200"):
+            raise RuntimeError(f"status {status!r}")
+        chunked = False
+        keep_alive = True
+        while True:
+            line = await reader.readline()
+            if line in (b"\r\n", b""):
+                break
+            name, _, value = line.decode("latin-1").partition(":")
+            if name.lower() == "transfer-encoding" and "chunked" in value.lower():
+                chunked = True
+            if name.lower() == "connection" and "close" in value.lower():
+                keep_alive = False
+        times: list[float] = []
+        pending = b""
+        done = False
+
+        def events(data: bytes) -> None:
+            nonlocal pending, done
+            pending += data
+            while b"\n\n" in pending:
+                event, pending = pending.split(b"\n\n", 1)
+                if not event.startswith(b"data: "):
+                    continue
+                payload = event[6:]
+                if payload == b"[DONE]":
+                    done = True
+                    continue
+                chunk = json.loads(payload)
+                choices = chunk.get("choices") or []
+                if choices and choices[0].get("delta", {}).get("content"):
+                    times.append(time.perf_counter())
+
+        if chunked:
+            while True:
+                size = int((await reader.readline()).split(b";")[0], 16)
+                if size == 0:
+                    await reader.readline()
+                    break
+                events((await reader.readexactly(size + 2))[:-2])
+        else:
+            events(await reader.read())
+            keep_alive = False
+        if not keep_alive:
+            await self.close()
+        if not done or not times:
+            raise RuntimeError("the stream ended without [DONE] or without content")
+        return Sample(times[0] - start, [b - a for a, b in itertools.pairwise(times)], len(times))
+
+
+def percentile(values: list[float], p: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+
+@dataclass
+class Result:
+    """The figures of one concurrency level."""
+
+    scenario: str
+    concurrency: int
+    completed: int
+    errors: int
+    seconds: float
+    ttft: list[float] = field(default_factory=list)
+    gaps: list[float] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "scenario": self.scenario,
+            "concurrency": self.concurrency,
+            "completed": self.completed,
+            "errors": self.errors,
+            "req_per_s": self.completed / self.seconds,
+            "ttft_p50_ms": percentile(self.ttft, 50) * 1000,
+            "ttft_p99_ms": percentile(self.ttft, 99) * 1000,
+            "itl_p50_ms": percentile(self.gaps, 50) * 1000,
+            "itl_p99_ms": percentile(self.gaps, 99) * 1000,
+        }
+
+
+async def run_level(
+    scenario: str, port: int, concurrency: int, bodies: list[bytes], *, duration: float | None, requests: int | None
+) -> Result:
+    """`concurrency` clients sending `bodies` in turn, for `duration` seconds or until
+    `requests` requests have been sent."""
+    result = Result(scenario, concurrency, 0, 0, 0.0)
+    issued = 0
+    first_error: list[str] = []
+
+    async def client(index: int) -> None:
+        nonlocal issued
+        conn = Connection(port)
+        try:
+            while True:
+                if requests is not None:
+                    if issued >= requests:
+                        return
+                elif time.perf_counter() >= end:
+                    return
+                body = bodies[issued % len(bodies)]
+                issued += 1
+                try:
+                    sample = await asyncio.wait_for(conn.chat(body), REQUEST_TIMEOUT)
+                except (OSError, RuntimeError, ValueError, asyncio.TimeoutError, asyncio.IncompleteReadError) as e:
+                    result.errors += 1
+                    if not first_error:
+                        first_error.append(repr(e))
+                    await conn.close()
+                    continue
+                result.completed += 1
+                result.ttft.append(sample.ttft)
+                result.gaps.extend(sample.gaps)
+        finally:
+            await conn.close()
+
+    start = time.perf_counter()
+    end = start + (duration or 0.0)
+    await asyncio.gather(*(client(i) for i in range(concurrency)))
+    result.seconds = time.perf_counter() - start
+    if first_error:
+        print(f"  first error: {first_error[0]}", file=sys.stderr)
+    return result
+
+
+def _level_in_process(job: tuple[str, int, int, list[bytes], float | None, int | None]) -> Result:
+    scenario, port, concurrency, bodies, duration, requests = job
+    return run_async(run_level(scenario, port, concurrency, bodies, duration=duration, requests=requests))
+
+
+def measure(
+    scenario: str, port: int, concurrency: int, bodies: list[bytes], *, duration: float | None,
+    requests: int | None, client_procs: int,
+) -> Result:
+    """One level, its clients split over `client_procs` processes (one Python process
+    cannot drive the frontend at full speed)."""
+    procs = max(1, min(client_procs, concurrency))
+    if procs == 1:
+        return _level_in_process((scenario, port, concurrency, bodies, duration, requests))
+    jobs = []
+    for i in range(procs):
+        share = concurrency // procs + (1 if i < concurrency % procs else 0)
+        quota = None if requests is None else requests // procs + (1 if i < requests % procs else 0)
+        jobs.append((scenario, port, share, bodies[i::procs] or bodies, duration, quota))
+    with ProcessPoolExecutor(procs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        parts = list(pool.map(_level_in_process, jobs))
+    merged = Result(scenario, concurrency, 0, 0, max(p.seconds for p in parts))
+    for part in parts:
+        merged.completed += part.completed
+        merged.errors += part.errors
+        merged.ttft += part.ttft
+        merged.gaps += part.gaps
+    return merged
+
+
+def run_async(coro: Any) -> Any:
+    try:
+        import uvloop
+
+        return uvloop.run(coro)
+    except ImportError:
+        return asyncio.run(coro)
+
+
+# ----------------------------------------------------------------------------- scenarios
+
+
+def base_env(log_dir: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DYN_")}
+    kv = log_dir / "kv"
+    kv.mkdir(exist_ok=True)
+    env.update({
+        "DYN_LOG": os.environ.get("DYN_LOG", "warn"),
+        "DYN_DISCOVERY_BACKEND": "file",
+        "DYN_FILE_KV": str(kv),
+        "DYN_REQUEST_PLANE": "tcp",
+        "DYN_EVENT_PLANE": "tcp",
+        "DYN_TCP_HOST": "127.0.0.1",
+    })
+    return env
+
+
+def echo_scenario(args: argparse.Namespace, log_dir: Path) -> list[Result]:
+    processes = Processes(log_dir)
+    port = free_port()
+    env = {**base_env(log_dir), "DYN_TOKEN_ECHO_DELAY_MS": "0"}
+    try:
+        processes.start("frontend-echo", [*DYNAMO_RUN, "in=http", "out=echo_full", "--http-port", str(port),
+                                          "--model-name", "echo"], env)
+        wait_for_models(port, ["echo"], processes)
+        bodies = [json.dumps({"model": "echo", "messages": [{"role": "user", "content": "hi"}],
+                              "stream": True}).encode()]
+        measure("echo", port, 8, bodies, duration=1.0, requests=None, client_procs=1)  # warm-up
+        results = []
+        for concurrency in args.concurrency:
+            result = measure("echo", port, concurrency, bodies, duration=args.duration, requests=None,
+                             client_procs=args.client_procs)
+            report(result)
+            results.append(result)
+        return results
+    finally:
+        processes.stop()
+
+
+def prefix_workload(count: int, seed: int = 7) -> list[bytes]:
+    """`count` requests: one of the 16 shared system prompts plus a short question."""
+    rng = random.Random(seed)
+    systems = [
+        f"You are assistant number {i}. " + " ".join(rng.choice(WORDS) for _ in range(SYSTEM_PROMPT_WORDS))
+        for i in range(SYSTEM_PROMPTS)
+    ]
+    bodies = []
+    for n in range(count):
+        question = f"Question {n}: what is {rng.choice(WORDS)} {rng.choice(WORDS)} about?"
+        bodies.append(json.dumps({
+            "model": "tinyllama-chat",
+            "messages": [{"role": "system", "content": systems[n % SYSTEM_PROMPTS]},
+                         {"role": "user", "content": question}],
+            "max_tokens": MAX_TOKENS,
+            "stream": True,
+            "nvext": {"ignore_eos": True},
+        }).encode())
+    rng.shuffle(bodies)
+    return bodies
+
+
+async def wait_for_instances(env: dict[str, str], endpoint: str, count: int) -> None:
+    """Wait until `count` instances serve `endpoint` (both workers up before measuring)."""
+    from dynamo.runtime import DistributedRuntime
+
+    os.environ.update({k: v for k, v in env.items() if k.startswith("DYN_")})
+    runtime = DistributedRuntime(asyncio.get_running_loop(), False)
+    try:
+        client = await runtime.endpoint(endpoint).client()
+        deadline = time.monotonic() + STARTUP_TIMEOUT
+        while len(client.instance_ids()) < count:
+            if time.monotonic() >= deadline:
+                raise RuntimeError(f"{endpoint} has {len(client.instance_ids())} instances, not {count}")
+            await asyncio.sleep(0.1)
+    finally:
+        await runtime.shutdown()
+
+
+def prompt_tokens(port: int, body: bytes) -> int:
+    """The prompt's token count, from a non-streamed request's usage."""
+    request = json.loads(body)
+    request.update({"stream": False, "max_tokens": 1})
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", json.dumps(request).encode(),
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT) as r:
+        return int(json.load(r)["usage"]["prompt_tokens"])
+
+
+def mocker_scenario(args: argparse.Namespace, log_dir: Path) -> list[Result]:
+    if not (args.model_path / "tokenizer.json").is_file():
+        raise SystemExit(f"{args.model_path} has no tokenizer.json: pass --model-path DIR")
+    processes = Processes(log_dir)
+    port = free_port()
+    env = base_env(log_dir)
+    engine_args = log_dir / "mocker.json"
+    engine_args.write_text(json.dumps({"num_gpu_blocks": NUM_GPU_BLOCKS, "speedup_ratio": args.speedup_ratio}))
+    try:
+        processes.start("mockers", [sys.executable, "-m", "dynamo.mocker", "--model-path", str(args.model_path),
+                                    "--model-name", "tinyllama-chat", "--endpoint", "dyn://bench.mocker.generate",
+                                    "--num-workers", "2", "--extra-engine-args", str(engine_args)], env)
+        processes.start("frontend-dyn", [*DYNAMO_RUN, "in=http", "out=dyn", "--http-port", str(port)], env)
+        wait_for_models(port, ["tinyllama-chat"], processes)
+        run_async(wait_for_instances(env, "bench.mocker.generate", 2))
+        bodies = prefix_workload(args.requests)
+        print(f"  prompt tokens of one request: {prompt_tokens(port, bodies[0])}")
+        results = []
+        for concurrency in args.concurrency:
+            result = measure("mocker", port, concurrency, bodies, duration=None, requests=args.requests,
+                             client_procs=args.client_procs)
+            report(result)
+            rates = run_async(prefix_hit_rates(env, "bench.mocker"))
+            print(f"  prefix cache hit rate since start, per worker: {', '.join(f'{r:.2f}' for r in rates)}")
+            results.append(result)
+        return results
+    finally:
+        processes.stop()
+
+
+async def prefix_hit_rates(env: dict[str, str], component: str, workers: int = 2) -> list[float]:
+    """Each mocker worker's `gpu_prefix_cache_hit_rate` from its next load metrics event
+    (they publish at least once a second)."""
+    from dynamo.runtime import DistributedRuntime
+
+    os.environ.update({k: v for k, v in env.items() if k.startswith("DYN_")})
+    runtime = DistributedRuntime(asyncio.get_running_loop(), False)
+    namespace, name = component.split(".")
+    rates: dict[int, float] = {}
+    try:
+        subscription = await runtime.namespace(namespace).component(name).subscribe("load_metrics")
+
+        async def collect() -> None:
+            async for event in subscription:
+                data = event if isinstance(event, dict) else json.loads(event)
+                rates[data["worker_id"]] = data["gpu_prefix_cache_hit_rate"]
+                if len(rates) >= workers:
+                    return
+
+        await asyncio.wait_for(collect(), 5)
+    except asyncio.TimeoutError:
+        pass
+    finally:
+        await runtime.shutdown()
+    return sorted(rates.values())
+
+
+def report(result: Result) -> None:
+    s = result.summary()
+    print(
+        f"  {s['scenario']:<6} @{s['concurrency']:<4} {s['req_per_s']:9.1f} req/s   "
+        f"TTFT p50 {s['ttft_p50_ms']:7.1f} ms  p99 {s['ttft_p99_ms']:7.1f} ms   "
+        f"ITL p50 {s['itl_p50_ms']:6.2f} ms  p99 {s['itl_p99_ms']:6.2f} ms   "
+        f"({s['completed']} ok, {s['errors']} errors, {result.seconds:.1f} s)",
+        flush=True,
+    )
+
+
+def on_timeout(signum: int, frame: Any) -> None:
+    raise TimeoutError("the benchmark ran longer than --timeout")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--scenario", choices=["echo", "mocker", "all"], default="all")
+    parser.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[32, 128],
+                        help="comma-separated client counts (default 32,128)")
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds per echo level (default 10)")
+    parser.add_argument("--requests", type=int, default=640, help="requests per mocker level (default 640)")
+    parser.add_argument("--speedup-ratio", type=float, default=1.0,
+                        help="the mocker's speedup_ratio (default 1: its timing model in real time)")
+    parser.add_argument("--model-path", type=Path, default=DEFAULT_MODEL_PATH, help="tokenizer folder of the mocker")
+    parser.add_argument("--client-procs", type=int, default=1, help="client processes sharing the clients")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--timeout", type=float, default=600.0, help="bound on the whole run (s)")
+    args = parser.parse_args()
+
+    signal.signal(signal.SIGALRM, on_timeout)
+    signal.alarm(int(args.timeout))
+    results: list[Result] = []
+    with tempfile.TemporaryDirectory(prefix="llm-bench-") as tmp:
+        log_dir = Path(tmp)
+        if args.scenario in ("echo", "all"):
+            print("frontend + echo_full (DYN_TOKEN_ECHO_DELAY_MS=0), 2-character streaming chats", flush=True)
+            results += echo_scenario(args, log_dir)
+        if args.scenario in ("mocker", "all"):
+            print(f"frontend + 2 mocker workers ({NUM_GPU_BLOCKS} blocks each, speedup_ratio {args.speedup_ratio}), "
+                  f"{SYSTEM_PROMPTS} shared ~1k-token system prompts, max_tokens {MAX_TOKENS}, {args.requests} "
+                  "requests per level", flush=True)
+            results += mocker_scenario(args, log_dir)
+    if args.json:
+        args.json.write_text(json.dumps([r.summary() for r in results], indent=2))
+
+
+if __name__ == "__main__":
+    main()

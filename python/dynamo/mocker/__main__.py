@@ -1,0 +1,196 @@
+"""``python -m dynamo.mocker``: run mocker workers (simulated LLM engines) that register
+their model for frontends to discover.
+
+One worker runs in this process (``dynamo-run in=dyn://… out=mocker``); with
+``--num-workers N`` (N > 1) this process supervises N child processes of itself, each one
+worker with its own instance id on the same endpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+from typing import IO
+
+DEFAULT_ENDPOINT = "dyn://dynamo.mocker.generate"
+#: Seconds the children get to shut down after a forwarded signal before SIGKILL.
+CHILD_SHUTDOWN_GRACE = 30.0
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """The command line of ``python -m dynamo.mocker``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m dynamo.mocker",
+        description="Serve simulated LLM engines (the mocker) on a Dynamo endpoint and register the model.",
+    )
+    parser.add_argument("--model-path", required=True, help="HuggingFace model folder (tokenizer.json, config.json)")
+    parser.add_argument("--model-name", help="public model name (default: the folder's name)")
+    parser.add_argument("--endpoint", default=DEFAULT_ENDPOINT, help=f"where to serve (default {DEFAULT_ENDPOINT})")
+    parser.add_argument("--num-workers", type=int, default=1, help="worker processes (default 1)")
+    parser.add_argument("--extra-engine-args", help="JSON file of mocker settings (see docs/mocker.md)")
+    parser.add_argument("--kv-cache-block-size", type=int, help="tokens per KV block (overrides block_size)")
+    parser.add_argument("--context-length", type=int, help="context length registered with the model")
+    parser.add_argument("--speedup-ratio", type=float, help="divides every simulated time (overrides the file)")
+    parser.add_argument("--num-gpu-blocks", type=int, help="KV cache capacity in blocks (overrides the file)")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="debug logs (-vv: trace)")
+    args = parser.parse_args(argv)
+    if args.num_workers < 1:
+        parser.error("--num-workers must be at least 1")
+    if not args.endpoint.startswith("dyn://"):
+        args.endpoint = f"dyn://{args.endpoint}"
+    return args
+
+
+def engine_settings(args: argparse.Namespace) -> dict[str, object] | None:
+    """The mocker settings when flags override the ``--extra-engine-args`` file, else
+    ``None`` (the file, if any, is passed through unchanged)."""
+    overrides = {
+        key: value
+        for key, value in (("speedup_ratio", args.speedup_ratio), ("num_gpu_blocks", args.num_gpu_blocks))
+        if value is not None
+    }
+    if not overrides:
+        return None
+    settings: dict[str, object] = {}
+    if args.extra_engine_args:
+        loaded = json.loads(Path(args.extra_engine_args).read_text())
+        if not isinstance(loaded, dict):
+            raise SystemExit(f"{args.extra_engine_args}: the mocker settings must be a JSON object")
+        settings.update(loaded)
+    settings.update(overrides)
+    return settings
+
+
+def dynamo_run_argv(args: argparse.Namespace, engine_args_file: str | None) -> list[str]:
+    """The ``dynamo-run`` arguments of one worker."""
+    argv = [f"in={args.endpoint}", "out=mocker", "--model-path", args.model_path]
+    if args.model_name:
+        argv += ["--model-name", args.model_name]
+    if engine_args_file:
+        argv += ["--extra-engine-args", engine_args_file]
+    if args.kv_cache_block_size is not None:
+        argv += ["--kv-cache-block-size", str(args.kv_cache_block_size)]
+    if args.context_length is not None:
+        argv += ["--context-length", str(args.context_length)]
+    if args.verbose:
+        argv.append("-" + "v" * min(args.verbose, 2))
+    return argv
+
+
+def run_worker(args: argparse.Namespace) -> int:
+    """Run one mocker worker in this process until SIGINT/SIGTERM; its exit status."""
+    from dynamo.llm import run_dynamo_run
+
+    # dynamo-run handles SIGINT itself; Python's handler would otherwise raise
+    # KeyboardInterrupt once the call returns.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    settings = engine_settings(args)
+    if settings is None:
+        return run_dynamo_run(dynamo_run_argv(args, args.extra_engine_args))
+    with tempfile.NamedTemporaryFile("w", prefix="mocker-", suffix=".json") as f:
+        json.dump(settings, f)
+        f.flush()
+        return run_dynamo_run(dynamo_run_argv(args, f.name))
+
+
+def _forward_output(index: int, stream: IO[bytes], out: IO[str], lock: threading.Lock) -> None:
+    for raw in stream:
+        line = raw.decode(errors="replace").rstrip("\n")
+        with lock:
+            out.write(f"[worker {index}] {line}\n")
+            out.flush()
+
+
+def child_argv(argv: Sequence[str]) -> list[str]:
+    """This command again, as one worker (``--num-workers 1``)."""
+    rest: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--num-workers":
+            skip = True
+        elif not arg.startswith("--num-workers="):
+            rest.append(arg)
+    return [sys.executable, "-m", "dynamo.mocker", *rest, "--num-workers", "1"]
+
+
+def supervise(argv: Sequence[str], count: int) -> int:
+    """Run ``count`` workers as child processes: prefix their output, forward
+    SIGINT/SIGTERM, stop the others when one fails, reap all. Exit status: 0 when every
+    worker exited cleanly, else 1."""
+    lock = threading.Lock()
+    children: list[subprocess.Popen[bytes]] = []
+    readers: list[threading.Thread] = []
+    stopping = threading.Event()
+
+    def forward(signum: int, frame: FrameType | None) -> None:
+        stopping.set()
+        for child in children:
+            if child.poll() is None:
+                child.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    failed = False
+    try:
+        for index in range(count):
+            child = subprocess.Popen(
+                child_argv(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
+            children.append(child)
+            assert child.stdout is not None
+            reader = threading.Thread(
+                target=_forward_output, args=(index, child.stdout, sys.stdout, lock), daemon=True
+            )
+            reader.start()
+            readers.append(reader)
+        deadline: float | None = None
+        while any(child.poll() is None for child in children):
+            failed = failed or any(child.returncode not in (None, 0) for child in children)
+            if (failed or stopping.is_set()) and deadline is None:
+                if not stopping.is_set():
+                    # One worker failed: stop the others (a forwarded signal already did).
+                    for child in children:
+                        if child.poll() is None:
+                            child.send_signal(signal.SIGTERM)
+                deadline = time.monotonic() + CHILD_SHUTDOWN_GRACE
+            if deadline is not None and time.monotonic() >= deadline:
+                for child in children:
+                    if child.poll() is None:
+                        child.kill()
+            time.sleep(0.1)
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+            child.wait()
+        for reader in readers:
+            reader.join(timeout=2)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    for index, child in enumerate(children):
+        if child.returncode != 0:
+            print(f"mocker: worker {index} exited with status {child.returncode}", file=sys.stderr)
+    return 0 if all(child.returncode == 0 for child in children) else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m dynamo.mocker``; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    if args.num_workers == 1:
+        return run_worker(args)
+    return supervise(argv, args.num_workers)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
