@@ -19,6 +19,8 @@ wheel_dir="$(mktemp -d)"
 trap 'rm -rf "$wheel_dir"' EXIT
 maturin build --profile dev --interpreter "$PYTHON" --out "$wheel_dir"
 "$PYTHON" -m pip install --quiet --force-reinstall --no-deps "$wheel_dir"/*.whl
+# ...and whatever it depends on that is not installed yet (pyyaml, fastapi, uvicorn, pydantic).
+"$PYTHON" -m pip install --quiet "$wheel_dir"/*.whl
 
 step "stub check: python/dynamo/_core.pyi against the extension"
 "$PYTHON" -m mypy.stubtest dynamo._core --allowlist scripts/stubtest-allowlist.txt
