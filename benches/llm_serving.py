@@ -442,7 +442,8 @@ def mocker_scenario(args: argparse.Namespace, log_dir: Path) -> list[Result]:
         processes.start("mockers", [sys.executable, "-m", "dynamo.mocker", "--model-path", str(args.model_path),
                                     "--model-name", "tinyllama-chat", "--endpoint", "dyn://bench.mocker.generate",
                                     "--num-workers", "2", "--extra-engine-args", str(engine_args)], env)
-        processes.start("frontend-dyn", [*DYNAMO_RUN, "in=http", "out=dyn", "--http-port", str(port)], env)
+        processes.start("frontend-dyn", [*DYNAMO_RUN, "in=http", "out=dyn", "--http-port", str(port),
+                                         "--router-mode", args.router_mode], env)
         wait_for_models(port, ["tinyllama-chat"], processes)
         run_async(wait_for_instances(env, "bench.mocker.generate", 2))
         bodies = prefix_workload(args.requests)
@@ -513,6 +514,8 @@ def main() -> None:
                         help="the mocker's speedup_ratio (default 1: its timing model in real time)")
     parser.add_argument("--model-path", type=Path, default=DEFAULT_MODEL_PATH, help="tokenizer folder of the mocker")
     parser.add_argument("--client-procs", type=int, default=1, help="client processes sharing the clients")
+    parser.add_argument("--router-mode", choices=["round-robin", "random", "kv"], default="round-robin",
+                        help="the frontend's router mode in the mocker scenario (default round-robin)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--timeout", type=float, default=600.0, help="bound on the whole run (s)")
     args = parser.parse_args()
