@@ -80,7 +80,8 @@ pub enum RouterModeArg {
     RoundRobin,
     /// An instance at random.
     Random,
-    /// KV-cache-aware routing (not available yet).
+    /// Approximate KV-cache-aware routing for `backend` models (predicted from its own
+    /// routing decisions; no KV events). Other models go round-robin.
     Kv,
 }
 
@@ -216,11 +217,7 @@ impl Flags {
         let router_mode = match self.router_mode {
             RouterModeArg::RoundRobin => RouterMode::RoundRobin,
             RouterModeArg::Random => RouterMode::Random,
-            RouterModeArg::Kv => {
-                return usage(
-                    "--router-mode kv: kv routing is not available yet (use round-robin or random)".to_string(),
-                )
-            }
+            RouterModeArg::Kv => RouterMode::Kv,
         };
         if output == Output::Dyn {
             if matches!(input, Input::Endpoint(_)) {
@@ -305,6 +302,8 @@ mod tests {
         let c = config(&["in=batch:/tmp/x.jsonl", "--router-mode", "random", "out=dyn"]).unwrap();
         assert_eq!(c.input, Input::Batch(PathBuf::from("/tmp/x.jsonl")));
         assert_eq!(c.router_mode, RouterMode::Random);
+        let c = config(&["in=http", "out=dyn", "--router-mode", "kv"]).unwrap();
+        assert_eq!(c.router_mode, RouterMode::Kv);
     }
 
     #[test]
@@ -313,7 +312,6 @@ mod tests {
         assert!(usage_error(&["in=http", "out=dyn", "--context-length", "5"]).contains("--context-length"));
         assert!(usage_error(&["out=dyn", "--kv-cache-block-size", "5"]).contains("--kv-cache-block-size"));
         assert!(usage_error(&["out=vllm"]).contains("not part of this build"));
-        assert!(usage_error(&["out=dyn", "--router-mode", "kv"]).contains("kv routing is not available yet"));
         assert!(usage_error(&["in=http", "in=text"]).contains("twice"));
         assert!(usage_error(&["in=nope"]).contains("unknown input"));
         assert!(usage_error(&["out=nope"]).contains("unknown output"));

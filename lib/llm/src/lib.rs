@@ -14,6 +14,7 @@ pub mod discovery;
 pub mod engine;
 pub mod engines;
 pub mod http;
+pub mod kv_router;
 pub mod mocker;
 pub mod model_card;
 pub mod model_manager;

@@ -11,13 +11,18 @@ pub enum RouterMode {
     RoundRobin,
     /// Uniformly at random.
     Random,
+    /// Approximate KV-cache-aware routing ([`crate::kv_router`]) for `backend` models,
+    /// whose requests carry token ids. `chat`/`completions` models (no token ids at the
+    /// frontend) fall back to round-robin.
+    Kv,
 }
 
 impl RouterMode {
-    /// The runtime client's mode.
+    /// The runtime client's mode; `Kv` is round-robin there (the KV router picks an
+    /// instance itself and sends directly).
     pub fn to_runtime(self) -> dynamo_runtime::RouterMode {
         match self {
-            RouterMode::RoundRobin => dynamo_runtime::RouterMode::RoundRobin,
+            RouterMode::RoundRobin | RouterMode::Kv => dynamo_runtime::RouterMode::RoundRobin,
             RouterMode::Random => dynamo_runtime::RouterMode::Random,
         }
     }
@@ -27,6 +32,7 @@ impl RouterMode {
         match self {
             RouterMode::RoundRobin => "round-robin",
             RouterMode::Random => "random",
+            RouterMode::Kv => "kv",
         }
     }
 }
@@ -39,7 +45,7 @@ impl fmt::Display for RouterMode {
 
 /// A router mode name that is not known.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown router mode '{0}': expected round-robin or random")]
+#[error("unknown router mode '{0}': expected round-robin, random or kv")]
 pub struct UnknownRouterMode(pub String);
 
 impl FromStr for RouterMode {
@@ -49,6 +55,7 @@ impl FromStr for RouterMode {
         match s.to_ascii_lowercase().as_str() {
             "round-robin" | "round_robin" | "roundrobin" => Ok(RouterMode::RoundRobin),
             "random" => Ok(RouterMode::Random),
+            "kv" => Ok(RouterMode::Kv),
             _ => Err(UnknownRouterMode(s.to_string())),
         }
     }
@@ -62,7 +69,10 @@ mod tests {
     fn parse_names() {
         assert_eq!("round-robin".parse::<RouterMode>().unwrap(), RouterMode::RoundRobin);
         assert_eq!("Random".parse::<RouterMode>().unwrap(), RouterMode::Random);
-        assert!("kv".parse::<RouterMode>().unwrap_err().to_string().contains("round-robin"));
+        assert_eq!("KV".parse::<RouterMode>().unwrap(), RouterMode::Kv);
+        assert_eq!(RouterMode::Kv.to_string(), "kv");
+        assert!("lru".parse::<RouterMode>().unwrap_err().to_string().contains("kv"));
+        assert_eq!(RouterMode::Kv.to_runtime(), dynamo_runtime::RouterMode::RoundRobin);
         assert_eq!(RouterMode::Random.to_runtime(), dynamo_runtime::RouterMode::Random);
     }
 }

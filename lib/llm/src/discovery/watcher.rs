@@ -19,6 +19,7 @@ use super::model_entry::{ModelEntry, MODELS_PREFIX};
 use super::remote::{RemoteOpenAIEngine, RemoteTokenEngine};
 use super::router_mode::RouterMode;
 use crate::engine::{OpenAIEngine, TokenEngine};
+use crate::kv_router::{KvRouter, KvRouterConfig};
 use crate::model_card::ModelKind;
 use crate::model_manager::{EngineKind, ModelManager, ReadyCheck};
 
@@ -65,7 +66,9 @@ fn has_instances(client: &Client) -> ReadyCheck {
 
 impl ModelWatcher {
     /// A watcher registering into `manager`, routing with `router_mode`, building
-    /// `backend` models with `factory`.
+    /// `backend` models with `factory`. With [`RouterMode::Kv`], each `backend` model
+    /// gets its own [`KvRouter`] (block size from its entry, default 16); `chat` and
+    /// `completions` models have no token ids at the frontend and go round-robin.
     pub fn new(runtime: DistributedRuntime, manager: Arc<ModelManager>, router_mode: RouterMode, factory: EngineFactory) -> Self {
         ModelWatcher {
             runtime,
@@ -174,7 +177,13 @@ impl ModelWatcher {
             ModelKind::Chat | ModelKind::Completions => Ok((Arc::new(RemoteOpenAIEngine::new(client, self.router_mode)), ready)),
             ModelKind::Backend => {
                 let card = fetch_card(&self.runtime, entry, self.card_timeout).await?;
-                let tokens: Arc<dyn TokenEngine> = Arc::new(RemoteTokenEngine::new(client, self.router_mode));
+                let tokens: Arc<dyn TokenEngine> = match self.router_mode {
+                    RouterMode::Kv => {
+                        let config = KvRouterConfig::with_block_size(entry.kv_cache_block_size);
+                        Arc::new(RemoteTokenEngine::with_kv_router(client, KvRouter::new(config)))
+                    }
+                    mode => Arc::new(RemoteTokenEngine::new(client, mode)),
+                };
                 let engine = (self.factory)(card, tokens).map_err(ModelDiscoveryError::Card)?;
                 Ok((engine, ready))
             }

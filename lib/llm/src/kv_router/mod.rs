@@ -1,0 +1,23 @@
+//! Approximate KV-cache-aware routing (`--router-mode kv`), without KV events: the
+//! router predicts what each worker has cached from its own routing decisions. A
+//! request's tokens are hashed into chained full blocks (as in
+//! [`crate::mocker::hash_full_blocks`]); each worker is scored by how many leading blocks it is
+//! predicted to hold and by the requests the router has in flight on it.
+//!
+//! - [`indexer`]: per-worker predicted blocks (bounded LRU with a TTL).
+//! - [`selector`]: the cost function and the tie-break.
+//! - [`inflight`]: in-flight counts, released when a response stream ends.
+//! - [`router`]: [`KvRouter`], which puts them together.
+//!
+//! Approximate: a worker's real cache may evict earlier than predicted, or hold blocks
+//! it got from requests other frontends sent.
+
+pub mod indexer;
+pub mod inflight;
+pub mod router;
+pub mod selector;
+
+pub use indexer::ApproxIndexer;
+pub use inflight::{GuardedStream, InflightGuard, InflightTracker};
+pub use router::{KvDecision, KvRouter, KvRouterConfig, DEFAULT_BLOCK_SIZE, DEFAULT_MAX_BLOCKS_PER_WORKER, DEFAULT_TTL};
+pub use selector::{Candidate, SelectorWeights, DEFAULT_LOAD_WEIGHT, DEFAULT_OVERLAP_WEIGHT};
