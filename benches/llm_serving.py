@@ -448,6 +448,12 @@ def mocker_scenario(args: argparse.Namespace, log_dir: Path) -> list[Result]:
         run_async(wait_for_instances(env, "bench.mocker.generate", 2))
         bodies = prefix_workload(args.requests)
         print(f"  prompt tokens of one request: {prompt_tokens(port, bodies[0])}")
+        if args.warmup:
+            # One request per system prompt, one at a time and not measured: the caches start
+            # as a running server's would, instead of 32 or 128 cold prefills at once.
+            warm = prefix_workload(args.warmup)
+            measure("warmup", port, 1, warm, duration=None, requests=len(warm), client_procs=1)
+            print(f"  warm-up: {len(warm)} requests, one at a time, not measured")
         results = []
         for concurrency in args.concurrency:
             result = measure("mocker", port, concurrency, bodies, duration=None, requests=args.requests,
@@ -514,6 +520,9 @@ def main() -> None:
                         help="the mocker's speedup_ratio (default 1: its timing model in real time)")
     parser.add_argument("--model-path", type=Path, default=DEFAULT_MODEL_PATH, help="tokenizer folder of the mocker")
     parser.add_argument("--client-procs", type=int, default=1, help="client processes sharing the clients")
+    parser.add_argument("--warmup", type=int, default=SYSTEM_PROMPTS,
+                        help=f"unmeasured requests before the mocker levels (default {SYSTEM_PROMPTS}: one per "
+                             "system prompt; 0: start cold)")
     parser.add_argument("--router-mode", choices=["round-robin", "random", "kv"], default="round-robin",
                         help="the frontend's router mode in the mocker scenario (default round-robin)")
     parser.add_argument("--json", type=Path, help="also write the figures here")

@@ -113,8 +113,9 @@ async def test_openai_client_streams_from_mocker(
     assert completion.usage is not None and completion.usage.completion_tokens == 5
 
 
+@pytest.mark.parametrize("router_mode", ["round-robin", "kv"])
 async def test_mocker_num_workers(
-    runtime: Any, workers: WorkerPool, namespace: str, model_dir: Path, fast_mocker_args: Path
+    runtime: Any, workers: WorkerPool, namespace: str, model_dir: Path, fast_mocker_args: Path, router_mode: str
 ) -> None:
     supervisor = start_mocker(
         workers, f"{namespace}.mocker.generate", model_dir, "--num-workers", "2",
@@ -123,7 +124,7 @@ async def test_mocker_num_workers(
     endpoint_client = await runtime.namespace(namespace).component("mocker").endpoint("generate").client()
     ids = await wait_for_instances(endpoint_client, 2)
     assert len(set(ids)) == 2
-    frontend = await start_frontend(workers, "dyn")
+    frontend = await start_frontend(workers, "dyn", "--router-mode", router_mode)
     await frontend.wait_models([model_dir.name])
     for _ in range(4):
         response = frontend.post("/v1/chat/completions", chat_body(model_dir.name, "w9", max_tokens=2))

@@ -20,6 +20,7 @@ use super::remote::{RemoteOpenAIEngine, RemoteTokenEngine};
 use super::router_mode::RouterMode;
 use crate::engine::{OpenAIEngine, TokenEngine};
 use crate::kv_router::{KvRouter, KvRouterConfig};
+use crate::mocker::KV_EVENTS_SUBJECT;
 use crate::model_card::ModelKind;
 use crate::model_manager::{EngineKind, ModelManager, ReadyCheck};
 
@@ -180,7 +181,10 @@ impl ModelWatcher {
                 let tokens: Arc<dyn TokenEngine> = match self.router_mode {
                     RouterMode::Kv => {
                         let config = KvRouterConfig::with_block_size(entry.kv_cache_block_size);
-                        Arc::new(RemoteTokenEngine::with_kv_router(client, KvRouter::new(config)))
+                        let router = KvRouter::new(config);
+                        // Workers that publish KV events (the mocker) correct the predictions.
+                        router.follow_events(endpoint.component().subscribe(KV_EVENTS_SUBJECT).await?);
+                        Arc::new(RemoteTokenEngine::with_kv_router(client, router))
                     }
                     mode => Arc::new(RemoteTokenEngine::new(client, mode)),
                 };

@@ -86,6 +86,16 @@ impl ApproxIndexer {
         blocks.trim(now, self.ttl, self.max_blocks_per_worker);
     }
 
+    /// Forget that `worker` holds `hashes` (it evicted them).
+    pub fn remove_blocks(&mut self, worker: u64, hashes: &[u64]) {
+        let Some(blocks) = self.workers.get_mut(&worker) else { return };
+        for hash in hashes {
+            if let Some((seq, _)) = blocks.blocks.remove(hash) {
+                blocks.order.remove(&seq);
+            }
+        }
+    }
+
     /// Forget `worker` entirely.
     pub fn remove_worker(&mut self, worker: u64) {
         self.workers.remove(&worker);
@@ -127,6 +137,18 @@ mod tests {
         assert_eq!(index.overlap(1, &[99, 10], now), 0);
         assert_eq!(index.overlap(2, &[10], now), 0);
         assert_eq!(index.overlap(1, &[], now), 0);
+    }
+
+    #[test]
+    fn removed_blocks_break_the_chain() {
+        let now = Instant::now();
+        let mut index = ApproxIndexer::new(TTL, 100);
+        index.record(1, &[10, 11, 12], now);
+        index.remove_blocks(1, &[11, 99]);
+        assert_eq!(index.overlap(1, &[10, 11, 12], now), 1);
+        assert_eq!(index.block_count(1), 2);
+        index.remove_blocks(7, &[10]); // unknown worker: nothing happens
+        assert_eq!(index.overlap(1, &[10], now), 1);
     }
 
     #[test]

@@ -1,5 +1,7 @@
-//! Approximate KV-cache-aware routing (`--router-mode kv`), without KV events: the
-//! router predicts what each worker has cached from its own routing decisions. A
+//! KV-cache-aware routing (`--router-mode kv`): the router predicts what each worker has
+//! cached from its own routing decisions, and corrects the predictions with the workers'
+//! KV events (`stored`, `removed`, `cleared` on the component's `kv_events` subject) when
+//! they publish them (the mocker does). A
 //! request's tokens are hashed into chained full blocks (as in
 //! [`crate::mocker::hash_full_blocks`]); each worker is scored by how many leading blocks it is
 //! predicted to hold and by the requests the router has in flight on it.
@@ -9,8 +11,8 @@
 //! - [`inflight`]: in-flight counts, released when a response stream ends.
 //! - [`router`]: [`KvRouter`], which puts them together.
 //!
-//! Approximate: a worker's real cache may evict earlier than predicted, or hold blocks
-//! it got from requests other frontends sent.
+//! Approximate where events are missing: without them, a worker's real cache may evict
+//! earlier than predicted, or hold blocks it got from requests other frontends sent.
 
 pub mod indexer;
 pub mod inflight;

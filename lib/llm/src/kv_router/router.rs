@@ -1,16 +1,19 @@
 //! [`KvRouter`]: hashes a request's tokens into blocks, scores the live workers with
 //! the [`ApproxIndexer`]'s predicted overlap and the in-flight counts, and records the
-//! choice as the chosen worker's new cache contents.
+//! choice as the chosen worker's new cache contents; the workers' KV events, when
+//! followed, correct the predictions (evicted blocks stop counting).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use dynamo_runtime::events::Subscription;
 use parking_lot::Mutex;
+use tokio::task::JoinHandle;
 
 use super::indexer::ApproxIndexer;
 use super::inflight::{InflightGuard, InflightTracker};
 use super::selector::{select, Candidate, SelectorWeights};
-use crate::mocker::hash_full_blocks;
+use crate::mocker::{hash_full_blocks, KvCacheEventData, RouterEvent};
 
 /// Default tokens per KV-cache block, when the model does not say.
 pub const DEFAULT_BLOCK_SIZE: u32 = 16;
@@ -68,6 +71,16 @@ pub struct KvRouter {
     config: KvRouterConfig,
     index: Mutex<ApproxIndexer>,
     inflight: InflightTracker,
+    /// The task following the workers' KV events, if any (see [`KvRouter::follow_events`]).
+    events_task: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Drop for KvRouter {
+    fn drop(&mut self) {
+        if let Some(task) = self.events_task.lock().take() {
+            task.abort();
+        }
+    }
 }
 
 impl KvRouter {
@@ -78,6 +91,7 @@ impl KvRouter {
             config: KvRouterConfig { block_size, ..config },
             index: Mutex::new(ApproxIndexer::new(config.ttl, config.max_blocks_per_worker)),
             inflight: InflightTracker::default(),
+            events_task: Mutex::new(None),
         })
     }
 
@@ -120,6 +134,41 @@ impl KvRouter {
     /// Requests in flight on `worker`.
     pub fn inflight(&self, worker: u64) -> usize {
         self.inflight.get(worker)
+    }
+
+    /// Reconcile the index with a worker's KV event (as the mocker publishes them on
+    /// `kv_events`): stored blocks are held from now on, removed ones no longer are,
+    /// `cleared` forgets the worker. Predictions from routing decisions stay in between,
+    /// so a request that follows another before its events arrive still finds its prefix.
+    pub fn apply_event(&self, event: &RouterEvent) {
+        let mut index = self.index.lock();
+        match &event.event.data {
+            KvCacheEventData::Stored(stored) => {
+                let hashes: Vec<u64> = stored.blocks.iter().map(|b| b.block_hash).collect();
+                index.record(event.worker_id, &hashes, Instant::now());
+            }
+            KvCacheEventData::Removed(removed) => index.remove_blocks(event.worker_id, &removed.block_hashes),
+            KvCacheEventData::Cleared => index.remove_worker(event.worker_id),
+        }
+    }
+
+    /// Feed the KV events of `subscription` (the workers' `kv_events` subject) into this
+    /// router until it is dropped or the subscription ends. The task holds only a weak
+    /// reference and is aborted when the router is dropped.
+    pub fn follow_events(self: &Arc<Self>, mut subscription: Subscription) {
+        let weak = Arc::downgrade(self);
+        let task = tokio::spawn(async move {
+            while let Some(event) = subscription.next_event().await {
+                let Some(router) = weak.upgrade() else { return };
+                match serde_json::from_slice::<RouterEvent>(&event.payload) {
+                    Ok(event) => router.apply_event(&event),
+                    Err(e) => tracing::warn!(subject = event.subject, error = %e, "ignoring a malformed KV event"),
+                }
+            }
+        });
+        if let Some(old) = self.events_task.lock().replace(task) {
+            old.abort();
+        }
     }
 
     /// Forget what `worker` was predicted to hold (it is gone).
@@ -186,6 +235,24 @@ mod tests {
         router.remove_worker(2);
         assert_eq!(router.predicted_overlap(2, &a), 0);
         assert!(router.route(&a, &[]).is_none());
+    }
+
+    #[test]
+    fn kv_events_correct_the_predictions() {
+        use crate::mocker::{KvCacheEvent, KvCacheRemoveData, KvCacheStoreData, KvCacheStoredBlockData};
+        let r = router();
+        let a = prompt(0, 16); // 4 blocks of 4
+        let chain: Vec<u64> = hash_full_blocks(&a, 4).iter().map(|b| b.block_hash).collect();
+        let event = |data| RouterEvent { worker_id: 2, event: KvCacheEvent { event_id: 0, data } };
+        // Worker 2 reports holding A's blocks: A's next request goes there.
+        let blocks = chain.iter().map(|&h| KvCacheStoredBlockData { block_hash: h, tokens_hash: 0 }).collect();
+        r.apply_event(&event(KvCacheEventData::Stored(KvCacheStoreData { parent_hash: None, blocks })));
+        assert_eq!(r.predicted_overlap(2, &a), 4);
+        // It evicts the second block: only the first still counts.
+        r.apply_event(&event(KvCacheEventData::Removed(KvCacheRemoveData { block_hashes: vec![chain[1]] })));
+        assert_eq!(r.predicted_overlap(2, &a), 1);
+        r.apply_event(&event(KvCacheEventData::Cleared));
+        assert_eq!(r.predicted_overlap(2, &a), 0);
     }
 
     #[test]
