@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import inspect
-from collections.abc import Callable
 from typing import Any, ClassVar
 
 from pydantic import TypeAdapter, ValidationError
@@ -242,5 +241,3 @@ def service(
 
     return decorator(inner) if inner is not None else decorator
 
-
-Decorator = Callable[[type], DynamoService]

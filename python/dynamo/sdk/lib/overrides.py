@@ -123,7 +123,7 @@ def parse_overrides(
             leftover.append(arg)
             continue
         name, eq, raw = arg[2:].partition("=")
-        path = [p for p in name.split(".")]
+        path = name.split(".")
         if any(not p for p in path):
             raise ServiceConfigError(f"malformed option {arg!r}: empty key in {name!r}")
         if len(path) == 1 and default_service is None:
@@ -141,11 +141,3 @@ def parse_overrides(
         overrides = deep_merge(overrides, _nest(path, parse_value(raw, keep_string)))
     return overrides, leftover
 
-
-def resolve_config(config_file: str | None, cli_args: Iterable[str]) -> tuple[dict[str, Any], list[str]]:
-    """The user configuration of a graph: ``DYN_DEPLOYMENT_CONFIG`` or the file, with the
-    command-line overrides merged over it. Returns it and the unparsed arguments."""
-    deployed = load_deployment_config()
-    base = deployed if deployed is not None else (load_config_file(config_file) if config_file else {})
-    overrides, leftover = parse_overrides(cli_args)
-    return deep_merge(base, overrides), leftover
