@@ -276,6 +276,7 @@ def register_llm(
     kind: str = "backend",
     context_length: int | None = None,
     kv_cache_block_size: int | None = None,
+    migration_limit: int | None = None,
 ) -> Coroutine[Any, Any, None]:
     """Register the model served on ``endpoint`` so that frontends discover it: build its
     card, serve the card on ``{endpoint}_card`` of the same component, and write the
@@ -298,6 +299,10 @@ def register_llm(
             ``"completions"``.
         context_length: overrides the card's context length (tokens, at least 1).
         kv_cache_block_size: overrides the card's KV block size (tokens, at least 1).
+        migration_limit: how many times a frontend may continue a stream of this model
+            on another worker when its worker dies or stalls mid-stream (prompt plus the
+            tokens generated so far are re-sent). ``None``: the frontend's
+            ``--migration-limit`` (default 0).
 
     Returns:
         A coroutine that completes once the model is registered.

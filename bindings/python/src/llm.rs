@@ -44,6 +44,7 @@ struct CardRequest {
     kind: String,
     context_length: Option<u32>,
     kv_cache_block_size: Option<u32>,
+    migration_limit: Option<u32>,
 }
 
 impl CardRequest {
@@ -78,6 +79,7 @@ impl CardRequest {
         registration.card_checksum = Some(card.checksum());
         registration.context_length = Some(card.context_length);
         registration.kv_cache_block_size = Some(card.kv_cache_block_size);
+        registration.migration_limit = self.migration_limit;
         let json = serde_json::to_value(&card).map_err(|e| DynamoError::new_err(format!("cannot serialize the card: {e}")))?;
         Ok((registration, Some(json)))
     }
@@ -85,7 +87,7 @@ impl CardRequest {
 
 /// Register the model served on `endpoint` with the discovery plane.
 #[pyfunction]
-#[pyo3(signature = (endpoint, model_path=None, model_name=None, kind="backend", context_length=None, kv_cache_block_size=None))]
+#[pyo3(signature = (endpoint, model_path=None, model_name=None, kind="backend", context_length=None, kv_cache_block_size=None, migration_limit=None))]
 pub fn register_llm(
     py: Python<'_>,
     endpoint: &PyEndpoint,
@@ -94,10 +96,11 @@ pub fn register_llm(
     kind: &str,
     context_length: Option<u32>,
     kv_cache_block_size: Option<u32>,
+    migration_limit: Option<u32>,
 ) -> PyResult<Py<PyAny>> {
     // Check the kind at once, so that a typo fails at the call rather than when awaited.
     parse_kind::<dynamo_llm::model_card::ModelKind>(kind)?;
-    let request = CardRequest { model_path, model_name, kind: kind.to_string(), context_length, kv_cache_block_size };
+    let request = CardRequest { model_path, model_name, kind: kind.to_string(), context_length, kv_cache_block_size, migration_limit };
     let ep = endpoint.inner.clone();
     let registered = endpoint.bridge.awaitable(
         py,

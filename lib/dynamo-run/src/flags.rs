@@ -58,6 +58,13 @@ pub struct Flags {
     #[arg(long, value_name = "TOKENS", value_parser = clap::value_parser!(u32).range(1..))]
     pub kv_cache_block_size: Option<u32>,
 
+    /// Times a stream broken mid-way (its worker died, stalled or was cut off) is
+    /// continued on another worker with the prompt plus the tokens generated so far.
+    /// With `in=dyn://…` it is registered with the model; with `out=dyn` it is the
+    /// default for models that register none (default 0: no migration).
+    #[arg(long, value_name = "N")]
+    pub migration_limit: Option<u32>,
+
     /// JSON file of engine arguments (`out=mocker`: see docs/mocker.md).
     #[arg(long, value_name = "FILE")]
     pub extra_engine_args: Option<PathBuf>,
@@ -183,6 +190,7 @@ pub struct RunConfig {
     pub router_mode: RouterMode,
     pub context_length: Option<u32>,
     pub kv_cache_block_size: Option<u32>,
+    pub migration_limit: Option<u32>,
     pub extra_engine_args: Option<PathBuf>,
     pub max_tokens: Option<u32>,
     pub verbose: u8,
@@ -234,6 +242,12 @@ impl Flags {
                 }
             }
         }
+        if self.migration_limit.is_some() && !(output == Output::Dyn || matches!(input, Input::Endpoint(_))) {
+            return usage(
+                "--migration-limit applies to out=dyn (a frontend) and in=dyn://… (a worker registering its model)"
+                    .to_string(),
+            );
+        }
         if self.extra_engine_args.is_some() && output != Output::Mocker {
             return usage(format!("--extra-engine-args is read by out=mocker only, not out={}", output.as_str()));
         }
@@ -257,6 +271,7 @@ impl Flags {
             router_mode,
             context_length: self.context_length,
             kv_cache_block_size: self.kv_cache_block_size,
+            migration_limit: self.migration_limit,
             extra_engine_args: self.extra_engine_args,
             max_tokens: self.max_tokens,
             verbose: self.verbose,

@@ -40,6 +40,7 @@ impl Models {
         let source = if config.output == Output::Dyn {
             let runtime = DistributedRuntime::from_env().await?;
             let watcher = ModelWatcher::new(runtime.clone(), manager.clone(), config.router_mode, Pipeline::factory())
+                .with_migration_limit(config.migration_limit.unwrap_or(0))
                 .start(runtime.child_token())
                 .await;
             match watcher {

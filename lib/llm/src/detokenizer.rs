@@ -100,11 +100,15 @@ impl Detokenizer {
         let result = match self.inner.next().await {
             Some(Ok(item)) => self.step(item),
             Some(Err(e)) => Err(e),
-            // The engine ended without saying why: release what is held and finish.
-            None => self.step(LLMEngineOutput {
-                finish_reason: Some(if self.ctx.is_stopped() { FinishReason::Cancelled } else { FinishReason::Stop }),
-                ..Default::default()
-            }),
+            // The engine ended without saying why. After a stop or kill that is the
+            // cancellation's end; otherwise the response is incomplete and must not
+            // reach the client as a normal end.
+            None if self.ctx.is_stopped() => {
+                self.step(LLMEngineOutput { finish_reason: Some(FinishReason::Cancelled), ..Default::default() })
+            }
+            None => Err(EngineError::Internal(
+                "the engine's stream ended without a finish reason; the response is incomplete".to_string(),
+            )),
         };
         match &result {
             Ok(out) => self.done = out.finish_reason.is_some(),
@@ -373,6 +377,23 @@ mod tests {
                 .await;
         assert_eq!(out.len(), 2);
         assert_eq!(out[1], Err(EngineError::Internal("boom".into())));
+    }
+
+    #[tokio::test]
+    async fn an_engine_ending_without_a_finish_reason_is_an_error_unless_stopped() {
+        let req = request(StopConditions::default(), vec![]);
+        let tok = tokenizer();
+        let ctx = RequestContext::new("t");
+        let out: Vec<_> = detokenize(&tok, &req, engine(singles("ab"), None), ctx).collect().await;
+        assert_eq!(out.len(), 3, "two steps, then the error: {out:?}");
+        assert!(out[..2].iter().all(Result::is_ok));
+        assert!(matches!(&out[2], Err(EngineError::Internal(m)) if m.contains("without a finish reason")), "{out:?}");
+
+        let ctx = RequestContext::new("t");
+        ctx.stop_generating();
+        let out: Vec<_> = detokenize(&tok, &req, engine(singles("ab"), None), ctx).collect().await;
+        let last = out.last().unwrap().as_ref().unwrap();
+        assert_eq!(last.finish_reason, Some(FinishReason::Cancelled));
     }
 
     #[test]

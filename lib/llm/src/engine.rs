@@ -30,6 +30,9 @@ pub enum EngineError {
     /// No worker can take the request now (503).
     #[error("{0}")]
     Unavailable(String),
+    /// A bounded wait on the worker ran out: no first item, or too long between items (504).
+    #[error("{0}")]
+    Timeout(String),
     /// Anything else (500).
     #[error("{0}")]
     Internal(String),
@@ -42,6 +45,7 @@ impl EngineError {
             EngineError::BadRequest(_) => 400,
             EngineError::NotFound(_) => 404,
             EngineError::Unavailable(_) => 503,
+            EngineError::Timeout(_) => 504,
             EngineError::Internal(_) => 500,
         }
     }
@@ -55,6 +59,9 @@ impl From<dynamo_runtime::Error> for EngineError {
                 EngineError::Unavailable(e.to_string())
             }
             ErrorKind::PayloadTooLarge => EngineError::BadRequest(e.to_string()),
+            ErrorKind::Timeout => EngineError::Timeout(e.to_string()),
+            // The worker vanished or stopped answering mid-request.
+            ErrorKind::Disconnected => EngineError::Unavailable(e.to_string()),
             _ => EngineError::Internal(e.to_string()),
         }
     }

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use parking_lot::RwLock;
+use prometheus::{IntCounterVec, Opts};
 
 use crate::engine::{EngineError, OpenAIEngine};
 
@@ -71,9 +72,21 @@ impl Model {
 }
 
 /// Thread-safe map of model name → engines. Cheap to share behind an `Arc`.
-#[derive(Default)]
 pub struct ModelManager {
     models: RwLock<BTreeMap<String, Model>>,
+    /// Streams continued on another worker, by model (the HTTP service exports it).
+    migrations: IntCounterVec,
+}
+
+impl Default for ModelManager {
+    fn default() -> Self {
+        let opts = Opts::new(
+            "dynamo_frontend_migrations_total",
+            "Requests continued on another worker after theirs failed mid-stream",
+        );
+        let migrations = IntCounterVec::new(opts, &["model"]).expect("a valid metric definition");
+        ModelManager { models: RwLock::new(BTreeMap::new()), migrations }
+    }
 }
 
 impl std::fmt::Debug for ModelManager {
@@ -162,6 +175,11 @@ impl ModelManager {
     /// The completions engine of `name`.
     pub fn completions_engine(&self, name: &str) -> Result<Arc<dyn OpenAIEngine>, EngineError> {
         self.engine(name, EngineKind::Completions)
+    }
+
+    /// The per-model counter of migrated streams (`dynamo_frontend_migrations_total`).
+    pub fn migrations(&self) -> &IntCounterVec {
+        &self.migrations
     }
 
     /// Every known model, sorted, whether it can be routed now or not.

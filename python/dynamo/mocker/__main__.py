@@ -41,6 +41,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--context-length", type=int, help="context length registered with the model")
     parser.add_argument("--speedup-ratio", type=float, help="divides every simulated time (overrides the file)")
     parser.add_argument("--num-gpu-blocks", type=int, help="KV cache capacity in blocks (overrides the file)")
+    parser.add_argument(
+        "--migration-limit", type=int,
+        help="times a frontend may continue a broken stream of this model on another worker (registered with it)",
+    )
     parser.add_argument("-v", "--verbose", action="count", default=0, help="debug logs (-vv: trace)")
     args = parser.parse_args(argv)
     if args.num_workers < 1:
@@ -81,6 +85,8 @@ def dynamo_run_argv(args: argparse.Namespace, engine_args_file: str | None) -> l
         argv += ["--kv-cache-block-size", str(args.kv_cache_block_size)]
     if args.context_length is not None:
         argv += ["--context-length", str(args.context_length)]
+    if args.migration_limit is not None:
+        argv += ["--migration-limit", str(args.migration_limit)]
     if args.verbose:
         argv.append("-" + "v" * min(args.verbose, 2))
     return argv

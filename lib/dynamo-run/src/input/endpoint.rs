@@ -63,6 +63,7 @@ async fn serve(
         card_checksum: Some(card.checksum()),
         context_length: Some(card.context_length),
         kv_cache_block_size: Some(card.kv_cache_block_size),
+        migration_limit: config.migration_limit,
     };
     register_model(&endpoint, registration, card_json).await?;
     output::status(&format!(

@@ -8,6 +8,7 @@
 mod card;
 mod error;
 mod linked_stream;
+mod migration;
 mod model_entry;
 mod register;
 mod remote;
@@ -19,6 +20,7 @@ pub mod wire;
 pub use card::{card_endpoint_name, fetch_card};
 pub use error::ModelDiscoveryError;
 pub use crate::model_card::ModelKind;
+pub use migration::MigrationPolicy;
 pub use model_entry::{endpoint_models_prefix, model_key, ModelEntry, MODELS_PREFIX};
 pub use register::{register_model, unregister_model, ModelRegistration};
 pub use remote::{RemoteOpenAIEngine, RemoteTokenEngine};

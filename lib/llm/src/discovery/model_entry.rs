@@ -31,6 +31,10 @@ pub struct ModelEntry {
     /// Tokens per KV-cache block.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv_cache_block_size: Option<u32>,
+    /// Times a frontend may continue a broken stream on another worker (`backend`
+    /// models; `None`: the frontend's `--migration-limit`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub migration_limit: Option<u32>,
 }
 
 impl ModelEntry {
@@ -75,6 +79,7 @@ mod tests {
             card_checksum: None,
             context_length: Some(4096),
             kv_cache_block_size: None,
+            migration_limit: Some(2),
         };
         assert_eq!(entry.key(), "v1/models/dyn/a%2Fb/generate/ff");
         let json = serde_json::to_value(&entry).unwrap();

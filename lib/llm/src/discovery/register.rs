@@ -21,12 +21,22 @@ pub struct ModelRegistration {
     pub context_length: Option<u32>,
     /// Tokens per KV-cache block.
     pub kv_cache_block_size: Option<u32>,
+    /// How many times a frontend may continue a broken stream of this model on
+    /// another worker (`None`: the frontend's default).
+    pub migration_limit: Option<u32>,
 }
 
 impl ModelRegistration {
     /// A registration with only a name and a kind.
     pub fn new(name: impl Into<String>, kind: ModelKind) -> Self {
-        ModelRegistration { name: name.into(), kind, card_checksum: None, context_length: None, kv_cache_block_size: None }
+        ModelRegistration {
+            name: name.into(),
+            kind,
+            card_checksum: None,
+            context_length: None,
+            kv_cache_block_size: None,
+            migration_limit: None,
+        }
     }
 }
 
@@ -55,6 +65,7 @@ pub async fn register_model(
         card_checksum: registration.card_checksum,
         context_length: registration.context_length,
         kv_cache_block_size: registration.kv_cache_block_size,
+        migration_limit: registration.migration_limit,
     };
     runtime.discovery().put_leased(&entry.key(), serde_json::to_vec_pretty(&entry)?.into()).await?;
     tracing::info!(model = entry.name, kind = entry.kind.as_str(), endpoint = %entry.endpoint, "model registered");

@@ -1,31 +1,30 @@
 //! Engines that forward to a worker over the runtime's request plane: an OpenAI
 //! engine (for `chat`/`completions` models) and a token engine (for `backend` models,
 //! under the frontend's preprocessor). Formats are in [`super::wire`]. The token engine
-//! may route with a [`KvRouter`] instead of the client's modes.
+//! may route with a [`KvRouter`] instead of the client's modes, and continues a stream
+//! broken mid-way on another worker (see [`super::migration`]).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::StreamExt;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use std::sync::Arc;
 
 use dynamo_runtime::{Client, ErrorKind};
 
 use super::linked_stream::LinkedStream;
+use super::migration::{migrating, Attempt, MigrationPolicy, Resender, StreamFailure, WorkerStream};
 use super::router_mode::RouterMode;
 use super::wire::{decode_error, decode_openai_item};
-use crate::kv_router::{GuardedStream, KvRouter};
 use crate::engine::{
     ChatStream, CompletionStream, EngineError, OpenAIEngine, OpenAIStream, RequestContext, TokenEngine, TokenStream,
 };
+use crate::kv_router::{GuardedStream, KvRouter};
 use crate::protocols::common::{LLMEngineOutput, PreprocessedRequest};
-use crate::protocols::openai::{ChatCompletionRequest, CompletionRequest};
-
-/// Send `request` as JSON and return the worker's item stream, linked to `ctx`.
-async fn send(client: &Client, mode: RouterMode, request: &impl Serialize, ctx: &RequestContext) -> Result<LinkedStream, EngineError> {
-    send_with(client, mode.to_runtime(), request, ctx).await.map_err(decode_error)
-}
+use crate::protocols::openai::{ChatCompletionRequest, CompletionRequest, FinishingChunk};
 
 /// Send `request` as JSON with the runtime's `mode`; the runtime's error as is.
 async fn send_with(
@@ -41,61 +40,57 @@ async fn send_with(
     Ok(LinkedStream::new(stream, ctx))
 }
 
-/// Send `request` to the worker `router` picks among `client`'s instances. If that
-/// instance is gone by the time of sending, it is dropped from the router's index and
-/// the request goes round-robin instead (once). The returned stream counts as in
-/// flight on the chosen worker until it ends or is dropped.
-async fn send_kv(
-    client: &Client,
-    router: &KvRouter,
-    mut request: PreprocessedRequest,
-    ctx: &RequestContext,
-) -> Result<TokenStream, EngineError> {
-    let Some(decision) = router.route(&request.token_ids, &client.instance_ids()) else {
-        // No instances: the client says so with the usual error.
-        return Ok(token_items(send(client, RouterMode::RoundRobin, &request, ctx).await?));
-    };
-    request.estimated_prefix_hit_num_blocks = Some(u32::try_from(decision.overlap_blocks).unwrap_or(u32::MAX));
-    let guard = router.start_request(decision.worker);
-    match send_with(client, dynamo_runtime::RouterMode::Direct(decision.worker), &request, ctx).await {
-        Ok(stream) => Ok(GuardedStream::new(token_items(stream), guard).boxed()),
-        Err(e) if matches!(e.kind(), ErrorKind::NoInstances | ErrorKind::InstanceNotFound | ErrorKind::Unavailable) => {
-            tracing::debug!(instance = %format_args!("{:x}", decision.worker), error = %e.full_message(), "kv-routed instance is gone; sending round-robin");
-            drop(guard);
-            router.remove_worker(decision.worker);
-            request.estimated_prefix_hit_num_blocks = None;
-            Ok(token_items(send(client, RouterMode::RoundRobin, &request, ctx).await?))
-        }
-        Err(e) => Err(decode_error(e)),
-    }
-}
-
 /// The worker's items decoded as engine outputs; annotation-only items are skipped.
-fn token_items(stream: LinkedStream) -> TokenStream {
+fn worker_items(stream: LinkedStream) -> WorkerStream {
     stream
         .filter_map(|item| async move {
             match item {
                 Ok(item) if item.body.is_empty() => None,
                 Ok(item) => Some(serde_json::from_slice::<LLMEngineOutput>(&item.body).map_err(|e| {
-                    EngineError::Internal(format!("the worker sent an item that is not an LLMEngineOutput: {e}"))
+                    StreamFailure::Decode(EngineError::Internal(format!(
+                        "the worker sent an item that is not an LLMEngineOutput: {e}"
+                    )))
                 })),
-                Err(e) => Some(Err(decode_error(e))),
+                Err(e) => Some(Err(StreamFailure::Runtime(e))),
             }
         })
         .boxed()
 }
 
-/// The worker's items decoded as OpenAI chunks; annotation-only items are skipped.
-fn openai_items<T: DeserializeOwned + Send + 'static>(stream: LinkedStream) -> OpenAIStream<T> {
-    stream
-        .filter_map(|item| async move {
-            match item {
-                Ok(item) if item.body.is_empty() => None,
-                Ok(item) => Some(decode_openai_item::<T>(&item.body)),
-                Err(e) => Some(Err(decode_error(e))),
+/// The worker's items decoded as OpenAI chunks; annotation-only items are skipped. A
+/// stream that ends before any chunk carried a finish reason (unless the caller stopped
+/// it) ends with an error, so a truncated response never looks complete.
+fn openai_items<T>(stream: LinkedStream, ctx: &RequestContext) -> OpenAIStream<T>
+where
+    T: DeserializeOwned + FinishingChunk + Send + 'static,
+{
+    struct State {
+        stream: LinkedStream,
+        ctx: RequestContext,
+        finished: bool,
+        done: bool,
+    }
+    let state = State { stream, ctx: ctx.clone(), finished: false, done: false };
+    futures::stream::unfold(state, |mut st| async move {
+        while !st.done {
+            let item = match st.stream.next().await {
+                Some(Ok(item)) if item.body.is_empty() => continue,
+                Some(Ok(item)) => decode_openai_item::<T>(&item.body),
+                Some(Err(e)) => Err(decode_error(e)),
+                None if st.finished || st.ctx.is_stopped() => return None,
+                None => Err(EngineError::Internal(
+                    "the worker's stream ended without a finish reason; the response is incomplete".to_string(),
+                )),
+            };
+            match &item {
+                Ok(chunk) => st.finished |= chunk.data.finishes(),
+                Err(_) => st.done = true,
             }
-        })
-        .boxed()
+            return Some((item, st));
+        }
+        None
+    })
+    .boxed()
 }
 
 /// An OpenAI engine served by workers of one endpoint.
@@ -115,56 +110,125 @@ impl RemoteOpenAIEngine {
     pub fn client(&self) -> &Client {
         &self.client
     }
+
+    async fn send(&self, request: &impl Serialize, ctx: &RequestContext) -> Result<LinkedStream, EngineError> {
+        send_with(&self.client, self.mode.to_runtime(), request, ctx).await.map_err(decode_error)
+    }
 }
 
 #[async_trait]
 impl OpenAIEngine for RemoteOpenAIEngine {
     async fn chat(&self, request: ChatCompletionRequest, ctx: RequestContext) -> Result<ChatStream, EngineError> {
-        Ok(openai_items(send(&self.client, self.mode, &request, &ctx).await?))
+        Ok(openai_items(self.send(&request, &ctx).await?, &ctx))
     }
 
     async fn completion(&self, request: CompletionRequest, ctx: RequestContext) -> Result<CompletionStream, EngineError> {
-        Ok(openai_items(send(&self.client, self.mode, &request, &ctx).await?))
+        Ok(openai_items(self.send(&request, &ctx).await?, &ctx))
     }
 }
 
 /// A token engine served by workers of one endpoint.
 #[derive(Debug, Clone)]
 pub struct RemoteTokenEngine {
+    inner: Arc<Sender>,
+    migration: MigrationPolicy,
+}
+
+/// What sends one attempt of a token request; shared by the engine and the
+/// migrating streams it returns.
+#[derive(Debug)]
+struct Sender {
     client: Client,
     mode: RouterMode,
     kv: Option<Arc<KvRouter>>,
+    /// Round-robin position among instances when a continuation must avoid some.
+    next: AtomicUsize,
 }
 
 impl RemoteTokenEngine {
     /// Forward to the instances of `client`'s endpoint, picked by `mode` (`Kv` here is
     /// round-robin: use [`Self::with_kv_router`]).
     pub fn new(client: Client, mode: RouterMode) -> Self {
-        RemoteTokenEngine { client, mode, kv: None }
+        Self::build(client, mode, None)
     }
 
     /// Forward to the instances of `client`'s endpoint that `router` picks.
     pub fn with_kv_router(client: Client, router: Arc<KvRouter>) -> Self {
-        RemoteTokenEngine { client, mode: RouterMode::Kv, kv: Some(router) }
+        Self::build(client, RouterMode::Kv, Some(router))
+    }
+
+    fn build(client: Client, mode: RouterMode, kv: Option<Arc<KvRouter>>) -> Self {
+        let inner = Arc::new(Sender { client, mode, kv, next: AtomicUsize::new(rand::random::<u32>() as usize) });
+        RemoteTokenEngine { inner, migration: MigrationPolicy::default() }
+    }
+
+    /// Continue a stream broken mid-way on another worker, up to `policy.limit` times.
+    pub fn with_migration(mut self, policy: MigrationPolicy) -> Self {
+        self.migration = policy;
+        self
     }
 
     /// The KV router, when it routes with one.
     pub fn kv_router(&self) -> Option<&Arc<KvRouter>> {
-        self.kv.as_ref()
+        self.inner.kv.as_ref()
     }
 
     /// The client it sends with.
     pub fn client(&self) -> &Client {
-        &self.client
+        &self.inner.client
+    }
+}
+
+impl Sender {
+    /// Send to the instance the router or mode picks, avoiding `avoid` when another
+    /// instance exists. A KV-routed instance that is gone by the time of sending is
+    /// dropped from the router's index and the request goes round-robin (once). A
+    /// KV-routed stream counts as in flight on its worker until it ends or is dropped.
+    async fn send(&self, mut request: PreprocessedRequest, ctx: &RequestContext, avoid: &[u64]) -> Result<Attempt, EngineError> {
+        let live: Vec<u64> = self.client.instance_ids();
+        let candidates: Vec<u64> = live.iter().copied().filter(|id| !avoid.contains(id)).collect();
+        let candidates = if candidates.is_empty() { live } else { candidates };
+        if let Some(router) = &self.kv {
+            if let Some(decision) = router.route(&request.token_ids, &candidates) {
+                request.estimated_prefix_hit_num_blocks = Some(u32::try_from(decision.overlap_blocks).unwrap_or(u32::MAX));
+                let guard = router.start_request(decision.worker);
+                let direct = dynamo_runtime::RouterMode::Direct(decision.worker);
+                match send_with(&self.client, direct, &request, ctx).await {
+                    Ok(stream) => {
+                        let stream = GuardedStream::new(worker_items(stream), guard).boxed();
+                        return Ok(Attempt { stream, instance: Some(decision.worker) });
+                    }
+                    Err(e) if matches!(e.kind(), ErrorKind::NoInstances | ErrorKind::InstanceNotFound | ErrorKind::Unavailable) => {
+                        tracing::debug!(instance = %format_args!("{:x}", decision.worker), error = %e.full_message(), "kv-routed instance is gone; sending round-robin");
+                        router.remove_worker(decision.worker);
+                        request.estimated_prefix_hit_num_blocks = None;
+                    }
+                    Err(e) => return Err(decode_error(e)),
+                }
+            }
+        } else if !avoid.is_empty() && !candidates.is_empty() {
+            // A continuation: go straight to an instance that has not failed this request.
+            let pick = candidates[self.next.fetch_add(1, Ordering::Relaxed) % candidates.len()];
+            let direct = dynamo_runtime::RouterMode::Direct(pick);
+            let stream = send_with(&self.client, direct, &request, ctx).await.map_err(decode_error)?;
+            return Ok(Attempt { stream: worker_items(stream), instance: Some(pick) });
+        }
+        let stream = send_with(&self.client, self.mode.to_runtime(), &request, ctx).await.map_err(decode_error)?;
+        Ok(Attempt { stream: worker_items(stream), instance: None })
+    }
+}
+
+#[async_trait]
+impl Resender for Arc<Sender> {
+    async fn resend(&self, request: PreprocessedRequest, ctx: &RequestContext, avoid: &[u64]) -> Result<Attempt, EngineError> {
+        self.send(request, ctx, avoid).await
     }
 }
 
 #[async_trait]
 impl TokenEngine for RemoteTokenEngine {
     async fn generate(&self, request: PreprocessedRequest, ctx: RequestContext) -> Result<TokenStream, EngineError> {
-        match &self.kv {
-            Some(router) => send_kv(&self.client, router, request, &ctx).await,
-            None => Ok(token_items(send(&self.client, self.mode, &request, &ctx).await?)),
-        }
+        let first = self.inner.send(request.clone(), &ctx, &[]).await?;
+        Ok(migrating(self.inner.clone(), request, ctx, first, self.migration.clone()))
     }
 }

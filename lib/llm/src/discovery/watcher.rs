@@ -16,6 +16,7 @@ use dynamo_runtime::{Client, DistributedRuntime, EndpointId};
 use super::card::fetch_card;
 use super::error::ModelDiscoveryError;
 use super::model_entry::{ModelEntry, MODELS_PREFIX};
+use super::migration::MigrationPolicy;
 use super::remote::{RemoteOpenAIEngine, RemoteTokenEngine};
 use super::router_mode::RouterMode;
 use crate::engine::{OpenAIEngine, TokenEngine};
@@ -39,6 +40,7 @@ pub struct ModelWatcher {
     router_mode: RouterMode,
     factory: EngineFactory,
     card_timeout: Duration,
+    migration_limit: u32,
     entries: HashMap<String, ModelEntry>,
     /// The endpoint each route of each model was built from.
     built: HashMap<(String, EngineKind), EndpointId>,
@@ -77,6 +79,7 @@ impl ModelWatcher {
             router_mode,
             factory,
             card_timeout: DEFAULT_CARD_TIMEOUT,
+            migration_limit: 0,
             entries: HashMap::new(),
             built: HashMap::new(),
         }
@@ -85,6 +88,13 @@ impl ModelWatcher {
     /// Bound on fetching a model card (default 10 s).
     pub fn with_card_timeout(mut self, timeout: Duration) -> Self {
         self.card_timeout = timeout;
+        self
+    }
+
+    /// Times a broken stream of a `backend` model is continued on another worker when
+    /// the model's entry does not say (default 0).
+    pub fn with_migration_limit(mut self, limit: u32) -> Self {
+        self.migration_limit = limit;
         self
     }
 
@@ -178,16 +188,21 @@ impl ModelWatcher {
             ModelKind::Chat | ModelKind::Completions => Ok((Arc::new(RemoteOpenAIEngine::new(client, self.router_mode)), ready)),
             ModelKind::Backend => {
                 let card = fetch_card(&self.runtime, entry, self.card_timeout).await?;
-                let tokens: Arc<dyn TokenEngine> = match self.router_mode {
+                let remote = match self.router_mode {
                     RouterMode::Kv => {
                         let config = KvRouterConfig::with_block_size(entry.kv_cache_block_size);
                         let router = KvRouter::new(config);
                         // Workers that publish KV events (the mocker) correct the predictions.
                         router.follow_events(endpoint.component().subscribe(KV_EVENTS_SUBJECT).await?);
-                        Arc::new(RemoteTokenEngine::with_kv_router(client, router))
+                        RemoteTokenEngine::with_kv_router(client, router)
                     }
-                    mode => Arc::new(RemoteTokenEngine::new(client, mode)),
+                    mode => RemoteTokenEngine::new(client, mode),
                 };
+                let migration = MigrationPolicy {
+                    limit: entry.migration_limit.unwrap_or(self.migration_limit),
+                    counter: Some(self.manager.migrations().with_label_values(&[entry.name.as_str()])),
+                };
+                let tokens: Arc<dyn TokenEngine> = Arc::new(remote.with_migration(migration));
                 let engine = (self.factory)(card, tokens).map_err(ModelDiscoveryError::Card)?;
                 Ok((engine, ready))
             }

@@ -82,6 +82,7 @@ impl From<WireError> for EngineError {
             400 => EngineError::BadRequest(e.message),
             404 => EngineError::NotFound(e.message),
             503 => EngineError::Unavailable(e.message),
+            504 => EngineError::Timeout(e.message),
             _ => EngineError::Internal(e.message),
         }
     }

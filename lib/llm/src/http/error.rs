@@ -45,6 +45,11 @@ impl ApiError {
         Self::new(StatusCode::SERVICE_UNAVAILABLE, message, "service_unavailable", None)
     }
 
+    /// 504 `timeout`: the worker did not answer within a bound.
+    pub fn timeout(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::GATEWAY_TIMEOUT, message, "timeout", None)
+    }
+
     /// 500 `internal_error`.
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, message, "internal_error", None)
@@ -57,6 +62,7 @@ impl From<EngineError> for ApiError {
             EngineError::BadRequest(m) => ApiError::bad_request(m),
             EngineError::NotFound(m) => ApiError::model_not_found(m),
             EngineError::Unavailable(m) => ApiError::unavailable(m),
+            EngineError::Timeout(m) => ApiError::timeout(m),
             EngineError::Internal(m) => ApiError::internal(m),
         }
     }
@@ -78,6 +84,7 @@ mod tests {
             EngineError::BadRequest("b".into()),
             EngineError::NotFound("n".into()),
             EngineError::Unavailable("u".into()),
+            EngineError::Timeout("t".into()),
             EngineError::Internal("i".into()),
         ] {
             let status = e.status();

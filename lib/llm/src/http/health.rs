@@ -23,9 +23,14 @@ pub(crate) async fn list_models(State(state): State<Arc<AppState>>) -> Json<Mode
     Json(ModelList { object: "list".to_string(), data })
 }
 
-/// `GET /health`: 200 while at least one model can be routed, else 503.
+/// `GET /health`: 200 while at least one model can be routed and the dependencies'
+/// check (discovery, planes) passes, else 503 with the reason.
 pub(crate) async fn health(State(state): State<Arc<AppState>>) -> impl IntoResponse {
     let models = state.manager.routable_models();
+    if let Some(Err(reason)) = state.health_check.as_ref().map(|check| check()) {
+        let body = serde_json::json!({"status": "unhealthy", "models": models, "message": reason});
+        return (StatusCode::SERVICE_UNAVAILABLE, Json(body));
+    }
     if models.is_empty() {
         let body = serde_json::json!({"status": "unhealthy", "models": models, "message": "no model can be routed"});
         (StatusCode::SERVICE_UNAVAILABLE, Json(body))

@@ -12,4 +12,4 @@ mod service;
 mod sse;
 
 pub use error::ApiError;
-pub use service::{BoundHttpService, HttpError, HttpService, HttpServiceBuilder, RunningHttpService, DEFAULT_BODY_LIMIT, DEFAULT_DRAIN_TIMEOUT};
+pub use service::{BoundHttpService, HealthCheck, HttpError, HttpService, HttpServiceBuilder, RunningHttpService, DEFAULT_BODY_LIMIT, DEFAULT_DRAIN_TIMEOUT};

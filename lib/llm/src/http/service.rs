@@ -48,6 +48,10 @@ pub enum HttpError {
     Task(String),
 }
 
+/// A check of what the service depends on besides its models (discovery, the planes):
+/// `Err(reason)` makes `/health` answer 503 with that reason.
+pub type HealthCheck = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
+
 /// What every handler reads.
 pub(crate) struct AppState {
     pub manager: Arc<ModelManager>,
@@ -56,16 +60,31 @@ pub(crate) struct AppState {
     pub shutdown: CancellationToken,
     /// Largest accepted request body in bytes.
     pub body_limit: usize,
+    /// Dependencies' health, when the embedder supplies a check.
+    pub health_check: Option<HealthCheck>,
 }
 
 /// Configures an [`HttpService`].
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct HttpServiceBuilder {
     host: String,
     port: u16,
     body_limit: usize,
     drain_timeout: Duration,
     manager: Option<Arc<ModelManager>>,
+    health_check: Option<HealthCheck>,
+}
+
+impl std::fmt::Debug for HttpServiceBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpServiceBuilder")
+            .field("host", &self.host)
+            .field("port", &self.port)
+            .field("body_limit", &self.body_limit)
+            .field("drain_timeout", &self.drain_timeout)
+            .field("health_check", &self.health_check.is_some())
+            .finish()
+    }
 }
 
 impl Default for HttpServiceBuilder {
@@ -76,6 +95,7 @@ impl Default for HttpServiceBuilder {
             body_limit: DEFAULT_BODY_LIMIT,
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
             manager: None,
+            health_check: None,
         }
     }
 }
@@ -112,13 +132,23 @@ impl HttpServiceBuilder {
         self
     }
 
+    /// Also answer `/health` with 503 while `check` says a dependency is down.
+    pub fn health_check(mut self, check: HealthCheck) -> Self {
+        self.health_check = Some(check);
+        self
+    }
+
     /// Build the service.
     pub fn build(self) -> Result<HttpService, HttpError> {
+        let manager = self.manager.unwrap_or_default();
+        let metrics = Arc::new(HttpMetrics::new()?);
+        metrics.registry().register(Box::new(manager.migrations().clone()))?;
         let state = Arc::new(AppState {
-            manager: self.manager.unwrap_or_default(),
-            metrics: Arc::new(HttpMetrics::new()?),
+            manager,
+            metrics,
             shutdown: CancellationToken::new(),
             body_limit: self.body_limit,
+            health_check: self.health_check,
         });
         Ok(HttpService { host: self.host, port: self.port, body_limit: self.body_limit, drain_timeout: self.drain_timeout, state })
     }

@@ -289,6 +289,18 @@ impl ChatCompletionChunk {
     }
 }
 
+/// A streamed chunk that can say whether it ends its response.
+pub trait FinishingChunk {
+    /// Whether a choice of this chunk carries a finish reason.
+    fn finishes(&self) -> bool;
+}
+
+impl FinishingChunk for ChatCompletionChunk {
+    fn finishes(&self) -> bool {
+        self.choices.iter().any(|c| c.finish_reason.is_some())
+    }
+}
+
 /// The assistant message of a whole chat response.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ChatResponseMessage {
@@ -335,6 +347,12 @@ pub struct CompletionResponse {
     pub choices: Vec<CompletionChoice>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
+}
+
+impl FinishingChunk for CompletionResponse {
+    fn finishes(&self) -> bool {
+        self.choices.iter().any(|c| c.finish_reason.is_some())
+    }
 }
 
 impl CompletionResponse {

@@ -1,0 +1,106 @@
+"""Worker faults under a closed-loop streaming load through the HTTP frontend: a worker
+killed (with and without migration), stopped gracefully, frozen (SIGSTOP) and thawed.
+
+Every test asserts: no request hangs, none is silently truncated, at most the stated
+number fail (each with an explicit error), and the fleet serves fully afterwards."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+
+import pytest
+from fleet import FAST_BOUNDS, Fleet, freeze, thaw
+from helpers import LEASE_TTL
+from load import Load, Outcome, summarize
+
+pytestmark = pytest.mark.timeout(150)
+
+CLIENTS = 8
+#: Detection bound of a dead or frozen peer with the suite's settings (interval + timeout).
+PEER_BOUND = float(FAST_BOUNDS["DYN_TCP_PEER_TIMEOUT"]) + float(FAST_BOUNDS["DYN_TCP_PING_INTERVAL"])
+
+
+def assert_clean(outcomes: list[Outcome], what: str) -> None:
+    bad = [o for o in outcomes if o.kind in ("hung", "truncated")]
+    assert not bad, f"{what}: {len(bad)} requests hung or were truncated: {[o.detail for o in bad[:5]]}"
+
+
+def assert_all_ok(outcomes: list[Outcome], what: str) -> None:
+    assert outcomes, f"{what}: no request was made"
+    bad = [o for o in outcomes if o.kind != "ok"]
+    assert not bad, f"{what}: {len(bad)} of {len(outcomes)} failed: {[o.detail for o in bad[:5]]}"
+
+
+async def steady(fleet: Fleet, *frontend_args: str, workers: int = 3, worker_args: tuple[str, ...] = ()) -> Load:
+    await fleet.start_workers(workers, *worker_args)
+    frontend = await fleet.start_frontend(*frontend_args)
+    load = Load(frontend.port, fleet.model, clients=CLIENTS)
+    load.start()
+    await asyncio.sleep(3)
+    assert_all_ok(load.outcomes, "before the fault")
+    return load
+
+
+@pytest.mark.parametrize("migration", [0, 3], ids=["no-migration", "migration"])
+async def test_kill_one_of_three_workers(fleet: Fleet, migration: int, record) -> None:
+    load = await steady(fleet, "--migration-limit", str(migration))
+    victim = fleet.workers[0]
+    fault = time.monotonic()
+    victim.kill()
+    await asyncio.sleep(LEASE_TTL + 6)
+    await load.stop()
+    record(summarize(f"kill -9 1 of 3 workers (migration limit {migration})", fleet.backend, load, fault))
+
+    assert_clean(load.outcomes, "kill -9")
+    failed = [o for o in load.outcomes if o.kind == "error"]
+    if migration:
+        assert not failed, f"with migration every stream completes: {[o.detail for o in failed[:5]]}"
+    else:
+        # Only streams the dead worker had started producing may fail: at most one per client.
+        assert len(failed) <= CLIENTS, [o.detail for o in failed]
+    assert_all_ok(load.between(fault + 1.0, time.monotonic()), "after the kill")
+    assert all(w.proc.poll() is None for w in fleet.pool.started if w is not victim), "another process exited"
+
+
+async def test_sigterm_one_worker_loses_nothing(fleet: Fleet, record) -> None:
+    load = await steady(fleet)
+    victim = fleet.workers[0]
+    fault = time.monotonic()
+    victim.send_signal(signal.SIGTERM)
+    status = await victim.wait_exit(20)
+    await asyncio.sleep(3)
+    await load.stop()
+    record(summarize("SIGTERM 1 of 3 workers", fleet.backend, load, fault))
+    assert status == 0, victim.describe()
+    assert_all_ok(load.outcomes, "graceful stop")
+
+
+async def test_sigstop_worker_is_taken_out_and_comes_back(fleet: Fleet, record) -> None:
+    load = await steady(fleet, "--migration-limit", "3")
+    frozen = fleet.workers[0]
+    fault = time.monotonic()
+    freeze(frozen)
+    await asyncio.sleep(20)
+    thaw(frozen)
+    thawed = time.monotonic()
+    await asyncio.sleep(3)
+    record(summarize("SIGSTOP 1 of 3 workers for 20 s", fleet.backend, load, thawed))
+
+    assert_clean(load.outcomes, "SIGSTOP")
+    # Once the frozen peer is detected, it is out of rotation: everything succeeds.
+    assert_all_ok(load.between(fault + PEER_BOUND + 1.0, thawed), "while frozen, after detection")
+    # Streams caught on the frozen worker were migrated or failed explicitly, within the bound.
+    for o in load.between(fault - 2, fault + PEER_BOUND + 1.0):
+        assert o.kind == "ok" or o.elapsed < PEER_BOUND + float(FAST_BOUNDS["DYN_STREAM_ITEM_TIMEOUT"]) + 3, o
+
+    # Back in rotation: with the other two gone, the thawed worker serves alone.
+    for w in fleet.workers[1:]:
+        w.kill()
+    await asyncio.sleep(LEASE_TTL + PEER_BOUND + 3)
+    start = time.monotonic()
+    await asyncio.sleep(4)
+    await load.stop()
+    assert_all_ok(load.between(start, time.monotonic()), "the thawed worker alone")
+    assert frozen.proc.poll() is None, frozen.describe()
