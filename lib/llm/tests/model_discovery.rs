@@ -297,6 +297,27 @@ async fn engine_errors_cross_the_wire_with_their_status() {
     f.shutdown().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_stream_without_a_finish_reason_is_an_error_not_a_stop() {
+    let store = Arc::new(MemStore::default());
+    let f = frontend(&store).await;
+    let (worker, _events) = chat_worker(&store, "chat", "m").await;
+    wait_for_models(f.addr, &["m"]).await;
+
+    let body = serde_json::to_vec(&chat_body("m", "truncate", true)).unwrap();
+    let mut response = bounded("response", open(f.addr, "POST", "/v1/chat/completions", Some(body))).await;
+    let events = bounded("events", response.all_events()).await;
+    assert_eq!(events.len(), 2, "a chunk, then an error event, and no [DONE]: {events:?}");
+    let error: serde_json::Value = serde_json::from_str(&events[1]).unwrap();
+    let message = error["error"]["message"].as_str().unwrap();
+    assert!(message.contains("without a finish reason"), "{message}");
+
+    let whole = post(f.addr, "/v1/chat/completions", &chat_body("m", "truncate", false)).await;
+    assert_eq!(whole.status, 500, "{}", whole.body);
+    worker.shutdown().await;
+    f.shutdown().await;
+}
+
 async fn expect_stopped(events: &mut mpsc::UnboundedReceiver<EngineEvent>) {
     loop {
         match bounded("the worker's engine to see the stop", events.recv()).await {

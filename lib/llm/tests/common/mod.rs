@@ -189,6 +189,8 @@ impl ScriptEngine {
         match text.as_str() {
             "unavailable" => Err(EngineError::Unavailable("no capacity".into())),
             "bad" => Err(EngineError::BadRequest("the engine refuses this".into())),
+            // A worker that ends its stream without saying why.
+            "truncate" => Ok(futures::stream::iter(vec![Ok((Some("partial".to_string()), None, prompt))]).boxed()),
             "fail" => Ok(futures::stream::iter(vec![Ok((Some("partial".to_string()), None, prompt)), Err(EngineError::Internal("engine exploded".into()))]).boxed()),
             "wait" => {
                 // The engine's own bookkeeping sees the stop even when nobody polls the
