@@ -5,7 +5,10 @@
 
 pub mod connection;
 pub mod frame;
+mod liveness;
 pub(crate) mod nats;
+pub(crate) mod nats_connection;
+mod peer_health;
 mod pending;
 mod pool;
 mod server;
@@ -28,6 +31,7 @@ use crate::events::EventHub;
 use crate::response_stream::ResponseStream;
 use connection::Connection;
 use frame::{Frame, FrameKind};
+use peer_health::PeerHealth;
 use pending::PendingStreams;
 use pool::ConnectionPool;
 pub(crate) use server::ServedEndpoint;
@@ -38,6 +42,10 @@ pub(crate) struct TransportConfig {
     pub max_message_size: usize,
     pub connect_timeout: Duration,
     pub response_timeout: Duration,
+    /// A quiet connection is pinged after this long.
+    pub ping_interval: Duration,
+    /// A connection silent for this long is declared dead.
+    pub peer_timeout: Duration,
 }
 
 /// Header of a Request frame.
@@ -64,6 +72,7 @@ pub struct Transport {
     pending: PendingStreams,
     endpoints: RwLock<HashMap<String, Arc<ServedEndpoint>>>,
     pool: ConnectionPool,
+    health: PeerHealth,
     /// NATS plane, caller side: the inbox prefix refusals are sent to, once set up.
     pub(crate) nats_inbox: OnceCell<String>,
 }
@@ -94,6 +103,7 @@ impl Transport {
             pending: PendingStreams::default(),
             endpoints: RwLock::new(HashMap::new()),
             pool: ConnectionPool::default(),
+            health: PeerHealth::default(),
             nats_inbox: OnceCell::new(),
         });
         server::spawn_accept_loop(&transport, listener, cancel);
@@ -159,6 +169,8 @@ impl Transport {
             FrameKind::Subscribe => self.events.add_remote_subscriber(conn, frame.stream, &frame.header),
             FrameKind::Event => self.events.deliver(frame.stream, frame.header, frame.body),
             FrameKind::Hello => tracing::debug!(peer = %conn.peer(), "ignoring a repeated Hello"),
+            // Answered by the connection's reader before routing.
+            FrameKind::Ping | FrameKind::Pong => {}
         }
     }
 }

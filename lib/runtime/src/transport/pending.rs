@@ -126,6 +126,15 @@ impl Transport {
         }
     }
 
+    /// End every stream no worker has taken yet (NATS plane) with `error`.
+    pub(crate) fn fail_unbound(&self, error: Error) {
+        let unbound: Vec<u64> =
+            self.pending.streams.lock().iter().filter(|(_, p)| p.conn.is_none()).map(|(id, _)| *id).collect();
+        for id in unbound {
+            self.fail_pending(id, error.clone());
+        }
+    }
+
     /// End every awaited stream: the runtime is shutting down.
     pub(crate) fn fail_all_pending(&self) {
         let pending: Vec<Pending> = self.pending.streams.lock().drain().map(|(_, p)| p).collect();

@@ -45,6 +45,9 @@ impl Transport {
                 }
                 Err(e) => {
                     self.forget_address(address, &cell);
+                    if e.kind() == ErrorKind::Unavailable {
+                        self.mark_address_down(address, &e.full_message());
+                    }
                     return Err(e);
                 }
             }
