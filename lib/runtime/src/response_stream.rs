@@ -59,6 +59,8 @@ pub struct ResponseStream {
     yielded: bool,
     resend: Option<Resend>,
     resending: Option<BoxFuture<'static, Result<ResponseStream>>>,
+    /// Why the request is being resent: reported if no other instance is left.
+    resend_cause: Option<Error>,
     bounds: StreamBounds,
     /// Fires when the current bound (first item, then item gap) runs out.
     deadline: Option<Pin<Box<Sleep>>>,
@@ -80,6 +82,7 @@ impl ResponseStream {
             yielded: false,
             resend: None,
             resending: None,
+            resend_cause: None,
             bounds: StreamBounds::default(),
             deadline: None,
         }
@@ -139,7 +142,12 @@ impl ResponseStream {
                 Poll::Ready(Err(e)) => {
                     self.resending = None;
                     self.done = true;
-                    Poll::Ready(Some(Err(e)))
+                    // No other instance to go to: the first failure says what happened.
+                    let cause = self.resend_cause.take();
+                    Poll::Ready(Some(Err(match cause {
+                        Some(cause) if e.kind() == ErrorKind::NoInstances => cause,
+                        _ => e,
+                    })))
                 }
             };
         }
@@ -165,6 +173,7 @@ impl ResponseStream {
                     if let Some(resend) = self.resend.take() {
                         tracing::debug!(error = %e, "instance refused or lost the request before any item; sending it elsewhere");
                         self.resending = Some(resend());
+                        self.resend_cause = Some(e);
                         return self.poll_item(cx);
                     }
                 }
