@@ -179,6 +179,16 @@ mod tests {
     }
 
     #[test]
+    fn ping_and_pong_are_connection_level() {
+        for kind in [FrameKind::Ping, FrameKind::Pong] {
+            let f = Frame::control(kind, 0);
+            assert_eq!(Frame::decode_prefixed(f.to_bytes()).unwrap(), f);
+        }
+        assert_eq!(FrameKind::from_u8(11), Some(FrameKind::Ping));
+        assert_eq!(FrameKind::from_u8(12), Some(FrameKind::Pong));
+    }
+
+    #[test]
     fn rejects_garbage() {
         assert_eq!(Frame::decode(Bytes::from_static(b"abc")).unwrap_err().kind(), ErrorKind::Protocol);
         let mut bad = BytesMut::new();

@@ -19,9 +19,10 @@ pub(crate) const INSTANCE_DOWN_FOR: Duration = Duration::from_secs(2);
 /// First wait between probes of a down address, and the longest.
 const PROBE_BACKOFF_FIRST: Duration = Duration::from_secs(1);
 const PROBE_BACKOFF_MAX: Duration = Duration::from_secs(2);
-/// A down address nobody asked about for this long is forgotten (its probe stops): no
-/// registered instance lives there any more.
-const FORGET_UNASKED: Duration = Duration::from_secs(60);
+/// A down address no client asked about for this long is forgotten and its probe stops
+/// (discovery most likely dropped the instance). Long, because forgetting a live-but-
+/// silent peer costs the next request there a peer timeout (then a resend).
+const FORGET_UNASKED: Duration = Duration::from_secs(600);
 
 struct DownAddress {
     reason: String,
