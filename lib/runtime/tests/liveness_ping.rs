@@ -142,3 +142,70 @@ async fn an_idle_connection_to_a_live_peer_stays_up() {
     caller.shutdown().await;
     worker.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_stops_serving_a_caller_that_went_silent() {
+    use dynamo_runtime::transport::frame::{Frame, FrameKind};
+    use tokio::io::AsyncWriteExt;
+
+    let store = Arc::new(MemStore::default());
+    let worker = DistributedRuntime::with_mem_store(config(0), store.clone()).await.unwrap();
+    let (killed_tx, mut killed_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let handler = stream_handler(move |_req: serde_json::Value, ctx: RequestContext| {
+        let killed_tx = killed_tx.clone();
+        let watch = ctx.clone();
+        tokio::spawn(async move {
+            watch.killed().await;
+            let _ = killed_tx.send(watch.id().to_string());
+        });
+        futures::stream::unfold(0u64, |i| async move {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            Some((Ok::<u64, String>(i), i + 1))
+        })
+    });
+    worker.namespace("t").unwrap().component("frozen").unwrap().endpoint("generate").unwrap().start(handler).await.unwrap();
+
+    // A caller that sends its request and then goes silent (partitioned, SIGSTOPped):
+    // it neither answers pings nor reads.
+    let mut socket = tokio::net::TcpStream::connect(worker.tcp_address()).await.unwrap();
+    let hello = Frame::with_header(FrameKind::Hello, 0, Bytes::from_static(br#"{"version":2,"instance_id":7}"#), Bytes::new());
+    let request = Frame::with_header(
+        FrameKind::Request,
+        1,
+        Bytes::from_static(br#"{"endpoint":"t/frozen/generate","id":"silent-caller"}"#),
+        Bytes::from_static(b"{}"),
+    );
+    socket.write_all(&hello.to_bytes()).await.unwrap();
+    socket.write_all(&request.to_bytes()).await.unwrap();
+
+    let killed = tokio::time::timeout(Duration::from_secs(10), killed_rx.recv()).await.expect("the worker kept serving a silent caller");
+    assert_eq!(killed.as_deref(), Some("silent-caller"));
+    drop(socket);
+    worker.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_consumer_is_not_mistaken_for_a_dead_peer() {
+    let store = Arc::new(MemStore::default());
+    let worker = DistributedRuntime::with_mem_store(config(0), store.clone()).await.unwrap();
+    let handler = stream_handler(|n: i64, _ctx: RequestContext| futures::stream::iter((0..n).map(Ok::<i64, String>)));
+    worker.namespace("t").unwrap().component("frozen").unwrap().endpoint("generate").unwrap().start(handler).await.unwrap();
+    let caller = DistributedRuntime::with_mem_store(config(0), store.clone()).await.unwrap();
+    let client = caller.namespace("t").unwrap().component("frozen").unwrap().endpoint("generate").unwrap().client().await.unwrap();
+    client.wait_for_instances(Some(Duration::from_secs(5))).await.unwrap();
+
+    // Far more items than a stream buffers: the caller's connection reader blocks on this
+    // consumer, reading nothing from the socket, for several peer timeouts.
+    let mut stream = client.round_robin(Bytes::from_static(b"20000")).await.unwrap();
+    stream.next().await.unwrap().unwrap();
+    tokio::time::sleep(PEER_TIMEOUT * 4).await;
+    let mut rest = 0;
+    while let Some(item) = stream.next().await {
+        item.unwrap();
+        rest += 1;
+    }
+    assert_eq!(rest, 19_999);
+    assert_eq!(client.routable_instance_ids(), vec![worker.instance_id()]);
+    caller.shutdown().await;
+    worker.shutdown().await;
+}
