@@ -163,3 +163,41 @@ async fn nats_outage_fails_fast_and_recovers_without_restarts() {
     worker.shutdown().await;
     drop(nats);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_no_worker_took_fails_when_nats_goes_down() {
+    use dynamo_runtime::{EndpointId, Instance, InstanceTransport};
+
+    let port = free_port();
+    let mut nats = Nats::start(port);
+    nats.wait_ready().await;
+    let store = Arc::new(MemStore::default());
+    let caller = DistributedRuntime::with_mem_store(config(port), store.clone()).await.unwrap();
+    // An instance whose subject has a listener that takes messages and never answers, so
+    // the request is neither refused nor taken.
+    let subject = "dynamo.t.mute.generate.1";
+    let _mute = caller.nats().unwrap().subscribe(subject).await.unwrap();
+    caller.nats().unwrap().flush().await.unwrap();
+    let instance = Instance {
+        namespace: "t".into(),
+        component: "mute".into(),
+        endpoint: "generate".into(),
+        instance_id: 1,
+        transport: InstanceTransport::Nats(subject.into()),
+    };
+    let id = EndpointId { namespace: "t".into(), component: "mute".into(), name: "generate".into() };
+    caller.discovery().put(&format!("{}1", id.instances_prefix()), serde_json::to_vec(&instance).unwrap().into()).await.unwrap();
+    let client = caller.namespace("t").unwrap().component("mute").unwrap().endpoint("generate").unwrap().client().await.unwrap();
+    client.wait_for_instances(Some(Duration::from_secs(5))).await.unwrap();
+
+    let mut stream = client.round_robin(Bytes::from_static(b"1")).await.unwrap();
+    assert!(tokio::time::timeout(Duration::from_millis(300), stream.next()).await.is_err(), "nobody answers yet");
+    nats.kill();
+    let err = tokio::time::timeout(Duration::from_secs(10), stream.next())
+        .await
+        .expect("the request waited for DYN_RESPONSE_TIMEOUT")
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    caller.shutdown().await;
+}
