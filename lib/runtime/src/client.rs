@@ -9,10 +9,9 @@ use bytes::Bytes;
 use futures::future::BoxFuture;
 
 use crate::component::{EndpointId, Instance, InstanceTransport};
-use crate::config::RequestPlane;
 use crate::error::{Error, ErrorKind, Result};
 use crate::instances::InstanceWatcher;
-use crate::response_stream::ResponseStream;
+use crate::response_stream::{ResponseStream, StreamBounds};
 use crate::runtime::DistributedRuntime;
 use crate::transport::nats;
 
@@ -30,6 +29,20 @@ pub enum RouterMode {
     Random,
     /// This instance id, or an error.
     Direct(u64),
+}
+
+/// Per-request settings for [`Client::send_with`]; `Default` takes everything from the
+/// runtime configuration.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SendOptions {
+    /// The request id the handler's context sees (default: a fresh UUID).
+    pub request_id: Option<String>,
+    /// Bound on waiting for the first item (default `DYN_STREAM_FIRST_ITEM_TIMEOUT`);
+    /// `Some(Duration::ZERO)` waits forever.
+    pub first_item_timeout: Option<Duration>,
+    /// Bound on the gap between two items (default `DYN_STREAM_ITEM_TIMEOUT`);
+    /// `Some(Duration::ZERO)` waits forever.
+    pub item_timeout: Option<Duration>,
 }
 
 /// A client of one endpoint. Cheap to clone; clones share the round-robin counter.
@@ -66,6 +79,12 @@ impl Client {
     /// The ids of the registered instances, ascending.
     pub fn instance_ids(&self) -> Vec<u64> {
         self.watcher.instances().iter().map(|i| i.instance_id).collect()
+    }
+
+    /// The ids of the instances requests are routed to now: registered and not marked
+    /// down in this process (unreachable, or not answering pings), ascending.
+    pub fn routable_instance_ids(&self) -> Vec<u64> {
+        self.watcher.routable().iter().map(|i| i.instance_id).collect()
     }
 
     /// Wait until at least one instance is registered; `None` waits until the runtime
@@ -124,33 +143,68 @@ impl Client {
         self.send(RouterMode::Direct(instance_id), body, None).await
     }
 
-    /// Send `body` to the instance `mode` picks. An instance that cannot be reached is
-    /// skipped for a while and the next one tried (except with `Direct`).
+    /// Send `body` to the instance `mode` picks, with the configured stream bounds. See
+    /// [`Client::send_with`].
     pub async fn send(&self, mode: RouterMode, body: Bytes, request_id: Option<String>) -> Result<ResponseStream> {
-        let request_id = request_id.unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
-        self.send_attempts(mode, body, request_id, MAX_ATTEMPTS).await
+        self.send_with(mode, body, SendOptions { request_id, ..Default::default() }).await
+    }
+
+    /// Send `body` to the instance `mode` picks. An instance that cannot be reached is
+    /// skipped and the next one tried (except with `Direct`); a request refused or lost
+    /// before its first item is resent to another instance, up to three in all. The
+    /// stream fails with `Timeout` when the first item or the next one takes longer than
+    /// the bounds in `options`.
+    pub async fn send_with(&self, mode: RouterMode, body: Bytes, options: SendOptions) -> Result<ResponseStream> {
+        let request_id = options.request_id.unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+        let config = self.runtime.config();
+        let bound = |given: Option<Duration>, default: Option<Duration>| given.or(default).filter(|d| !d.is_zero());
+        let bounds = StreamBounds {
+            first_item: bound(options.first_item_timeout, config.stream_first_item_timeout),
+            item: bound(options.item_timeout, config.stream_item_timeout),
+        };
+        self.send_attempts(mode, body, request_id, bounds, MAX_ATTEMPTS).await
     }
 
     /// Boxed (not `async fn`) so the resend closure can call it again without making
     /// the future's type recursive.
-    fn send_attempts(&self, mode: RouterMode, body: Bytes, request_id: String, attempts: usize) -> BoxFuture<'static, Result<ResponseStream>> {
+    fn send_attempts(
+        &self,
+        mode: RouterMode,
+        body: Bytes,
+        request_id: String,
+        bounds: StreamBounds,
+        attempts: usize,
+    ) -> BoxFuture<'static, Result<ResponseStream>> {
         let this = self.clone();
         Box::pin(async move {
-            let mut last_error = None;
+            let mut last_error: Option<Error> = None;
             for attempt in 0..attempts {
-                let instance = this.pick(mode, attempt)?;
+                let instance = match this.pick(mode, attempt) {
+                    Ok(i) => i,
+                    Err(e) => {
+                        return Err(match last_error {
+                            Some(last) => Error::new(e.kind(), format!("{} (last failure: {})", e.message(), last.full_message())),
+                            None => e,
+                        })
+                    }
+                };
+                if let InstanceTransport::Nats(_) = instance.transport {
+                    // NATS itself is down: every NATS instance fails alike, and none is at fault.
+                    this.runtime.connected_nats(instance.instance_id)?;
+                }
                 match this.send_to(&instance, &request_id, body.clone()).await {
                     Ok(mut stream) => {
+                        stream.set_bounds(bounds);
                         let left = attempts - attempt - 1;
                         if left > 0 && !matches!(mode, RouterMode::Direct(_)) {
-                            // A refusal (instance draining) before any item: mark it down
-                            // and send to another instance.
+                            // Refused (draining) or lost (died, stopped answering) before
+                            // any item: mark it down and send to another instance.
                             let client = this.clone();
                             let down = instance.instance_id;
                             let (body, request_id) = (body.clone(), request_id.clone());
                             stream.set_resend(Box::new(move || {
                                 client.watcher.mark_down(down);
-                                client.send_attempts(mode, body, request_id, left)
+                                client.send_attempts(mode, body, request_id, bounds, left)
                             }));
                         }
                         return Ok(stream);
@@ -171,9 +225,18 @@ impl Client {
     }
 
     fn pick(&self, mode: RouterMode, attempt: usize) -> Result<Instance> {
-        let instances = self.watcher.routable();
+        // `Direct` means that instance, down or not: the caller chose it.
+        let instances = match mode {
+            RouterMode::Direct(_) => self.watcher.instances(),
+            _ => self.watcher.routable(),
+        };
         if instances.is_empty() {
-            return Err(Error::new(ErrorKind::NoInstances, format!("no instances of {} are registered", self.endpoint)));
+            let registered = self.watcher.instances().len();
+            let message = match registered {
+                0 => format!("no instances of {} are registered", self.endpoint),
+                n => format!("all {n} registered instances of {} are unreachable or not answering", self.endpoint),
+            };
+            return Err(Error::new(ErrorKind::NoInstances, message));
         }
         let index = match mode {
             RouterMode::RoundRobin => self.counter.fetch_add(1, Ordering::Relaxed),
@@ -197,8 +260,7 @@ impl Client {
                 self.runtime.transport().send_tcp(address, &path, request_id, body).await
             }
             InstanceTransport::Nats(subject) => {
-                self.runtime.check_plane(RequestPlane::Nats, instance.instance_id)?;
-                let client = self.runtime.nats().ok_or_else(|| Error::new(ErrorKind::Config, "no NATS client"))?;
+                let client = self.runtime.connected_nats(instance.instance_id)?;
                 nats::send(client, self.runtime.transport(), subject, &path, request_id, body).await
             }
         }

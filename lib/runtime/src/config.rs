@@ -108,6 +108,17 @@ pub struct RuntimeConfig {
     pub response_timeout: Duration,
     /// `DYN_SHUTDOWN_TIMEOUT` seconds: bound on draining in-flight streams (default 30).
     pub shutdown_timeout: Duration,
+    /// `DYN_TCP_PING_INTERVAL` seconds: a TCP connection quiet for this long is pinged (default 2).
+    pub tcp_ping_interval: Duration,
+    /// `DYN_TCP_PEER_TIMEOUT` seconds: a TCP connection that hears nothing from its peer
+    /// for this long is declared dead (default 6).
+    pub tcp_peer_timeout: Duration,
+    /// `DYN_STREAM_FIRST_ITEM_TIMEOUT` seconds: bound on waiting for a response stream's
+    /// first item; `None` (0 in the environment) waits forever (default 300).
+    pub stream_first_item_timeout: Option<Duration>,
+    /// `DYN_STREAM_ITEM_TIMEOUT` seconds: bound on the gap between two items of a response
+    /// stream; `None` (0 in the environment) waits forever (default 120).
+    pub stream_item_timeout: Option<Duration>,
     /// `DYN_SYSTEM_ENABLED`: serve `/health`, `/live`, `/metrics` (default false).
     pub system_enabled: bool,
     /// `DYN_SYSTEM_HOST` (default 0.0.0.0).
@@ -133,6 +144,10 @@ impl Default for RuntimeConfig {
             connect_timeout: Duration::from_secs(5),
             response_timeout: Duration::from_secs(10),
             shutdown_timeout: Duration::from_secs(30),
+            tcp_ping_interval: Duration::from_secs(2),
+            tcp_peer_timeout: Duration::from_secs(6),
+            stream_first_item_timeout: Some(Duration::from_secs(300)),
+            stream_item_timeout: Some(Duration::from_secs(120)),
             system_enabled: false,
             system_host: "0.0.0.0".to_string(),
             system_port: 9090,
@@ -158,6 +173,18 @@ fn parse_seconds(key: &str, raw: &str) -> Result<Duration> {
         ));
     }
     Ok(Duration::from_secs_f64(secs))
+}
+
+/// Seconds where 0 means "no bound".
+fn parse_optional_seconds(key: &str, raw: &str) -> Result<Option<Duration>> {
+    let secs: f64 = parse_value(key, raw)?;
+    if !(secs.is_finite() && secs >= 0.0) {
+        return Err(Error::new(
+            ErrorKind::Config,
+            format!("invalid value for {key}: '{raw}' (must be a number of seconds, 0 for no bound)"),
+        ));
+    }
+    Ok((secs > 0.0).then(|| Duration::from_secs_f64(secs)))
 }
 
 fn parse_bool(key: &str, raw: &str) -> Result<bool> {
@@ -225,6 +252,18 @@ impl RuntimeConfig {
         if let Some(v) = get("DYN_SHUTDOWN_TIMEOUT") {
             c.shutdown_timeout = parse_seconds("DYN_SHUTDOWN_TIMEOUT", &v)?;
         }
+        if let Some(v) = get("DYN_TCP_PING_INTERVAL") {
+            c.tcp_ping_interval = parse_seconds("DYN_TCP_PING_INTERVAL", &v)?;
+        }
+        if let Some(v) = get("DYN_TCP_PEER_TIMEOUT") {
+            c.tcp_peer_timeout = parse_seconds("DYN_TCP_PEER_TIMEOUT", &v)?;
+        }
+        if let Some(v) = get("DYN_STREAM_FIRST_ITEM_TIMEOUT") {
+            c.stream_first_item_timeout = parse_optional_seconds("DYN_STREAM_FIRST_ITEM_TIMEOUT", &v)?;
+        }
+        if let Some(v) = get("DYN_STREAM_ITEM_TIMEOUT") {
+            c.stream_item_timeout = parse_optional_seconds("DYN_STREAM_ITEM_TIMEOUT", &v)?;
+        }
         if let Some(v) = get("DYN_SYSTEM_ENABLED") {
             c.system_enabled = parse_bool("DYN_SYSTEM_ENABLED", &v)?;
         }
@@ -255,6 +294,15 @@ impl RuntimeConfig {
             return Err(Error::new(
                 ErrorKind::Config,
                 "DYN_TCP_MAX_MESSAGE_SIZE must be at least 1024 bytes",
+            ));
+        }
+        if self.tcp_peer_timeout <= self.tcp_ping_interval {
+            return Err(Error::new(
+                ErrorKind::Config,
+                format!(
+                    "DYN_TCP_PEER_TIMEOUT ({:?}) must be longer than DYN_TCP_PING_INTERVAL ({:?})",
+                    self.tcp_peer_timeout, self.tcp_ping_interval
+                ),
             ));
         }
         Ok(())
@@ -318,6 +366,16 @@ mod tests {
     }
 
     #[test]
+    fn stream_bounds_zero_disables() {
+        let c = from(&[("DYN_STREAM_FIRST_ITEM_TIMEOUT", "0"), ("DYN_STREAM_ITEM_TIMEOUT", "1.5")]).unwrap();
+        assert_eq!(c.stream_first_item_timeout, None);
+        assert_eq!(c.stream_item_timeout, Some(Duration::from_millis(1500)));
+        let d = from(&[]).unwrap();
+        assert_eq!(d.stream_first_item_timeout, Some(Duration::from_secs(300)));
+        assert_eq!(d.tcp_peer_timeout, Duration::from_secs(6));
+    }
+
+    #[test]
     fn bad_values_name_the_key() {
         let e = from(&[("DYN_REQUEST_PLANE", "carrier-pigeon")]).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Config);
@@ -327,6 +385,10 @@ mod tests {
         assert!(e.to_string().contains("DYN_LEASE_TTL"), "{e}");
         let e = from(&[("DYN_EVENT_PLANE", "nats"), ("NATS_SERVER", "localhost:4222")]).unwrap_err();
         assert!(e.to_string().contains("nats://"), "{e}");
+        let e = from(&[("DYN_TCP_PING_INTERVAL", "5"), ("DYN_TCP_PEER_TIMEOUT", "4")]).unwrap_err();
+        assert!(e.to_string().contains("DYN_TCP_PEER_TIMEOUT"), "{e}");
+        let e = from(&[("DYN_STREAM_ITEM_TIMEOUT", "-2")]).unwrap_err();
+        assert!(e.to_string().contains("DYN_STREAM_ITEM_TIMEOUT"), "{e}");
         let e = from(&[("DYN_SYSTEM_PORT", "http")]).unwrap_err();
         assert!(e.to_string().contains("DYN_SYSTEM_PORT"), "{e}");
     }

@@ -1,25 +1,22 @@
 //! Tracks the live instances of one endpoint from discovery, shared by every client of
 //! that endpoint in the process.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
 use tokio::sync::watch;
 
-use crate::component::{EndpointId, Instance};
+use crate::component::{EndpointId, Instance, InstanceTransport};
 use crate::discovery::WatchEvent;
 use crate::error::Result;
 use crate::runtime::DistributedRuntime;
-
-/// How long an instance that refused a connection is skipped while discovery still lists it.
-const DOWN_BACKOFF: Duration = Duration::from_secs(2);
+use crate::transport::Transport;
 
 /// The live instances of one endpoint.
 pub struct InstanceWatcher {
     instances: watch::Receiver<Arc<Vec<Instance>>>,
-    down: Mutex<HashMap<u64, Instant>>,
+    /// Holds the process-wide down marks every watcher consults.
+    transport: Arc<Transport>,
 }
 
 impl InstanceWatcher {
@@ -35,6 +32,7 @@ impl InstanceWatcher {
         let (tx, rx) = watch::channel(snapshot(&by_key));
         let cancel = runtime.cancel_token();
         let transport = runtime.transport().clone();
+        let watcher_transport = transport.clone();
         let endpoint = id.to_string();
         runtime.tracker().spawn(async move {
             loop {
@@ -45,6 +43,11 @@ impl InstanceWatcher {
                 match event {
                     Some(WatchEvent::Put(kv)) => {
                         if let Some(instance) = decode(&kv.key, &kv.value) {
+                            // A registration that is new (not an update) at a down address
+                            // is a new process there: let it be tried at once.
+                            if let (false, InstanceTransport::Tcp(address)) = (by_key.contains_key(&kv.key), &instance.transport) {
+                                transport.clear_address(address);
+                            }
                             by_key.insert(kv.key, instance);
                         }
                     }
@@ -61,7 +64,7 @@ impl InstanceWatcher {
                 tx.send_replace(snapshot(&by_key));
             }
         });
-        Ok(Arc::new(InstanceWatcher { instances: rx, down: Mutex::new(HashMap::new()) }))
+        Ok(Arc::new(InstanceWatcher { instances: rx, transport: watcher_transport }))
     }
 
     /// All registered instances, ordered by instance id.
@@ -69,26 +72,31 @@ impl InstanceWatcher {
         self.instances.borrow().clone()
     }
 
-    /// Instances to route to: those not recently found unreachable (all, if every one was).
+    /// Instances to route to: the registered ones not marked down in this process. Empty
+    /// when every one is down, so that requests fail fast with `NoInstances` rather than
+    /// go into a black hole.
     pub fn routable(&self) -> Arc<Vec<Instance>> {
         let all = self.instances();
-        let mut down = self.down.lock();
-        if down.is_empty() {
+        if all.iter().all(|i| !self.is_down(i)) {
             return all;
         }
-        let now = Instant::now();
-        down.retain(|_, until| *until > now);
-        let up: Vec<Instance> = all.iter().filter(|i| !down.contains_key(&i.instance_id)).cloned().collect();
-        if up.is_empty() {
-            all
-        } else {
-            Arc::new(up)
-        }
+        Arc::new(all.iter().filter(|i| !self.is_down(i)).cloned().collect())
     }
 
-    /// Skip `instance_id` for a while: it refused a connection or is shutting down.
+    /// Whether `instance` is marked down: its address stopped answering (until it answers
+    /// a ping again), or it refused a request or broke a stream a moment ago.
+    pub fn is_down(&self, instance: &Instance) -> bool {
+        let address_down = match &instance.transport {
+            InstanceTransport::Tcp(address) => self.transport.is_address_down(address),
+            InstanceTransport::Nats(_) => false,
+        };
+        address_down || self.transport.is_instance_down(instance.instance_id)
+    }
+
+    /// Skip `instance_id` for a couple of seconds in every client of this process: it
+    /// refused a request (shutting down) or its stream broke before the first item.
     pub fn mark_down(&self, instance_id: u64) {
-        self.down.lock().insert(instance_id, Instant::now() + DOWN_BACKOFF);
+        self.transport.mark_instance_down(instance_id);
     }
 
     /// Wait until at least one instance is registered.

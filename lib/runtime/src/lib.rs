@@ -30,7 +30,7 @@ mod system_server;
 pub mod transport;
 pub mod typed;
 
-pub use client::{Client, RouterMode};
+pub use client::{Client, RouterMode, SendOptions};
 pub use component::{Component, Endpoint, EndpointId, Instance, InstanceTransport, Namespace};
 pub use config::RuntimeConfig;
 pub use context::{RequestContext, StreamState};

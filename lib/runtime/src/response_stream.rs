@@ -1,13 +1,16 @@
 //! The caller side of a request: the stream of response items.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::Stream;
 use tokio::sync::mpsc;
+use tokio::time::{Instant, Sleep};
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::transport::frame::FrameKind;
@@ -33,6 +36,17 @@ pub(crate) enum StreamEvent {
 /// instance.
 pub(crate) type Resend = Box<dyn FnOnce() -> BoxFuture<'static, Result<ResponseStream>> + Send>;
 
+/// How long a stream may wait for its first item and between two items; `None` waits
+/// forever.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct StreamBounds {
+    pub first_item: Option<Duration>,
+    pub item: Option<Duration>,
+}
+
+/// Stands for "no deadline" in the one timer a bounded stream keeps.
+const FAR: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
 /// The items of one response stream, in order. Ends with `None` after the worker's end
 /// marker, or yields one `Err` (handler error, worker gone, timeout) and then `None`.
 ///
@@ -45,6 +59,11 @@ pub struct ResponseStream {
     yielded: bool,
     resend: Option<Resend>,
     resending: Option<BoxFuture<'static, Result<ResponseStream>>>,
+    /// Why the request is being resent: reported if no other instance is left.
+    resend_cause: Option<Error>,
+    bounds: StreamBounds,
+    /// Fires when the current bound (first item, then item gap) runs out.
+    deadline: Option<Pin<Box<Sleep>>>,
 }
 
 impl std::fmt::Debug for ResponseStream {
@@ -55,11 +74,32 @@ impl std::fmt::Debug for ResponseStream {
 
 impl ResponseStream {
     pub(crate) fn new(id: u64, rx: mpsc::Receiver<StreamEvent>, transport: Arc<Transport>) -> Self {
-        ResponseStream { id, rx, transport, done: false, yielded: false, resend: None, resending: None }
+        ResponseStream {
+            id,
+            rx,
+            transport,
+            done: false,
+            yielded: false,
+            resend: None,
+            resending: None,
+            resend_cause: None,
+            bounds: StreamBounds::default(),
+            deadline: None,
+        }
     }
 
-    /// If the instance refuses the request before any item (it is shutting down), send
-    /// it again with `resend` instead of failing.
+    /// Bound the wait for the first item and between items from now on.
+    pub(crate) fn set_bounds(&mut self, bounds: StreamBounds) {
+        self.bounds = bounds;
+        self.deadline = match (bounds.first_item, bounds.item) {
+            (None, None) => None,
+            (first, _) => Some(Box::pin(tokio::time::sleep(first.unwrap_or(FAR)))),
+        };
+    }
+
+    /// If the instance refuses the request or the connection breaks before any item (it
+    /// is shutting down, died, stopped answering pings), send it again with `resend`
+    /// instead of failing. A request is never resent once an item was delivered.
     pub(crate) fn set_resend(&mut self, resend: Resend) {
         self.resend = Some(resend);
     }
@@ -102,7 +142,12 @@ impl ResponseStream {
                 Poll::Ready(Err(e)) => {
                     self.resending = None;
                     self.done = true;
-                    Poll::Ready(Some(Err(e)))
+                    // No other instance to go to: the first failure says what happened.
+                    let cause = self.resend_cause.take();
+                    Poll::Ready(Some(Err(match cause {
+                        Some(cause) if e.kind() == ErrorKind::NoInstances => cause,
+                        _ => e,
+                    })))
                 }
             };
         }
@@ -110,9 +155,12 @@ impl ResponseStream {
             return Poll::Ready(None);
         }
         match self.rx.poll_recv(cx) {
-            Poll::Pending => Poll::Pending,
+            Poll::Pending => self.poll_deadline(cx),
             Poll::Ready(Some(StreamEvent::Item(item))) => {
                 self.yielded = true;
+                if let Some(deadline) = self.deadline.as_mut() {
+                    deadline.as_mut().reset(Instant::now() + self.bounds.item.unwrap_or(FAR));
+                }
                 Poll::Ready(Some(Ok(item)))
             }
             Poll::Ready(Some(StreamEvent::End)) => {
@@ -121,10 +169,11 @@ impl ResponseStream {
             }
             Poll::Ready(Some(StreamEvent::Error(e))) => {
                 self.done = true;
-                if e.kind() == ErrorKind::Unavailable && !self.yielded {
+                if matches!(e.kind(), ErrorKind::Unavailable | ErrorKind::Disconnected) && !self.yielded {
                     if let Some(resend) = self.resend.take() {
-                        tracing::debug!(error = %e, "instance refused the request; sending it elsewhere");
+                        tracing::debug!(error = %e, "instance refused or lost the request before any item; sending it elsewhere");
                         self.resending = Some(resend());
+                        self.resend_cause = Some(e);
                         return self.poll_item(cx);
                     }
                 }
@@ -135,6 +184,31 @@ impl ResponseStream {
                 Poll::Ready(Some(Err(Error::new(ErrorKind::Disconnected, "the response stream ended without an end marker"))))
             }
         }
+    }
+}
+
+impl ResponseStream {
+    /// The stream has nothing now: fail it if its current bound ran out. A stream that
+    /// timed out is not resent (the worker may still be working on it): it is killed.
+    fn poll_deadline(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<ResponseItem>>> {
+        let Some(deadline) = self.deadline.as_mut() else { return Poll::Pending };
+        if deadline.as_mut().poll(cx).is_pending() {
+            return Poll::Pending;
+        }
+        let message = match (self.yielded, self.bounds.first_item, self.bounds.item) {
+            (false, Some(t), _) => format!(
+                "no response item within {} s of sending the request (first-item timeout, DYN_STREAM_FIRST_ITEM_TIMEOUT)",
+                t.as_secs_f64()
+            ),
+            (_, _, Some(t)) => format!(
+                "no response item for {} s after the previous one (item timeout, DYN_STREAM_ITEM_TIMEOUT)",
+                t.as_secs_f64()
+            ),
+            _ => "the response stream timed out".to_string(),
+        };
+        self.deadline = None;
+        self.kill();
+        Poll::Ready(Some(Err(Error::new(ErrorKind::Timeout, message))))
     }
 }
 

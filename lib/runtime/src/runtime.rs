@@ -19,7 +19,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::events::EventPlane;
 use crate::instances::InstanceWatcher;
 use crate::metrics::MetricsRegistry;
-use crate::transport::{ServedEndpoint, Transport, TransportConfig};
+use crate::transport::{nats_connection, ServedEndpoint, Transport, TransportConfig};
 
 /// Bound on waiting for background tasks after the root token is cancelled.
 const TASK_EXIT_BOUND: Duration = Duration::from_secs(2);
@@ -85,15 +85,26 @@ impl DistributedRuntime {
         // Random and independent of any lease, so it stays the same across lease loss.
         let instance_id = rand::random::<u64>() >> 1;
         let discovery = discovery::connect(&config, cancel.clone(), Some(store)).await?;
-        let nats = if config.needs_nats() { Some(connect_nats(&config).await?) } else { None };
+        let (nats, nats_events) = match config.needs_nats() {
+            true => {
+                let (client, events) = nats_connection::connect(&config).await?;
+                (Some(client), Some(events))
+            }
+            false => (None, None),
+        };
         let host = config.resolved_tcp_host();
         let transport_config = TransportConfig {
             max_message_size: config.max_message_size,
             connect_timeout: config.connect_timeout,
             response_timeout: config.response_timeout,
+            ping_interval: config.tcp_ping_interval,
+            peer_timeout: config.tcp_peer_timeout,
         };
         let transport =
             Transport::bind(transport_config, instance_id, &host, config.tcp_port, cancel.clone(), tracker.clone()).await?;
+        if let (Some(client), Some(events)) = (&nats, nats_events) {
+            nats_connection::spawn_state_watch(events, client.clone(), &transport, config.nats_server.clone());
+        }
         let events = match (&config.event_plane, &nats) {
             (crate::config::EventPlane::Nats, Some(client)) => EventPlane::Nats(client.clone()),
             _ => EventPlane::tcp(transport.clone(), discovery.clone()),
@@ -289,6 +300,25 @@ impl DistributedRuntime {
         self.inner.closed.send_replace(true);
     }
 
+    /// Whether the planes this process uses can carry traffic now: `Err` with the reason
+    /// when a plane runs over NATS and the NATS connection is down (it reconnects by
+    /// itself; requests over NATS fail with `Unavailable` meanwhile).
+    pub fn planes_health(&self) -> std::result::Result<(), String> {
+        match &self.inner.nats {
+            Some(client) => nats_connection::check_connected(client, &self.inner.config.nats_server).map_err(|e| e.message().to_string()),
+            None => Ok(()),
+        }
+    }
+
+    /// The NATS client, if connected now; `Unavailable` at once when the connection is
+    /// down, `Config` when this process has none.
+    pub(crate) fn connected_nats(&self, instance: u64) -> Result<&async_nats::Client> {
+        self.check_plane(RequestPlane::Nats, instance)?;
+        let client = self.inner.nats.as_ref().ok_or_else(|| Error::new(ErrorKind::Config, "no NATS client"))?;
+        nats_connection::check_connected(client, &self.inner.config.nats_server)?;
+        Ok(client)
+    }
+
     /// Whether requests from this process can reach an instance registered with `plane`.
     pub(crate) fn check_plane(&self, plane: RequestPlane, instance: u64) -> Result<()> {
         if plane == RequestPlane::Nats && self.inner.nats.is_none() {
@@ -302,28 +332,4 @@ impl DistributedRuntime {
         }
         Ok(())
     }
-}
-
-async fn connect_nats(config: &RuntimeConfig) -> Result<async_nats::Client> {
-    let options = async_nats::ConnectOptions::new()
-        .connection_timeout(config.connect_timeout)
-        .retry_on_initial_connect()
-        .max_reconnects(None);
-    // `retry_on_initial_connect` makes connect return at once; wait (bounded) for the
-    // first connection so a wrong NATS_SERVER fails here with a clear message.
-    let client = options
-        .connect(&config.nats_server)
-        .await
-        .map_err(|e| Error::with_source(ErrorKind::Nats, format!("cannot connect to NATS at {}", config.nats_server), e))?;
-    let deadline = Instant::now() + config.connect_timeout;
-    while client.connection_state() != async_nats::connection::State::Connected {
-        if Instant::now() >= deadline {
-            return Err(Error::new(
-                ErrorKind::Nats,
-                format!("cannot connect to NATS at {} within {:?} (NATS_SERVER)", config.nats_server, config.connect_timeout),
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    Ok(client)
 }

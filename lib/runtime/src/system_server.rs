@@ -1,5 +1,6 @@
 //! The optional system HTTP server: `/live` (the process runs), `/health` (it takes
-//! traffic) and `/metrics` (Prometheus text).
+//! traffic: 503 while shutting down or while a plane it needs is down) and `/metrics`
+//! (Prometheus text).
 
 use std::net::SocketAddr;
 
@@ -42,9 +43,14 @@ async fn health(State(rt): State<DistributedRuntime>) -> impl IntoResponse {
     let endpoints = rt.served_endpoints();
     if rt.is_shutting_down() {
         let body = serde_json::json!({"status": "shutting_down", "endpoints": endpoints});
-        (StatusCode::SERVICE_UNAVAILABLE, Json(body))
-    } else {
-        (StatusCode::OK, Json(serde_json::json!({"status": "ready", "endpoints": endpoints})))
+        return (StatusCode::SERVICE_UNAVAILABLE, Json(body));
+    }
+    match rt.planes_health() {
+        Ok(()) => (StatusCode::OK, Json(serde_json::json!({"status": "ready", "endpoints": endpoints}))),
+        Err(reason) => {
+            let body = serde_json::json!({"status": "unhealthy", "reason": reason, "endpoints": endpoints});
+            (StatusCode::SERVICE_UNAVAILABLE, Json(body))
+        }
     }
 }
 

@@ -20,7 +20,9 @@ pub(super) async fn subscribe(client: &async_nats::Client, subject: &str) -> Res
         .await
         .map_err(|e| Error::with_source(ErrorKind::Nats, format!("subscribe to {subject} failed"), e))?;
     let (tx, rx) = mpsc::channel(SUBSCRIPTION_BUFFER);
-    // The forwarding task ends when the subscription's receiver is dropped.
+    // The forwarding task ends when the subscription's receiver is dropped. A NATS outage
+    // does not end it: the client reconnects by itself and re-sends every subscription,
+    // so the stream only pauses (events published meanwhile are lost, as with core NATS).
     let task = tokio::spawn(async move {
         while let Some(msg) = sub.next().await {
             let event = Event { subject: msg.subject.to_string(), payload: msg.payload };

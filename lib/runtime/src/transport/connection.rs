@@ -18,6 +18,7 @@ use tokio_util::codec::{FramedRead, LengthDelimitedCodec};
 use tokio_util::sync::CancellationToken;
 
 use super::frame::{Frame, FrameKind, PROTOCOL_VERSION};
+use super::liveness::{self, Liveness};
 use super::Transport;
 use crate::context::RequestContext;
 use crate::error::{Error, ErrorKind, Result};
@@ -29,6 +30,11 @@ const WRITE_BATCH_BYTES: usize = 256 * 1024;
 
 /// Bound on flushing queued frames when a connection closes.
 const FLUSH_ON_CLOSE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Kernel TCP keepalive, a second line behind the application-level ping: idle time
+/// before the first probe, and between probes.
+const TCP_KEEPALIVE_IDLE: std::time::Duration = std::time::Duration::from_secs(10);
+const TCP_KEEPALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
 
 static NEXT_CONNECTION_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -45,7 +51,10 @@ pub enum TrySendError {
 pub struct Connection {
     id: u64,
     peer: String,
+    /// Whether this side opened the connection (it is then pooled by peer address).
+    outbound: bool,
     tx: mpsc::Sender<Frame>,
+    pub(super) liveness: Liveness,
     closed: CancellationToken,
     /// Streams this side serves on this connection (worker role); `None` once closed.
     running: Mutex<Option<HashMap<u64, RequestContext>>>,
@@ -64,12 +73,15 @@ impl Connection {
     /// send the Hello frame first; inbound ones expect it.
     pub(crate) fn spawn(transport: &Arc<Transport>, socket: TcpStream, peer: String, outbound: bool) -> Arc<Connection> {
         let _ = socket.set_nodelay(true);
+        set_tcp_keepalive(&socket);
         let (read, mut write) = socket.into_split();
         let (tx, mut rx) = mpsc::channel::<Frame>(WRITE_QUEUE);
         let conn = Arc::new(Connection {
             id: NEXT_CONNECTION_ID.fetch_add(1, Ordering::Relaxed),
             peer,
+            outbound,
             tx,
+            liveness: Liveness::new(),
             closed: transport.cancel.child_token(),
             running: Mutex::new(Some(HashMap::new())),
             bound: Mutex::new(Some(HashSet::new())),
@@ -106,6 +118,7 @@ impl Connection {
                     writer_conn.closed.cancel();
                     break;
                 }
+                writer_conn.liveness.wrote();
             }
             // Closing (shutdown, or the reader saw EOF): flush what is queued, so a drained
             // stream's last items and end marker still reach the caller. Bounded.
@@ -138,6 +151,7 @@ impl Connection {
                     Some(Err(e)) => break format!("read failed: {e}"),
                     Some(Ok(raw)) => raw,
                 };
+                reader_conn.liveness.heard();
                 let frame = match Frame::decode(raw.freeze()) {
                     Ok(f) => f,
                     Err(e) => break format!("protocol error: {e}"),
@@ -151,11 +165,39 @@ impl Connection {
                         Err(e) => break e.to_string(),
                     }
                 }
-                reader_transport.route(&reader_conn, frame).await;
+                match frame.kind {
+                    // Answered here, on the reader task, so that a busy handler (or a
+                    // Python worker holding the GIL) never delays it.
+                    FrameKind::Ping => {
+                        let _ = reader_conn.try_send(Frame::control(FrameKind::Pong, 0));
+                    }
+                    FrameKind::Pong => reader_conn.liveness.pong_received(),
+                    _ => {
+                        reader_conn.liveness.set_reader_busy(true);
+                        reader_transport.route(&reader_conn, frame).await;
+                        reader_conn.liveness.set_reader_busy(false);
+                    }
+                }
             };
             reader_conn.close_with(&reader_transport, &reason);
         });
+        liveness::spawn_keepalive(transport, &conn);
         conn
+    }
+
+    /// Send a Ping and wait for the peer's Pong; false if none came within `timeout` or
+    /// the connection closed.
+    pub(crate) async fn ping(&self, timeout: std::time::Duration) -> bool {
+        self.liveness.await_pong(|| self.try_send(Frame::control(FrameKind::Ping, 0)).is_ok(), timeout).await
+    }
+
+    /// Whether this side opened the connection.
+    pub(crate) fn is_outbound(&self) -> bool {
+        self.outbound
+    }
+
+    pub(super) fn closed_token(&self) -> &CancellationToken {
+        &self.closed
     }
 
     /// A process-unique id of this connection.
@@ -277,6 +319,13 @@ impl Connection {
 
     pub(crate) fn running(&self, id: u64) -> Option<RequestContext> {
         self.running.lock().as_ref().and_then(|m| m.get(&id).cloned())
+    }
+}
+
+fn set_tcp_keepalive(socket: &TcpStream) {
+    let keepalive = socket2::TcpKeepalive::new().with_time(TCP_KEEPALIVE_IDLE).with_interval(TCP_KEEPALIVE_INTERVAL);
+    if let Err(e) = socket2::SockRef::from(socket).set_tcp_keepalive(&keepalive) {
+        tracing::debug!(error = %e, "cannot enable TCP keepalive");
     }
 }
 

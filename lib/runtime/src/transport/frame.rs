@@ -18,13 +18,14 @@ pub(crate) const FIXED_LEN: usize = 1 + 8 + 4;
 /// Bytes of the length prefix.
 pub(crate) const LENGTH_PREFIX: usize = 4;
 /// Protocol version sent in [`FrameKind::Hello`].
-pub(crate) const PROTOCOL_VERSION: u32 = 1;
+/// Version 2 added Ping and Pong; a version-1 peer would close the connection on them.
+pub(crate) const PROTOCOL_VERSION: u32 = 2;
 
 /// What a frame means. The numbers are the wire values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub enum FrameKind {
-    /// First frame of a connection: header `{"version":1,"instance_id":N}`.
+    /// First frame of a connection: header `{"version":2,"instance_id":N}`.
     Hello = 1,
     /// A request for an endpoint: header `{"endpoint":"ns/comp/ep","id":"..."}`, body = payload.
     Request = 2,
@@ -44,6 +45,10 @@ pub enum FrameKind {
     Subscribe = 9,
     /// Event: stream id = subscription id, header = subject, body = payload.
     Event = 10,
+    /// Liveness probe (stream 0): the peer's connection reader answers Pong at once.
+    Ping = 11,
+    /// Answer to a Ping (stream 0).
+    Pong = 12,
 }
 
 impl FrameKind {
@@ -59,6 +64,8 @@ impl FrameKind {
             8 => FrameKind::Kill,
             9 => FrameKind::Subscribe,
             10 => FrameKind::Event,
+            11 => FrameKind::Ping,
+            12 => FrameKind::Pong,
             _ => return None,
         })
     }
@@ -169,6 +176,16 @@ mod tests {
         assert_eq!(bytes.len(), f.encoded_len());
         assert_eq!(Frame::decode_prefixed(bytes.clone()).unwrap(), f);
         assert_eq!(Frame::decode(bytes.slice(LENGTH_PREFIX..)).unwrap(), f);
+    }
+
+    #[test]
+    fn ping_and_pong_are_connection_level() {
+        for kind in [FrameKind::Ping, FrameKind::Pong] {
+            let f = Frame::control(kind, 0);
+            assert_eq!(Frame::decode_prefixed(f.to_bytes()).unwrap(), f);
+        }
+        assert_eq!(FrameKind::from_u8(11), Some(FrameKind::Ping));
+        assert_eq!(FrameKind::from_u8(12), Some(FrameKind::Pong));
     }
 
     #[test]

@@ -39,6 +39,8 @@ pub(crate) async fn serve(client: async_nats::Client, transport: Arc<Transport>,
                 m = sub.next() => m,
                 _ = cancel.cancelled() => break,
             };
+            // An outage only pauses the subscription (the client resubscribes after it
+            // reconnects); it ends when the connection is closed for good.
             let Some(msg) = msg else {
                 tracing::error!(subject, "NATS subscription ended; this endpoint no longer receives requests");
                 break;

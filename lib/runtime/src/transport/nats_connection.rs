@@ -1,0 +1,111 @@
+//! The process's NATS connection: unlimited reconnects with a bounded backoff, state
+//! transitions logged once each, and callers' requests not yet taken by a worker failed
+//! fast when the connection drops (they cannot be taken any more).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+
+use super::Transport;
+use crate::config::RuntimeConfig;
+use crate::error::{Error, ErrorKind, Result};
+
+/// Longest wait between reconnect attempts.
+const RECONNECT_BACKOFF_MAX: Duration = Duration::from_secs(2);
+/// How often the client pings the server (a partitioned server is noticed within ~2×).
+const SERVER_PING_INTERVAL: Duration = Duration::from_secs(5);
+/// After a disconnect, requests published but not yet taken by a worker get this long
+/// (a worker that had them may still connect back over TCP) before they fail.
+const UNTAKEN_GRACE: Duration = Duration::from_secs(1);
+
+/// Connection events, for [`spawn_state_watch`].
+pub(crate) type NatsEvents = mpsc::UnboundedReceiver<async_nats::Event>;
+
+/// Connect to `NATS_SERVER`, waiting (bounded by the connect timeout) for the first
+/// connection so that a wrong address fails here with a clear message.
+pub(crate) async fn connect(config: &RuntimeConfig) -> Result<(async_nats::Client, NatsEvents)> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let options = async_nats::ConnectOptions::new()
+        .connection_timeout(config.connect_timeout)
+        .ping_interval(SERVER_PING_INTERVAL)
+        .retry_on_initial_connect()
+        .max_reconnects(None)
+        .reconnect_delay_callback(|attempts| {
+            Duration::from_millis(100u64.saturating_mul(1 << attempts.min(5))).min(RECONNECT_BACKOFF_MAX)
+        })
+        .event_callback(move |event| {
+            let _ = tx.send(event);
+            async {}
+        });
+    let client = options
+        .connect(&config.nats_server)
+        .await
+        .map_err(|e| Error::with_source(ErrorKind::Nats, format!("cannot connect to NATS at {}", config.nats_server), e))?;
+    let deadline = Instant::now() + config.connect_timeout;
+    while client.connection_state() != async_nats::connection::State::Connected {
+        if Instant::now() >= deadline {
+            return Err(Error::new(
+                ErrorKind::Nats,
+                format!("cannot connect to NATS at {} within {:?} (NATS_SERVER)", config.nats_server, config.connect_timeout),
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok((client, rx))
+}
+
+/// Whether the NATS request plane can take a request now; `Unavailable` at once if not.
+pub(crate) fn check_connected(client: &async_nats::Client, server: &str) -> Result<()> {
+    match client.connection_state() {
+        async_nats::connection::State::Connected => Ok(()),
+        state => Err(Error::new(ErrorKind::Unavailable, format!("NATS at {server} is {}", state_name(&state)))),
+    }
+}
+
+pub(crate) fn state_name(state: &async_nats::connection::State) -> &'static str {
+    match state {
+        async_nats::connection::State::Connected => "connected",
+        async_nats::connection::State::Disconnected => "disconnected",
+        async_nats::connection::State::Pending => "not connected yet",
+    }
+}
+
+/// Log connection state transitions (once each, not every reconnect attempt) and fail
+/// the requests no worker took when the connection dropped.
+pub(crate) fn spawn_state_watch(mut events: NatsEvents, client: async_nats::Client, transport: &Arc<Transport>, server: String) {
+    let transport = transport.clone();
+    let cancel = transport.cancel.clone();
+    transport.tracker.clone().spawn(async move {
+        let mut connected = true;
+        loop {
+            let event = tokio::select! {
+                e = events.recv() => e,
+                _ = cancel.cancelled() => return,
+            };
+            let Some(event) = event else { return };
+            match event {
+                async_nats::Event::Disconnected if connected => {
+                    connected = false;
+                    tracing::warn!(server, "NATS connection lost; reconnecting (requests over NATS fail with `unavailable` meanwhile)");
+                    tokio::select! {
+                        _ = tokio::time::sleep(UNTAKEN_GRACE) => {}
+                        _ = cancel.cancelled() => return,
+                    }
+                    if client.connection_state() != async_nats::connection::State::Connected {
+                        transport.fail_unbound(Error::new(
+                            ErrorKind::Unavailable,
+                            format!("NATS at {server} disconnected before a worker took the request"),
+                        ));
+                    }
+                }
+                async_nats::Event::Connected if !connected => {
+                    connected = true;
+                    tracing::info!(server, "NATS connection restored");
+                }
+                async_nats::Event::Connected | async_nats::Event::Disconnected => {}
+                other => tracing::debug!(server, event = %other, "NATS connection event"),
+            }
+        }
+    });
+}

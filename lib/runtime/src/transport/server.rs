@@ -1,0 +1,93 @@
+//! The worker role of the transport: the TCP accept loop and serving the Request
+//! frames that arrive (TCP plane) or whose responses go out (NATS plane) on a connection.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use super::connection::Connection;
+use super::frame::{Frame, FrameKind};
+use super::{RequestHeader, Transport};
+use crate::context::RequestContext;
+use crate::error::{Error, ErrorKind, Result};
+use crate::handler::{IncomingRequest, RequestHandler, Responder};
+use crate::metrics::EndpointMetrics;
+
+/// An endpoint this process serves.
+pub(crate) struct ServedEndpoint {
+    pub handler: Arc<dyn RequestHandler>,
+    pub metrics: Arc<EndpointMetrics>,
+    pub draining: AtomicBool,
+}
+
+/// Accept connections on `listener` until `cancel` fires; each one gets its reader and
+/// writer tasks.
+pub(super) fn spawn_accept_loop(transport: &Arc<Transport>, listener: TcpListener, cancel: CancellationToken) {
+    let weak = Arc::downgrade(transport);
+    transport.tracker.spawn(async move {
+        loop {
+            let accepted = tokio::select! {
+                a = listener.accept() => a,
+                _ = cancel.cancelled() => return,
+            };
+            let Some(transport) = weak.upgrade() else { return };
+            match accepted {
+                Ok((socket, peer)) => {
+                    Connection::spawn(&transport, socket, peer.to_string(), false);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    });
+}
+
+impl Transport {
+    pub(crate) fn add_endpoint(&self, path: &str, endpoint: Arc<ServedEndpoint>) -> Result<()> {
+        let mut eps = self.endpoints.write();
+        if eps.contains_key(path) {
+            return Err(Error::new(ErrorKind::AlreadyExists, format!("endpoint {path} is already served by this process")));
+        }
+        eps.insert(path.to_string(), endpoint);
+        Ok(())
+    }
+
+    pub(crate) fn remove_endpoint(&self, path: &str) {
+        self.endpoints.write().remove(path);
+    }
+
+    /// Serve a Request frame that arrived on `conn` (TCP plane) or whose responses go to
+    /// `conn` (NATS plane).
+    pub(crate) fn on_request(self: &Arc<Self>, conn: &Arc<Connection>, stream: u64, header: RequestHeader, body: Bytes) {
+        let endpoint = self.endpoints.read().get(&header.endpoint).cloned();
+        let Some(endpoint) = endpoint else {
+            return self.reject(
+                conn,
+                stream,
+                ErrorKind::UnknownEndpoint,
+                &format!("endpoint {} is not served by instance {:x}", header.endpoint, self.instance_id),
+            );
+        };
+        if endpoint.draining.load(Ordering::Acquire) {
+            return self.reject(conn, stream, ErrorKind::Unavailable, &format!("instance {:x} is shutting down", self.instance_id));
+        }
+        let context = RequestContext::new(header.id);
+        if conn.add_running(stream, context.clone()).is_err() {
+            return;
+        }
+        let responder = Responder::new(self.clone(), conn.clone(), stream, context.clone(), endpoint.metrics.clone());
+        endpoint.handler.handle(IncomingRequest { body, context }, responder);
+    }
+
+    /// Answer `stream` with an Error frame of `kind` (a refusal, or a malformed request).
+    pub(super) fn reject(&self, conn: &Arc<Connection>, stream: u64, kind: ErrorKind, message: &str) {
+        let h = serde_json::json!({"kind": kind.as_str(), "message": message});
+        conn.send_reliably(self, Frame::with_header(FrameKind::Error, stream, serde_json::to_vec(&h).unwrap_or_default().into(), Bytes::new()));
+    }
+}

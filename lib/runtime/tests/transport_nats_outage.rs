@@ -1,0 +1,203 @@
+//! A NATS outage: with nats-server killed -9, requests over the NATS plane fail at once
+//! with `Unavailable` (not after DYN_RESPONSE_TIMEOUT), `/health` says why; once the
+//! server is back on the same port, requests and event subscriptions work again without
+//! restarting the runtimes.
+
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use dynamo_runtime::config::{DiscoveryBackend, EventPlane, RequestPlane, RuntimeConfig};
+use dynamo_runtime::discovery::MemStore;
+use dynamo_runtime::typed::stream_handler;
+use dynamo_runtime::{Client, DistributedRuntime, ErrorKind, RequestContext};
+use futures::StreamExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// A nats-server on a fixed loopback port, killed -9 on drop.
+struct Nats {
+    child: Child,
+    port: u16,
+}
+
+impl Nats {
+    fn start(port: u16) -> Nats {
+        let binary = std::env::var("NATS_SERVER_BIN").unwrap_or_else(|_| "nats-server".to_string());
+        let child = Command::new(&binary)
+            .args(["-a", "127.0.0.1", "-p", &port.to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start `{binary}` ({e}): these tests need a real nats-server (or set NATS_SERVER_BIN)"));
+        Nats { child, port }
+    }
+
+    async fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while tokio::net::TcpStream::connect(("127.0.0.1", self.port)).await.is_err() {
+            assert!(Instant::now() < deadline, "nats-server did not start on port {}", self.port);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Nats {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn config(port: u16) -> RuntimeConfig {
+    RuntimeConfig {
+        discovery: DiscoveryBackend::Mem,
+        request_plane: RequestPlane::Nats,
+        event_plane: EventPlane::Nats,
+        nats_server: format!("nats://127.0.0.1:{port}"),
+        // Far above the bound the test waits: a request that waited for it would fail the test.
+        response_timeout: Duration::from_secs(60),
+        shutdown_timeout: Duration::from_secs(2),
+        system_enabled: true,
+        system_host: "127.0.0.1".into(),
+        system_port: 0,
+        ..Default::default()
+    }
+}
+
+async fn health_status(rt: &DistributedRuntime) -> (u16, String) {
+    let addr = rt.system_address().unwrap();
+    let mut socket = tokio::net::TcpStream::connect(addr).await.unwrap();
+    socket.write_all(b"GET /health HTTP/1.0\r\nHost: x\r\n\r\n").await.unwrap();
+    let mut response = String::new();
+    socket.read_to_string(&mut response).await.unwrap();
+    let status = response.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (status, response)
+}
+
+async fn request(client: &Client) -> dynamo_runtime::Result<usize> {
+    let mut stream = client.round_robin(Bytes::from_static(b"3")).await?;
+    let mut n = 0;
+    while let Some(item) = stream.next().await {
+        item?;
+        n += 1;
+    }
+    Ok(n)
+}
+
+async fn eventually<T>(what: &str, within: Duration, mut attempt: impl AsyncFnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(v) = attempt().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_outage_fails_fast_and_recovers_without_restarts() {
+    let port = free_port();
+    let mut nats = Nats::start(port);
+    nats.wait_ready().await;
+    let store = Arc::new(MemStore::default());
+    let worker = DistributedRuntime::with_mem_store(config(port), store.clone()).await.unwrap();
+    let handler = stream_handler(|n: i64, _ctx: RequestContext| futures::stream::iter((0..n).map(Ok::<i64, String>)));
+    worker.namespace("t").unwrap().component("n").unwrap().endpoint("generate").unwrap().start(handler).await.unwrap();
+    let caller = DistributedRuntime::with_mem_store(config(port), store.clone()).await.unwrap();
+    let client = caller.namespace("t").unwrap().component("n").unwrap().endpoint("generate").unwrap().client().await.unwrap();
+    client.wait_for_instances(Some(Duration::from_secs(5))).await.unwrap();
+    assert_eq!(request(&client).await.unwrap(), 3);
+    let mut events = caller.events().subscribe("t.load").await.unwrap();
+    // Until the server has the subscription, events are (correctly) dropped: retry.
+    let payload = eventually("the subscription receives events", Duration::from_secs(10), async || {
+        worker.events().publish("t.load", Bytes::from_static(b"before")).await.ok()?;
+        let event = tokio::time::timeout(Duration::from_millis(500), events.next_event()).await.ok()??;
+        Some(event.payload)
+    })
+    .await;
+    assert_eq!(&payload[..], b"before");
+    assert_eq!(health_status(&worker).await.0, 200);
+
+    nats.kill();
+    eventually("the caller sees NATS down", Duration::from_secs(10), async || { caller.planes_health().err() }).await;
+    let started = Instant::now();
+    let err = tokio::time::timeout(Duration::from_secs(5), request(&client)).await.expect("the request waited on the dead NATS").unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(err.to_string().contains("disconnected"), "{err}");
+    eprintln!("failed after {:?}: {err}", started.elapsed());
+    let (status, body) = eventually("the worker's /health says NATS is down", Duration::from_secs(10), async || {
+        let (status, body) = health_status(&worker).await;
+        (status == 503).then_some((status, body))
+    })
+    .await;
+    assert_eq!(status, 503);
+    assert!(body.contains("NATS at nats://127.0.0.1"), "{body}");
+
+    // Same port, same runtimes.
+    let nats = Nats::start(port);
+    nats.wait_ready().await;
+    let n = eventually("requests work again", Duration::from_secs(20), async || { request(&client).await.ok() }).await;
+    assert_eq!(n, 3);
+    assert!(caller.planes_health().is_ok());
+    assert_eq!(health_status(&worker).await.0, 200);
+    // The subscription made before the outage receives again.
+    let payload = eventually("the old subscription receives events again", Duration::from_secs(20), async || {
+        worker.events().publish("t.load", Bytes::from_static(b"after")).await.ok()?;
+        let event = tokio::time::timeout(Duration::from_millis(500), events.next_event()).await.ok()??;
+        Some(event.payload)
+    })
+    .await;
+    assert_eq!(&payload[..], b"after");
+    caller.shutdown().await;
+    worker.shutdown().await;
+    drop(nats);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_no_worker_took_fails_when_nats_goes_down() {
+    use dynamo_runtime::{EndpointId, Instance, InstanceTransport};
+
+    let port = free_port();
+    let mut nats = Nats::start(port);
+    nats.wait_ready().await;
+    let store = Arc::new(MemStore::default());
+    let caller = DistributedRuntime::with_mem_store(config(port), store.clone()).await.unwrap();
+    // An instance whose subject has a listener that takes messages and never answers, so
+    // the request is neither refused nor taken.
+    let subject = "dynamo.t.mute.generate.1";
+    let _mute = caller.nats().unwrap().subscribe(subject).await.unwrap();
+    caller.nats().unwrap().flush().await.unwrap();
+    let instance = Instance {
+        namespace: "t".into(),
+        component: "mute".into(),
+        endpoint: "generate".into(),
+        instance_id: 1,
+        transport: InstanceTransport::Nats(subject.into()),
+    };
+    let id = EndpointId { namespace: "t".into(), component: "mute".into(), name: "generate".into() };
+    caller.discovery().put(&format!("{}1", id.instances_prefix()), serde_json::to_vec(&instance).unwrap().into()).await.unwrap();
+    let client = caller.namespace("t").unwrap().component("mute").unwrap().endpoint("generate").unwrap().client().await.unwrap();
+    client.wait_for_instances(Some(Duration::from_secs(5))).await.unwrap();
+
+    let mut stream = client.round_robin(Bytes::from_static(b"1")).await.unwrap();
+    assert!(tokio::time::timeout(Duration::from_millis(300), stream.next()).await.is_err(), "nobody answers yet");
+    nats.kill();
+    let err = tokio::time::timeout(Duration::from_secs(10), stream.next())
+        .await
+        .expect("the request waited for DYN_RESPONSE_TIMEOUT")
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    caller.shutdown().await;
+}
