@@ -185,7 +185,8 @@ impl Sender {
     /// dropped from the router's index and the request goes round-robin (once). A
     /// KV-routed stream counts as in flight on its worker until it ends or is dropped.
     async fn send(&self, mut request: PreprocessedRequest, ctx: &RequestContext, avoid: &[u64]) -> Result<Attempt, EngineError> {
-        let live: Vec<u64> = self.client.instance_ids();
+        // Instances found dead (ping timeout, refused) are left out until they answer again.
+        let live: Vec<u64> = self.client.routable_instance_ids();
         let candidates: Vec<u64> = live.iter().copied().filter(|id| !avoid.contains(id)).collect();
         let candidates = if candidates.is_empty() { live } else { candidates };
         if let Some(router) = &self.kv {

@@ -62,9 +62,11 @@ fn routes(kind: ModelKind) -> &'static [EngineKind] {
     }
 }
 
+/// Routable while at least one instance is registered and not marked down (found
+/// dead, frozen or cut off).
 fn has_instances(client: &Client) -> ReadyCheck {
     let client = client.clone();
-    Arc::new(move || !client.instance_ids().is_empty())
+    Arc::new(move || !client.routable_instance_ids().is_empty())
 }
 
 impl ModelWatcher {
