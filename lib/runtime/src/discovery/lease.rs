@@ -34,7 +34,9 @@ use crate::error::{Error, ErrorKind, Result};
 
 /// First delay between renewals while the store does not answer (then doubling up to TTL/3).
 const RENEW_RETRY_INITIAL: Duration = Duration::from_millis(250);
-/// First and longest delay between re-registration attempts after the lease is lost.
+/// First and longest delay between re-registration attempts after the lease is lost
+/// (the longest is also at most TTL/2: a store that comes back with the old lease still
+/// alive, as etcd does after a restart, keeps it only for about a TTL).
 const REREGISTER_RETRY_INITIAL: Duration = Duration::from_millis(250);
 const REREGISTER_RETRY_MAX: Duration = Duration::from_secs(5);
 /// Shortest bound on one re-registration attempt (otherwise one TTL).
@@ -383,7 +385,8 @@ impl<S: LeaseStore> Inner<S> {
         // ours to overwrite.
         let mut ours = vec![lease];
         let mut candidate = lease;
-        let mut retry = Backoff::new(REREGISTER_RETRY_INITIAL, REREGISTER_RETRY_MAX);
+        let longest = REREGISTER_RETRY_MAX.min(self.ttl / 2).max(REREGISTER_RETRY_INITIAL);
+        let mut retry = Backoff::new(REREGISTER_RETRY_INITIAL, longest);
         let bound = self.ttl.max(MIN_ATTEMPT_TIMEOUT);
         loop {
             let attempt = timeout(bound, self.reregister(&mut candidate, &mut ours));
