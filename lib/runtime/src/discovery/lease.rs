@@ -268,7 +268,7 @@ impl<S: LeaseStore> Inner<S> {
                         // The lease survived; the keys may not have (a store restored
                         // from an older state), so check every one.
                         if let Err(e) = self.check_registrations(lease).await {
-                            tracing::debug!(error = %e.full_message(), "checking registrations failed; retrying");
+                            tracing::debug!(error = %e, "checking registrations failed; retrying");
                             wait = retry.next_delay();
                             continue;
                         }
@@ -311,19 +311,19 @@ impl<S: LeaseStore> Inner<S> {
                             "{} at {} does not answer: {}",
                             self.store.name(),
                             self.store.location(),
-                            e.full_message()
+                            e.to_string()
                         );
                         if self.health.report(Source::Lease, reason) {
                             tracing::warn!(
                                 lease,
                                 location = %self.store.location(),
-                                error = %e.full_message(),
+                                error = %e,
                                 "{} does not answer; keeping the lease and registrations, retrying",
                                 self.store.name()
                             );
                         }
                     } else {
-                        tracing::debug!(lease, error = %e.full_message(), "lease renewal failed again");
+                        tracing::debug!(lease, error = %e, "lease renewal failed again");
                     }
                     wait = retry.next_delay();
                 }
@@ -397,7 +397,7 @@ impl<S: LeaseStore> Inner<S> {
             match outcome {
                 Ok(Ok(())) => break,
                 Ok(Err(e)) => {
-                    tracing::debug!(error = %e.full_message(), "{name} re-registration attempt failed")
+                    tracing::debug!(error = %e, "{name} re-registration attempt failed")
                 }
                 Err(_) => tracing::debug!("{name} re-registration attempt timed out after {bound:?}"),
             }

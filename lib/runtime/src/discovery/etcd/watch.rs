@@ -105,7 +105,7 @@ impl PrefixWatcher {
                     Ok(true) => relist = false,
                     Ok(false) => break,
                     Err(e) => {
-                        self.interrupted(&e.full_message());
+                        self.interrupted(&e.to_string());
                         if !self.pause(retry.next_delay()).await {
                             break;
                         }
@@ -117,12 +117,12 @@ impl PrefixWatcher {
                 Some(stream) => stream,
                 None => match open(&self.store, &self.prefix, self.next_revision).await {
                     Ok(stream) => stream,
-                    Err(e) if is_compaction(&e.full_message()) => {
+                    Err(e) if is_compaction(&e.to_string()) => {
                         relist = true;
                         continue;
                     }
                     Err(e) => {
-                        self.interrupted(&e.full_message());
+                        self.interrupted(&e.to_string());
                         if !self.pause(retry.next_delay()).await {
                             break;
                         }

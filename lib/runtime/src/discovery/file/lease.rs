@@ -61,13 +61,13 @@ impl LeaseStore for FileLeases {
 
     async fn abandon(&self, lease: i64) {
         if let Err(e) = blocking(&self.store, move |s| s.drop_lease(lease)).await {
-            tracing::warn!(lease, dir = %self.location(), error = %e.full_message(), "could not remove a lease given up");
+            tracing::warn!(lease, dir = %self.location(), error = %e, "could not remove a lease given up");
         }
     }
 
     async fn after_renewal(&self) {
         if let Err(e) = blocking(&self.store, |s| s.sweep()).await {
-            tracing::debug!(dir = %self.location(), error = %e.full_message(), "file discovery sweep failed");
+            tracing::debug!(dir = %self.location(), error = %e, "file discovery sweep failed");
         }
     }
 }

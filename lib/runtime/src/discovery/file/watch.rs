@@ -52,13 +52,13 @@ impl PollingWatch {
                         "file discovery watch on {} cannot read {}: {}",
                         self.prefix,
                         self.store.root.display(),
-                        e.full_message()
+                        e.to_string()
                     );
                     if self.health.report(self.source, problem) {
                         tracing::warn!(
                             prefix = %self.prefix,
                             dir = %self.store.root.display(),
-                            error = %e.full_message(),
+                            error = %e,
                             "file discovery watch cannot read the directory; retrying \
                              (routing continues on what was last known)"
                         );
