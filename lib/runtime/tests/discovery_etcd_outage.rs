@@ -144,6 +144,38 @@ async fn watch_relists_exactly_the_differences_after_compaction() {
     assert_eq!(next(&mut watch, Duration::from_secs(5)).await, WatchEvent::Put(kv("ns/c/after", "a")));
 }
 
+#[tokio::test]
+async fn watch_reads_again_when_etcd_comes_back_without_its_data() {
+    let Some(mut etcd) = Etcd::start().await else { return };
+    let mut direct = etcd.raw().await;
+    direct.put("ns/ep/plain", "p", None).await.unwrap();
+    // History the new etcd will not reach soon.
+    for i in 0..30 {
+        direct.put("other/churn", format!("{i}"), None).await.unwrap();
+    }
+    let (a, _ca) = etcd.client(TTL).await;
+    a.put_leased("ns/ep/a", b("a")).await.unwrap();
+    let (w, _cw) = etcd.client(TTL).await;
+    let mut watch = w.watch_prefix("ns/ep/").await.unwrap();
+    assert_eq!(watch.initial.len(), 2);
+
+    etcd.restart_wiped().await;
+    // The unleased key is gone for good; the live process registers its key again.
+    collect_until(&mut watch, &[WatchEvent::Delete("ns/ep/plain".into())], Duration::from_secs(10))
+        .await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while w.get("ns/ep/a").await.unwrap().is_none() {
+        assert!(Instant::now() < deadline, "the live process did not register again");
+        sleep(Duration::from_millis(50)).await;
+    }
+    let mut direct = etcd.raw().await;
+    direct.put("ns/ep/after", "x", None).await.unwrap();
+    collect_until(&mut watch, &[WatchEvent::Put(kv("ns/ep/after", "x"))], Duration::from_secs(10))
+        .await;
+    let now: Vec<String> = w.get_prefix("ns/ep/").await.unwrap().into_iter().map(|kv| kv.key).collect();
+    assert_eq!(now, vec!["ns/ep/a", "ns/ep/after"]);
+}
+
 /// The lease each of `keys` is bound to in etcd (0 for a missing key).
 async fn leases_of(etcd: &Etcd, keys: &[&str]) -> HashSet<i64> {
     let mut direct = etcd.raw().await;

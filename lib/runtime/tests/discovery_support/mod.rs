@@ -135,6 +135,14 @@ impl Etcd {
         self.wait_ready(self.client_port).await;
     }
 
+    /// Start etcd again on its ports with an empty data directory (all data lost).
+    pub async fn restart_wiped(&mut self) {
+        self.kill();
+        std::fs::remove_dir_all(self.dir.path().join("data")).expect("wipe etcd data");
+        self.spawn(self.client_port).expect("restart etcd");
+        self.wait_ready(self.client_port).await;
+    }
+
     /// Start etcd again with its data, but on a client port nobody under test knows;
     /// returns that port's endpoint.
     pub async fn restart_aside(&mut self) -> String {

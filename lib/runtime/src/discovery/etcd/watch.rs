@@ -1,7 +1,8 @@
 //! An etcd prefix watch that lasts as long as the process: when the stream breaks it is
 //! opened again (with backoff) from the revision after the last one delivered; when
-//! that revision has been compacted away, the prefix is read again and the consumer
-//! gets exactly the differences from what it was told before.
+//! that revision has been compacted away (or etcd came back with less history than the
+//! watch delivered), the prefix is read again and the consumer gets exactly the
+//! differences from what it was told before.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,7 +29,8 @@ const RETRY_MAX: Duration = Duration::from_secs(2);
 enum Ended {
     /// The runtime stopped or the consumer dropped the receiver.
     Stopped,
-    /// The next revision to deliver was compacted: re-list the prefix.
+    /// The next revision to deliver was compacted (or the store lost its history):
+    /// re-list the prefix.
     Compacted,
     /// The stream broke: re-open it.
     Broken(String),
@@ -235,6 +237,19 @@ impl PrefixWatcher {
                 ));
             }
             if response.created() {
+                let current = response.header().map_or(i64::MAX, |h| h.revision());
+                if current + 1 < self.next_revision {
+                    // The store is behind what we delivered: etcd lost its data (started
+                    // afresh or restored from a backup). Resuming would wait for
+                    // revisions that mean something else now; read the prefix instead.
+                    tracing::warn!(
+                        prefix = %self.prefix,
+                        revision = current,
+                        delivered = self.next_revision - 1,
+                        "etcd is at an older revision than this watch delivered; reading the prefix again"
+                    );
+                    return Ended::Compacted;
+                }
                 retry.reset();
                 if let Some(since) = self.health.clear(self.source) {
                     tracing::info!(
