@@ -10,8 +10,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use discovery_support::{next, raw, wait_for, Etcd};
-use dynamo_runtime::config::LeaseLossPolicy;
-use dynamo_runtime::discovery::{Discovery, DiscoveryHealth, EtcdDiscovery, KeyValue, WatchEvent};
+use dynamo_runtime::config::{LeaseLossPolicy, RuntimeConfig};
+use dynamo_runtime::discovery::{Discovery, EtcdDiscovery, KeyValue, WatchEvent};
+use dynamo_runtime::{DistributedRuntime, DiscoveryHealth};
 use etcd_client::{CompactionOptions, GetOptions};
 use tokio::time::{sleep, timeout, Instant};
 use tokio_util::sync::CancellationToken;
@@ -239,4 +240,23 @@ async fn lease_loss_with_shutdown_policy_cancels_when_etcd_stays_away() {
     timeout(TTL + Duration::from_secs(5), cancel.cancelled())
         .await
         .expect("the runtime was not cancelled");
+}
+
+#[tokio::test]
+async fn runtime_reports_discovery_health_and_outlives_an_etcd_outage() {
+    let Some(mut etcd) = Etcd::start().await else { return };
+    let config = RuntimeConfig {
+        tcp_host: Some("127.0.0.1".to_string()),
+        ..etcd.config(TTL, LeaseLossPolicy::Reregister)
+    };
+    let rt = DistributedRuntime::new(config).await.unwrap();
+    assert_eq!(rt.discovery_health(), DiscoveryHealth::Healthy);
+    etcd.kill();
+    wait_for("degraded", Duration::from_secs(5), || !rt.discovery_health().is_healthy()).await;
+    sleep(TTL * 2).await;
+    assert!(!rt.cancel_token().is_cancelled() && !rt.is_shutting_down());
+    etcd.restart().await;
+    wait_for("healthy", Duration::from_secs(15), || rt.discovery_health().is_healthy()).await;
+    assert!(!rt.cancel_token().is_cancelled());
+    rt.shutdown().await;
 }
