@@ -12,7 +12,7 @@ use bytes::Bytes;
 use discovery_support::{next, raw, wait_for, Etcd};
 use dynamo_runtime::config::{LeaseLossPolicy, RuntimeConfig};
 use dynamo_runtime::discovery::{Discovery, EtcdDiscovery, KeyValue, WatchEvent};
-use dynamo_runtime::{DistributedRuntime, DiscoveryHealth};
+use dynamo_runtime::{DiscoveryHealth, DistributedRuntime};
 use etcd_client::{CompactionOptions, GetOptions};
 use tokio::time::{sleep, timeout, Instant};
 use tokio_util::sync::CancellationToken;
@@ -142,7 +142,10 @@ async fn watch_relists_exactly_the_differences_after_compaction() {
     // And the watch goes on from the re-list.
     let mut direct = etcd.raw().await;
     direct.put("ns/c/after", "a", None).await.unwrap();
-    assert_eq!(next(&mut watch, Duration::from_secs(5)).await, WatchEvent::Put(kv("ns/c/after", "a")));
+    assert_eq!(
+        next(&mut watch, Duration::from_secs(5)).await,
+        WatchEvent::Put(kv("ns/c/after", "a"))
+    );
 }
 
 #[tokio::test]
@@ -173,7 +176,8 @@ async fn watch_reads_again_when_etcd_comes_back_without_its_data() {
     direct.put("ns/ep/after", "x", None).await.unwrap();
     collect_until(&mut watch, &[WatchEvent::Put(kv("ns/ep/after", "x"))], Duration::from_secs(10))
         .await;
-    let now: Vec<String> = w.get_prefix("ns/ep/").await.unwrap().into_iter().map(|kv| kv.key).collect();
+    let now: Vec<String> =
+        w.get_prefix("ns/ep/").await.unwrap().into_iter().map(|kv| kv.key).collect();
     assert_eq!(now, vec!["ns/ep/a", "ns/ep/after"]);
 }
 

@@ -156,7 +156,12 @@ impl<S: LeaseStore> LeaseKeeper<S> {
     /// and returns `Ok`: the keeper writes it with every other registration once it has
     /// a lease again. An exclusive write fails then (`Discovery`), because whether the
     /// key is free cannot be known until the store is back.
-    pub(crate) async fn write_leased(&self, key: &str, value: Bytes, exclusive: bool) -> Result<()> {
+    pub(crate) async fn write_leased(
+        &self,
+        key: &str,
+        value: Bytes,
+        exclusive: bool,
+    ) -> Result<()> {
         let s = &self.inner;
         let mut registrations = s.registrations.lock().await;
         if s.lost.load(Ordering::Acquire) {
@@ -204,7 +209,10 @@ impl<S: LeaseStore> LeaseKeeper<S> {
         let task = self.task.lock().take();
         if let Some(task) = task {
             if timeout(SHUTDOWN_WAIT, task).await.is_err() {
-                tracing::warn!("{} lease keeper did not stop within {SHUTDOWN_WAIT:?}", s.store.name());
+                tracing::warn!(
+                    "{} lease keeper did not stop within {SHUTDOWN_WAIT:?}",
+                    s.store.name()
+                );
             }
         }
         let mut registrations = s.registrations.lock().await;
@@ -311,7 +319,7 @@ impl<S: LeaseStore> Inner<S> {
                             "{} at {} does not answer: {}",
                             self.store.name(),
                             self.store.location(),
-                            e.to_string()
+                            e
                         );
                         if self.health.report(Source::Lease, reason) {
                             tracing::warn!(
@@ -399,7 +407,9 @@ impl<S: LeaseStore> Inner<S> {
                 Ok(Err(e)) => {
                     tracing::debug!(error = %e, "{name} re-registration attempt failed")
                 }
-                Err(_) => tracing::debug!("{name} re-registration attempt timed out after {bound:?}"),
+                Err(_) => {
+                    tracing::debug!("{name} re-registration attempt timed out after {bound:?}")
+                }
             }
             tokio::select! {
                 _ = self.stop.cancelled() => return AfterLoss::Stop,

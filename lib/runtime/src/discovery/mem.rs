@@ -202,7 +202,8 @@ mod tests {
         assert_eq!(watch.initial.len(), 2);
         a.shutdown().await;
         assert_eq!(watch.events.recv().await, Some(WatchEvent::Delete("x/a".into())));
-        let keys: Vec<String> = b.get_prefix("x/").await.unwrap().into_iter().map(|kv| kv.key).collect();
+        let keys: Vec<String> =
+            b.get_prefix("x/").await.unwrap().into_iter().map(|kv| kv.key).collect();
         assert_eq!(keys, vec!["x/keep"]);
     }
 

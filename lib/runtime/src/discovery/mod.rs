@@ -24,8 +24,8 @@ use crate::config::{DiscoveryBackend, RuntimeConfig};
 use crate::error::Result;
 
 pub use etcd::EtcdDiscovery;
-pub use health::DiscoveryHealth;
 pub use file::FileDiscovery;
+pub use health::DiscoveryHealth;
 pub use mem::{MemDiscovery, MemStore};
 
 /// One stored key and its value.

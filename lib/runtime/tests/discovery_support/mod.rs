@@ -8,7 +8,7 @@
 
 #![allow(dead_code)]
 
-use std::fs::{File, OpenOptions};
+use std::fs::OpenOptions;
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -52,8 +52,15 @@ impl Etcd {
         let dir = tempfile::tempdir().expect("temp dir");
         let (client_port, peer_port) = (free_port(), free_port());
         let log = dir.path().join("etcd.log");
-        let mut etcd =
-            Etcd { binary, child: None, client_port, peer_port, endpoint: url(client_port), log, dir };
+        let mut etcd = Etcd {
+            binary,
+            child: None,
+            client_port,
+            peer_port,
+            endpoint: url(client_port),
+            log,
+            dir,
+        };
         match etcd.spawn(client_port) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -85,7 +92,7 @@ impl Etcd {
             .args(["--initial-cluster", &format!("default={peer_url}")])
             .stdin(Stdio::null())
             .stdout(log_file.try_clone()?)
-            .stderr(File::from(log_file))
+            .stderr(log_file)
             .spawn()?;
         self.child = Some(child);
         Ok(())

@@ -53,9 +53,10 @@ pub(super) struct PrefixWatcher {
 
 pub(super) fn to_key_value(kv: &etcd_client::KeyValue) -> Option<KeyValue> {
     match kv.key_str() {
-        Ok(key) => {
-            Some(KeyValue { key: key.to_string(), value: bytes::Bytes::copy_from_slice(kv.value()) })
-        }
+        Ok(key) => Some(KeyValue {
+            key: key.to_string(),
+            value: bytes::Bytes::copy_from_slice(kv.value()),
+        }),
         Err(_) => {
             // Every key this runtime writes is a string; anything else is foreign.
             tracing::warn!(key = ?kv.key(), "skipping a non-UTF-8 etcd key");
@@ -82,10 +83,8 @@ pub(super) async fn list(store: &EtcdStore, prefix: &str) -> Result<(Vec<KeyValu
 pub(super) async fn open(store: &EtcdStore, prefix: &str, revision: i64) -> Result<WatchStream> {
     // Progress notifications move the resume point forward on a quiet prefix, so a
     // reconnect rarely lands on a compacted revision.
-    let options = WatchOptions::new()
-        .with_prefix()
-        .with_start_revision(revision)
-        .with_progress_notify();
+    let options =
+        WatchOptions::new().with_prefix().with_start_revision(revision).with_progress_notify();
     let mut watch_client = store.client.watch_client();
     store.request("watch", watch_client.watch(prefix, Some(options))).await
 }

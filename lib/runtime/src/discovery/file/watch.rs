@@ -52,7 +52,7 @@ impl PollingWatch {
                         "file discovery watch on {} cannot read {}: {}",
                         self.prefix,
                         self.store.root.display(),
-                        e.to_string()
+                        e
                     );
                     if self.health.report(self.source, problem) {
                         tracing::warn!(
