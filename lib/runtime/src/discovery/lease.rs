@@ -453,3 +453,209 @@ impl<S: LeaseStore> Inner<S> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use parking_lot::Mutex;
+
+    use super::*;
+    use crate::discovery::DiscoveryHealth;
+
+    /// A store in memory that can be taken down, for the keeper's own logic (the
+    /// backends are tested against real etcd and a real directory).
+    #[derive(Default)]
+    struct FakeStore {
+        state: Mutex<FakeState>,
+    }
+
+    #[derive(Default)]
+    struct FakeState {
+        down: bool,
+        leases: HashSet<i64>,
+        granted: i64,
+        /// key → (value, lease)
+        keys: HashMap<String, (Bytes, i64)>,
+    }
+
+    impl FakeStore {
+        fn with_lease(lease: i64) -> Arc<Self> {
+            let store = FakeStore::default();
+            store.state.lock().leases.insert(lease);
+            store.state.lock().granted = lease;
+            Arc::new(store)
+        }
+
+        fn up(&self) -> Result<parking_lot::MutexGuard<'_, FakeState>> {
+            let state = self.state.lock();
+            if state.down {
+                return Err(Error::new(ErrorKind::Discovery, "fake store is down"));
+            }
+            Ok(state)
+        }
+
+        fn expire(&self, lease: i64) {
+            let mut state = self.state.lock();
+            state.leases.remove(&lease);
+            state.keys.retain(|_, (_, l)| *l != lease);
+        }
+
+        fn key(&self, key: &str) -> Option<(Bytes, i64)> {
+            self.state.lock().keys.get(key).cloned()
+        }
+    }
+
+    #[async_trait]
+    impl LeaseStore for FakeStore {
+        fn name(&self) -> &'static str {
+            "fake"
+        }
+        fn location(&self) -> String {
+            "memory".into()
+        }
+        async fn renew(&self, lease: i64) -> Result<bool> {
+            Ok(self.up()?.leases.contains(&lease))
+        }
+        async fn grant(&self) -> Result<i64> {
+            let mut state = self.up()?;
+            state.granted += 1;
+            let lease = state.granted;
+            state.leases.insert(lease);
+            Ok(lease)
+        }
+        async fn write(
+            &self,
+            key: &str,
+            value: &Bytes,
+            lease: i64,
+            exclusive: bool,
+            ours: &[i64],
+        ) -> Result<bool> {
+            let mut state = self.up()?;
+            if exclusive {
+                if let Some((_, holder)) = state.keys.get(key) {
+                    if !ours.contains(holder) && state.leases.contains(holder) {
+                        return Ok(false);
+                    }
+                }
+            }
+            state.keys.insert(key.to_string(), (value.clone(), lease));
+            Ok(true)
+        }
+        async fn abandon(&self, lease: i64) {
+            self.expire(lease);
+        }
+    }
+
+    const TTL: Duration = Duration::from_millis(900);
+
+    fn keeper(
+        store: &Arc<FakeStore>,
+        lease: i64,
+        policy: LeaseLossPolicy,
+    ) -> (LeaseKeeper<FakeStore>, CancellationToken, Arc<HealthBoard>) {
+        let root = CancellationToken::new();
+        let health = Arc::new(HealthBoard::default());
+        let config = KeeperConfig {
+            lease,
+            ttl: TTL,
+            policy,
+            root: root.clone(),
+            stop: root.child_token(),
+            health: health.clone(),
+        };
+        (LeaseKeeper::start(store.clone(), config), root, health)
+    }
+
+    async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !cond() {
+            assert!(Instant::now() < deadline, "{what}: not within 5 s");
+            sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    fn b(s: &'static str) -> Bytes {
+        Bytes::from_static(s.as_bytes())
+    }
+
+    fn lost(health: &HealthBoard) -> bool {
+        matches!(health.health(), DiscoveryHealth::Degraded { ref reason, .. } if reason.contains("lost"))
+    }
+
+    #[tokio::test]
+    async fn an_outage_shorter_than_the_ttl_keeps_the_lease() {
+        let store = FakeStore::with_lease(7);
+        let (keeper, root, health) = keeper(&store, 7, LeaseLossPolicy::Reregister);
+        keeper.write_leased("k", b("v"), true).await.unwrap();
+        store.state.lock().down = true;
+        wait_for("degraded", || !health.health().is_healthy()).await;
+        assert!(!lost(&health));
+        store.state.lock().down = false;
+        wait_for("healthy", || health.health().is_healthy()).await;
+        assert_eq!(keeper.lease_id(), 7);
+        assert_eq!(store.state.lock().granted, 7, "no new lease");
+        assert_eq!(store.key("k"), Some((b("v"), 7)));
+        assert!(!root.is_cancelled());
+    }
+
+    #[tokio::test]
+    async fn a_lost_lease_is_retried_until_the_store_is_back() {
+        let store = FakeStore::with_lease(7);
+        let (keeper, root, health) = keeper(&store, 7, LeaseLossPolicy::Reregister);
+        keeper.write_leased("plain", b("p"), false).await.unwrap();
+        keeper.write_leased("excl", b("x"), true).await.unwrap();
+        store.state.lock().down = true;
+        store.expire(7);
+        wait_for("lost", || lost(&health)).await;
+        // Well past the old limit of three attempts.
+        sleep(TTL * 4).await;
+        assert!(!root.is_cancelled());
+        keeper.write_leased("later", b("l"), false).await.unwrap();
+        let e = keeper.write_leased("excl2", b("y"), true).await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Discovery);
+
+        store.state.lock().down = false;
+        wait_for("healthy", || health.health().is_healthy()).await;
+        let lease = keeper.lease_id();
+        assert_ne!(lease, 7);
+        for (key, value) in [("plain", "p"), ("excl", "x"), ("later", "l")] {
+            assert_eq!(store.key(key), Some((b(value), lease)), "{key}");
+        }
+        assert!(!root.is_cancelled());
+        keeper.shutdown().await;
+        assert!(store.state.lock().keys.is_empty());
+    }
+
+    #[tokio::test]
+    async fn an_exclusive_key_taken_meanwhile_is_given_up() {
+        let store = FakeStore::with_lease(7);
+        let (keeper, _root, health) = keeper(&store, 7, LeaseLossPolicy::Reregister);
+        keeper.write_leased("excl", b("mine"), true).await.unwrap();
+        keeper.write_leased("plain", b("p"), false).await.unwrap();
+        {
+            let mut state = store.state.lock();
+            state.leases.remove(&7);
+            state.leases.insert(99);
+            state.keys.insert("excl".into(), (b("theirs"), 99));
+        }
+        wait_for("re-registered", || keeper.lease_id() != 7 && health.health().is_healthy()).await;
+        assert_eq!(store.key("excl"), Some((b("theirs"), 99)));
+        assert_eq!(store.key("plain"), Some((b("p"), keeper.lease_id())));
+        // Given up for good: a later re-registration does not fight for it either.
+        store.expire(keeper.lease_id());
+        wait_for("re-registered again", || store.key("plain").is_some()).await;
+        assert_eq!(store.key("excl"), Some((b("theirs"), 99)));
+    }
+
+    #[tokio::test]
+    async fn shutdown_policy_cancels_the_root_on_loss() {
+        let store = FakeStore::with_lease(7);
+        let (keeper, root, _health) = keeper(&store, 7, LeaseLossPolicy::Shutdown);
+        keeper.write_leased("k", b("v"), false).await.unwrap();
+        store.expire(7);
+        timeout(Duration::from_secs(3), root.cancelled()).await.expect("root not cancelled");
+        assert_eq!(store.state.lock().granted, 7, "no new lease under the shutdown policy");
+    }
+}
