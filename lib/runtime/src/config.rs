@@ -41,7 +41,9 @@ pub enum EventPlane {
 /// What a process does when discovery tells it its lease is gone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LeaseLossPolicy {
-    /// Take a new lease and write every registration again (instance ids stay the same).
+    /// Keep serving and retry for as long as the process lives: keep the old lease if the
+    /// store still has it, else take a new one and write every registration again
+    /// (instance ids stay the same).
     Reregister,
     /// Cancel the runtime: the process shuts down.
     Shutdown,

@@ -34,6 +34,7 @@ pub use client::{Client, RouterMode, SendOptions};
 pub use component::{Component, Endpoint, EndpointId, Instance, InstanceTransport, Namespace};
 pub use config::RuntimeConfig;
 pub use context::{RequestContext, StreamState};
+pub use discovery::DiscoveryHealth;
 pub use error::{Error, ErrorKind, Result};
 pub use handler::{IncomingRequest, RequestHandler, Responder};
 pub use response_stream::{ResponseItem, ResponseStream};

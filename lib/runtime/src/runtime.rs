@@ -14,7 +14,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::component::{EndpointId, Namespace};
 use crate::config::{RequestPlane, RuntimeConfig};
-use crate::discovery::{self, Discovery, MemStore};
+use crate::discovery::{self, Discovery, DiscoveryHealth, MemStore};
 use crate::error::{Error, ErrorKind, Result};
 use crate::events::EventPlane;
 use crate::instances::InstanceWatcher;
@@ -160,6 +160,12 @@ impl DistributedRuntime {
     /// The discovery backend.
     pub fn discovery(&self) -> &Arc<dyn Discovery> {
         &self.inner.discovery
+    }
+
+    /// What discovery knows about its connection to its store: `Degraded` while the
+    /// store cannot be reached or the lease is lost (cached state is being served).
+    pub fn discovery_health(&self) -> DiscoveryHealth {
+        self.inner.discovery.health()
     }
 
     /// The event plane.

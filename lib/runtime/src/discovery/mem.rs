@@ -10,7 +10,8 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 use tokio::sync::{broadcast, mpsc};
 
-use super::{Discovery, KeyValue, PrefixWatch, WatchEvent};
+use super::known::KnownKeys;
+use super::{Discovery, DiscoveryHealth, KeyValue, PrefixWatch, WatchEvent};
 use crate::config::DiscoveryBackend;
 use crate::error::{Error, ErrorKind, Result};
 
@@ -41,6 +42,25 @@ impl MemStore {
     pub fn global() -> Arc<MemStore> {
         static GLOBAL: std::sync::OnceLock<Arc<MemStore>> = std::sync::OnceLock::new();
         GLOBAL.get_or_init(Default::default).clone()
+    }
+
+    fn snapshot(entries: &BTreeMap<String, Entry>, prefix: &str) -> Vec<KeyValue> {
+        entries
+            .range(prefix.to_string()..)
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .map(|(k, e)| KeyValue { key: k.clone(), value: e.value.clone() })
+            .collect()
+    }
+
+    /// The keys under `prefix` now, and a subscription to the changes after them.
+    fn snapshot_and_subscribe(
+        &self,
+        prefix: &str,
+    ) -> (Vec<KeyValue>, broadcast::Receiver<WatchEvent>) {
+        // Subscribe under the lock so no change falls between snapshot and subscription.
+        let entries = self.entries.lock();
+        let changes = self.changes.subscribe();
+        (Self::snapshot(&entries, prefix), changes)
     }
 
     fn write(&self, key: &str, value: Bytes, lease: Option<i64>, create: bool) -> Result<()> {
@@ -89,6 +109,10 @@ impl Discovery for MemDiscovery {
         self.lease
     }
 
+    fn health(&self) -> DiscoveryHealth {
+        DiscoveryHealth::Healthy
+    }
+
     async fn put_leased(&self, key: &str, value: Bytes) -> Result<()> {
         self.store.write(key, value, Some(self.lease), false)
     }
@@ -106,12 +130,7 @@ impl Discovery for MemDiscovery {
     }
 
     async fn get_prefix(&self, prefix: &str) -> Result<Vec<KeyValue>> {
-        let entries = self.store.entries.lock();
-        Ok(entries
-            .range(prefix.to_string()..)
-            .take_while(|(k, _)| k.starts_with(prefix))
-            .map(|(k, e)| KeyValue { key: k.clone(), value: e.value.clone() })
-            .collect())
+        Ok(MemStore::snapshot(&self.store.entries.lock(), prefix))
     }
 
     async fn delete(&self, key: &str) -> Result<()> {
@@ -120,35 +139,42 @@ impl Discovery for MemDiscovery {
     }
 
     async fn watch_prefix(&self, prefix: &str) -> Result<PrefixWatch> {
-        // Subscribe before the snapshot (under the lock) so no change falls in between.
-        let (initial, mut changes) = {
-            let entries = self.store.entries.lock();
-            let changes = self.store.changes.subscribe();
-            let initial = entries
-                .range(prefix.to_string()..)
-                .take_while(|(k, _)| k.starts_with(prefix))
-                .map(|(k, e)| KeyValue { key: k.clone(), value: e.value.clone() })
-                .collect();
-            (initial, changes)
-        };
+        let (initial, mut changes) = self.store.snapshot_and_subscribe(prefix);
+        let mut known = KnownKeys::new(&initial);
         let (tx, rx) = mpsc::channel(1024);
+        let store = self.store.clone();
         let prefix = prefix.to_string();
         tokio::spawn(async move {
             loop {
-                let event = match changes.recv().await {
-                    Ok(ev) => ev,
-                    Err(broadcast::error::RecvError::Lagged(n)) => {
-                        tracing::error!(missed = n, "mem discovery watch lagged; closing it");
-                        return;
+                let received = tokio::select! {
+                    _ = tx.closed() => return,
+                    received = changes.recv() => received,
+                };
+                let events = match received {
+                    Ok(event) => {
+                        let key = match &event {
+                            WatchEvent::Put(kv) => &kv.key,
+                            WatchEvent::Delete(k) => k,
+                        };
+                        if !key.starts_with(&prefix) {
+                            continue;
+                        }
+                        known.apply(&event);
+                        vec![event]
+                    }
+                    Err(broadcast::error::RecvError::Lagged(missed)) => {
+                        // Changes were dropped: read the prefix again and send what differs.
+                        tracing::debug!(missed, prefix = %prefix, "mem discovery watch lagged; re-reading");
+                        let (current, fresh) = store.snapshot_and_subscribe(&prefix);
+                        changes = fresh;
+                        known.resync(current)
                     }
                     Err(broadcast::error::RecvError::Closed) => return,
                 };
-                let key = match &event {
-                    WatchEvent::Put(kv) => &kv.key,
-                    WatchEvent::Delete(k) => k,
-                };
-                if key.starts_with(&prefix) && tx.send(event).await.is_err() {
-                    return;
+                for event in events {
+                    if tx.send(event).await.is_err() {
+                        return;
+                    }
                 }
             }
         });
@@ -176,7 +202,8 @@ mod tests {
         assert_eq!(watch.initial.len(), 2);
         a.shutdown().await;
         assert_eq!(watch.events.recv().await, Some(WatchEvent::Delete("x/a".into())));
-        let keys: Vec<String> = b.get_prefix("x/").await.unwrap().into_iter().map(|kv| kv.key).collect();
+        let keys: Vec<String> =
+            b.get_prefix("x/").await.unwrap().into_iter().map(|kv| kv.key).collect();
         assert_eq!(keys, vec!["x/keep"]);
     }
 

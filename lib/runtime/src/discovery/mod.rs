@@ -5,8 +5,12 @@
 //! process keeps its lease alive; when the process dies they disappear within the lease
 //! TTL (etcd) or heartbeat expiry (`file`), and watchers see a delete.
 
+mod backoff;
 mod etcd;
 mod file;
+mod health;
+mod known;
+mod lease;
 mod mem;
 
 use std::sync::Arc;
@@ -21,6 +25,7 @@ use crate::error::Result;
 
 pub use etcd::EtcdDiscovery;
 pub use file::FileDiscovery;
+pub use health::DiscoveryHealth;
 pub use mem::{MemDiscovery, MemStore};
 
 /// One stored key and its value.
@@ -43,8 +48,13 @@ pub enum WatchEvent {
 
 /// The state of a prefix when the watch started, and the changes after it.
 ///
-/// No change between the snapshot and the first event is lost. The receiver ends when
-/// the backend's watch ends (runtime shutdown or a backend failure, which is logged).
+/// No change between the snapshot and the first event is lost. The receiver ends only
+/// when the runtime shuts down (or the backend handle is dropped). When the store goes
+/// away the watch re-establishes itself: while it is away no events arrive (consumers
+/// keep what they were told last), and when it is back the watch resumes where it left
+/// off, or, when that point is no longer available, sends exactly the differences
+/// between what it sent before and the store's current state. [`Discovery::health`]
+/// says `Degraded` meanwhile.
 #[derive(Debug)]
 pub struct PrefixWatch {
     /// Keys under the prefix when the watch started.
@@ -64,10 +74,18 @@ pub trait Discovery: Send + Sync + 'static {
     /// The id of this process's current lease (changes only after a lease loss).
     fn lease_id(&self) -> i64;
 
-    /// Write `key` bound to this process's lease (replacing any value).
+    /// What the backend knows about its connection to its store, now.
+    fn health(&self) -> DiscoveryHealth;
+
+    /// Write `key` bound to this process's lease (replacing any value). The key is
+    /// written again whenever the lease is replaced. While the lease is lost (see
+    /// [`Discovery::health`]) the write is only recorded and `Ok` is returned: it is
+    /// done together with the re-registration.
     async fn put_leased(&self, key: &str, value: Bytes) -> Result<()>;
 
-    /// Write `key` bound to this process's lease; fails with `AlreadyExists` if it exists.
+    /// Write `key` bound to this process's lease; fails with `AlreadyExists` if it
+    /// exists. While the lease is lost it fails with `Discovery` (whether the key is
+    /// free cannot be known then); retry once the backend is healthy again.
     async fn create_leased(&self, key: &str, value: Bytes) -> Result<()>;
 
     /// Write `key` with no lease: it stays until deleted.
