@@ -58,6 +58,14 @@ impl Models {
         Ok(Models { manager, source })
     }
 
+    /// The distributed runtime the models are discovered through (`out=dyn`).
+    pub fn runtime(&self) -> Option<&DistributedRuntime> {
+        match &self.source {
+            Source::Discovered { runtime, .. } => Some(runtime),
+            Source::Local(_) => None,
+        }
+    }
+
     /// A line for humans: which models are served, or where they come from.
     pub fn describe(&self) -> String {
         match &self.source {

@@ -121,6 +121,10 @@ pub struct RuntimeConfig {
     /// `DYN_STREAM_ITEM_TIMEOUT` seconds: bound on the gap between two items of a response
     /// stream; `None` (0 in the environment) waits forever (default 120).
     pub stream_item_timeout: Option<Duration>,
+    /// `DYN_DISCOVERY_HEALTH_GRACE` seconds: how long discovery may be degraded (store
+    /// unreachable, lease lost) before `/health` says unhealthy; meanwhile the process
+    /// serves on what it last knew (default 30).
+    pub discovery_health_grace: Duration,
     /// `DYN_SYSTEM_ENABLED`: serve `/health`, `/live`, `/metrics` (default false).
     pub system_enabled: bool,
     /// `DYN_SYSTEM_HOST` (default 0.0.0.0).
@@ -150,6 +154,7 @@ impl Default for RuntimeConfig {
             tcp_peer_timeout: Duration::from_secs(6),
             stream_first_item_timeout: Some(Duration::from_secs(300)),
             stream_item_timeout: Some(Duration::from_secs(120)),
+            discovery_health_grace: Duration::from_secs(30),
             system_enabled: false,
             system_host: "0.0.0.0".to_string(),
             system_port: 9090,
@@ -266,6 +271,9 @@ impl RuntimeConfig {
         if let Some(v) = get("DYN_STREAM_ITEM_TIMEOUT") {
             c.stream_item_timeout = parse_optional_seconds("DYN_STREAM_ITEM_TIMEOUT", &v)?;
         }
+        if let Some(v) = get("DYN_DISCOVERY_HEALTH_GRACE") {
+            c.discovery_health_grace = parse_seconds("DYN_DISCOVERY_HEALTH_GRACE", &v)?;
+        }
         if let Some(v) = get("DYN_SYSTEM_ENABLED") {
             c.system_enabled = parse_bool("DYN_SYSTEM_ENABLED", &v)?;
         }
@@ -375,6 +383,9 @@ mod tests {
         let d = from(&[]).unwrap();
         assert_eq!(d.stream_first_item_timeout, Some(Duration::from_secs(300)));
         assert_eq!(d.tcp_peer_timeout, Duration::from_secs(6));
+        assert_eq!(d.discovery_health_grace, Duration::from_secs(30));
+        let e = from(&[("DYN_DISCOVERY_HEALTH_GRACE", "soon")]).unwrap_err();
+        assert!(e.to_string().contains("DYN_DISCOVERY_HEALTH_GRACE"), "{e}");
     }
 
     #[test]

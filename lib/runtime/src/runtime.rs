@@ -316,6 +316,28 @@ impl DistributedRuntime {
         }
     }
 
+    /// Whether this process can do its work now (what `/health` reports): `Err(reason)`
+    /// while it shuts down or has shut down, while a NATS plane is disconnected, or once
+    /// discovery has been degraded for longer than `DYN_DISCOVERY_HEALTH_GRACE` (until
+    /// then it serves on what discovery last said, which is fine).
+    pub fn health(&self) -> std::result::Result<(), String> {
+        if self.is_shutting_down() || self.inner.cancel.is_cancelled() {
+            return Err("the runtime is shutting down".to_string());
+        }
+        self.planes_health()?;
+        if let DiscoveryHealth::Degraded { since, reason } = self.discovery_health() {
+            let grace = self.inner.config.discovery_health_grace;
+            if since.elapsed() >= grace {
+                return Err(format!(
+                    "discovery ({}) degraded for {:.0?} (DYN_DISCOVERY_HEALTH_GRACE {grace:?}): {reason}",
+                    self.inner.config.discovery.as_str(),
+                    since.elapsed()
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// The NATS client, if connected now; `Unavailable` at once when the connection is
     /// down, `Config` when this process has none.
     pub(crate) fn connected_nats(&self, instance: u64) -> Result<&async_nats::Client> {

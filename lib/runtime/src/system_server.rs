@@ -45,7 +45,7 @@ async fn health(State(rt): State<DistributedRuntime>) -> impl IntoResponse {
         let body = serde_json::json!({"status": "shutting_down", "endpoints": endpoints});
         return (StatusCode::SERVICE_UNAVAILABLE, Json(body));
     }
-    match rt.planes_health() {
+    match rt.health() {
         Ok(()) => (StatusCode::OK, Json(serde_json::json!({"status": "ready", "endpoints": endpoints}))),
         Err(reason) => {
             let body = serde_json::json!({"status": "unhealthy", "reason": reason, "endpoints": endpoints});

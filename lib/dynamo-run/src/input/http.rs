@@ -1,6 +1,8 @@
 //! `in=http`: the OpenAI-compatible HTTP service in front of the local engine or the
 //! discovered models, until SIGINT/SIGTERM; then a graceful shutdown.
 
+use std::sync::Arc;
+
 use dynamo_llm::http::HttpService;
 use tokio_util::sync::CancellationToken;
 
@@ -18,11 +20,13 @@ pub async fn run(config: &RunConfig, cancel: CancellationToken) -> Result<(), Ru
 }
 
 async fn serve(config: &RunConfig, models: &Models, cancel: CancellationToken) -> Result<(), RunError> {
-    let service = HttpService::builder()
-        .host(config.http_host.clone())
-        .port(config.http_port)
-        .manager(models.manager.clone())
-        .build()?;
+    let mut builder = HttpService::builder().host(config.http_host.clone()).port(config.http_port).manager(models.manager.clone());
+    if let Some(runtime) = models.runtime() {
+        // Discovery, the planes, and the runtime itself: /health is 503 when any is down.
+        let runtime = runtime.clone();
+        builder = builder.health_check(Arc::new(move || runtime.health()));
+    }
+    let service = builder.build()?;
     let bound = service.bind().await?;
     output::status(&format!("serving http on {} ({})", bound.local_addr(), models.describe()));
     bound.serve(cancel).await?;
