@@ -28,7 +28,7 @@ def parse_args() -> argparse.Namespace:
 
 def make_handler(mode: str) -> Any:
     async def generate(request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        token = request["token_ids"][-1]
+        token = 5  # a word of the test vocabulary, so that it becomes a chunk of text
         if mode == "hang":
             await asyncio.Event().wait()
         yield {"token_ids": [token]}

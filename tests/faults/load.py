@@ -58,7 +58,9 @@ async def _read_body(reader: asyncio.StreamReader, chunked: bool, on_data: Any) 
     while True:
         size_line = await reader.readline()
         if not size_line:
-            return
+            # The HTTP framing says the response was cut, so the client knows: an
+            # error, not a truncation the server passed off as complete.
+            raise ConnectionError("the connection closed before the end of the chunked response")
         size = int(size_line.split(b";")[0], 16)
         if size == 0:
             await reader.readline()

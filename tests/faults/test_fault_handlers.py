@@ -25,8 +25,8 @@ BOUND = 3.0
 @pytest.mark.parametrize(
     ("mode", "status", "message"),
     [
-        ("hang", 504, "first"),
-        ("stall", 504, "between"),
+        ("hang", 504, "DYN_STREAM_FIRST_ITEM_TIMEOUT"),
+        ("stall", 504, "DYN_STREAM_ITEM_TIMEOUT"),
         ("raise", 500, "crashed mid-stream"),
         ("truncate", 500, "without a finish reason"),
     ],
