@@ -9,7 +9,6 @@ is detected in seconds; the mechanisms are the production ones.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 import signal
@@ -128,7 +127,8 @@ class Fleet:
         self.endpoint = f"{namespace}.mocker.generate"
         self.etcd: Server | None = None
         self.nats: Server | None = None
-        env = {k: v for k, v in os.environ.items() if not k.startswith("DYN_") and k not in ("ETCD_ENDPOINTS", "NATS_SERVER")}
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith("DYN_") and k not in ("ETCD_ENDPOINTS", "NATS_SERVER")}
         env.update(FAST_BOUNDS)
         env["DYN_LOG"] = os.environ.get("DYN_LOG", "warn")
         if backend == "embedded":
@@ -151,7 +151,9 @@ class Fleet:
         self.workers: list[WorkerProcess] = []
         self.frontend: Frontend | None = None
 
-    def start_worker(self, *args: str, prefix: tuple[str, ...] = (), env: dict[str, str] | None = None) -> WorkerProcess:
+    def start_worker(
+        self, *args: str, prefix: tuple[str, ...] = (), env: dict[str, str] | None = None
+    ) -> WorkerProcess:
         """A mocker worker; `prefix` wraps the command (e.g. `ip netns exec NS`), `env`
         adds variables."""
         argv = [*prefix, *MOCKER, "--model-path", str(self.model_dir), "--endpoint", self.endpoint,
@@ -174,19 +176,11 @@ class Fleet:
         await self.frontend.wait_models([self.model])
         return self.frontend
 
-    def alive(self) -> list[WorkerProcess]:
-        """Processes started by this fleet that have exited (none should, unless killed)."""
-        return [p for p in self.pool.started if p.proc.poll() is None]
-
     def stop(self) -> None:
         self.pool.stop_all()
         for server in (self.etcd, self.nats):
             if server is not None:
                 server.stop()
-
-
-async def pause(seconds: float) -> None:
-    await asyncio.sleep(seconds)
 
 
 def freeze(worker: WorkerProcess) -> None:

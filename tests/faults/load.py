@@ -164,7 +164,8 @@ class Load:
     async def _client(self, index: int) -> None:
         n = 0
         while not self._stop.is_set():
-            outcome = await stream_chat(self.port, chat_body(self.model, index * 1000 + n, self.max_tokens), self.max_tokens)
+            body = chat_body(self.model, index * 1000 + n, self.max_tokens)
+            outcome = await stream_chat(self.port, body, self.max_tokens)
             self.outcomes.append(outcome)
             n += 1
             if outcome.kind != "ok":
