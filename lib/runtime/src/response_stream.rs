@@ -62,8 +62,12 @@ pub struct ResponseStream {
     /// Why the request is being resent: reported if no other instance is left.
     resend_cause: Option<Error>,
     bounds: StreamBounds,
-    /// Fires when the current bound (first item, then item gap) runs out.
+    /// Fires when the current bound (first item, then item gap) may have run out. Items
+    /// after the first do not re-arm it (a timer-wheel update per item costs); they only
+    /// note their arrival, and a firing timer that finds a recent item moves itself on.
     deadline: Option<Pin<Box<Sleep>>>,
+    /// When the last item arrived (kept only for a bounded stream).
+    last_item: Instant,
 }
 
 impl std::fmt::Debug for ResponseStream {
@@ -85,6 +89,7 @@ impl ResponseStream {
             resend_cause: None,
             bounds: StreamBounds::default(),
             deadline: None,
+            last_item: Instant::now(),
         }
     }
 
@@ -157,10 +162,18 @@ impl ResponseStream {
         match self.rx.poll_recv(cx) {
             Poll::Pending => self.poll_deadline(cx),
             Poll::Ready(Some(StreamEvent::Item(item))) => {
-                self.yielded = true;
-                if let Some(deadline) = self.deadline.as_mut() {
-                    deadline.as_mut().reset(Instant::now() + self.bounds.item.unwrap_or(FAR));
+                if self.deadline.is_some() {
+                    let now = Instant::now();
+                    self.last_item = now;
+                    if !self.yielded {
+                        // From the first item on, the gap bound applies.
+                        let gap = self.bounds.item.unwrap_or(FAR);
+                        if let Some(deadline) = self.deadline.as_mut() {
+                            deadline.as_mut().reset(now + gap);
+                        }
+                    }
                 }
+                self.yielded = true;
                 Poll::Ready(Some(Ok(item)))
             }
             Poll::Ready(Some(StreamEvent::End)) => {
@@ -191,9 +204,18 @@ impl ResponseStream {
     /// The stream has nothing now: fail it if its current bound ran out. A stream that
     /// timed out is not resent (the worker may still be working on it): it is killed.
     fn poll_deadline(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<ResponseItem>>> {
+        let gap = if self.yielded { self.bounds.item } else { None };
+        let last_item = self.last_item;
         let Some(deadline) = self.deadline.as_mut() else { return Poll::Pending };
-        if deadline.as_mut().poll(cx).is_pending() {
-            return Poll::Pending;
+        loop {
+            if deadline.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            // Items arrived since the timer was armed: the gap is counted from the last.
+            match gap.map(|g| last_item + g) {
+                Some(due) if due > Instant::now() => deadline.as_mut().reset(due),
+                _ => break,
+            }
         }
         let message = match (self.yielded, self.bounds.first_item, self.bounds.item) {
             (false, Some(t), _) => format!(

@@ -103,3 +103,37 @@ async fn bounds_come_from_the_configuration_and_zero_disables_them() {
     caller.shutdown().await;
     worker.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn items_flowing_faster_than_the_gap_bound_never_time_out() {
+    let store = Arc::new(MemStore::default());
+    let worker = DistributedRuntime::with_mem_store(config(), store.clone()).await.unwrap();
+    // One item every 40 ms, `n` of them, then silence.
+    let handler = stream_handler(move |n: i64, _ctx: RequestContext| {
+        let items = futures::stream::unfold(0i64, move |i| async move {
+            if i >= n {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(40)).await;
+            Some((Ok::<i64, String>(i), i + 1))
+        });
+        items.chain(futures::stream::pending())
+    });
+    worker.namespace("t").unwrap().component("drip").unwrap().endpoint("generate").unwrap().start(handler).await.unwrap();
+    let caller = DistributedRuntime::with_mem_store(config(), store.clone()).await.unwrap();
+    let client = caller.namespace("t").unwrap().component("drip").unwrap().endpoint("generate").unwrap().client().await.unwrap();
+    client.wait_for_instances(Some(Duration::from_secs(5))).await.unwrap();
+
+    // The stream lasts 1 s, five times the gap bound: only the final silence times out.
+    let options = SendOptions { item_timeout: Some(Duration::from_millis(200)), ..Default::default() };
+    let mut stream = client.send_with(RouterMode::RoundRobin, Bytes::from_static(b"25"), options).await.unwrap();
+    for expected in 0..25 {
+        let item = tokio::time::timeout(Duration::from_secs(10), stream.next()).await.unwrap().unwrap();
+        let item = item.unwrap_or_else(|e| panic!("item {expected} failed: {e}"));
+        assert_eq!(item.body.as_ref(), expected.to_string().as_bytes());
+    }
+    let err = tokio::time::timeout(Duration::from_secs(10), stream.next()).await.unwrap().unwrap().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
+    caller.shutdown().await;
+    worker.shutdown().await;
+}
