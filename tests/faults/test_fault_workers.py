@@ -33,6 +33,14 @@ def assert_all_ok(outcomes: list[Outcome], what: str) -> None:
     assert not bad, f"{what}: {len(bad)} of {len(outcomes)} failed: {[o.detail for o in bad[:5]]}"
 
 
+def migrations(fleet: Fleet) -> float:
+    """`dynamo_frontend_migrations_total`, summed over models."""
+    assert fleet.frontend is not None
+    text = fleet.frontend.get("/metrics").body.decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("dynamo_frontend_migrations_total"))
+
+
 async def steady(fleet: Fleet, *frontend_args: str, workers: int = 3, worker_args: tuple[str, ...] = ()) -> Load:
     await fleet.start_workers(workers, *worker_args)
     frontend = await fleet.start_frontend(*frontend_args)
@@ -57,6 +65,7 @@ async def test_kill_one_of_three_workers(fleet: Fleet, migration: int, record) -
     failed = [o for o in load.outcomes if o.kind == "error"]
     if migration:
         assert not failed, f"with migration every stream completes: {[o.detail for o in failed[:5]]}"
+        assert migrations(fleet) >= 1, "the streams on the killed worker were continued elsewhere"
     else:
         # Only streams the dead worker had started producing may fail: at most one per client.
         assert len(failed) <= CLIENTS, [o.detail for o in failed]
