@@ -76,13 +76,18 @@ async def test_nats_restart(etcd_fleet: Fleet, record) -> None:
     fleet = etcd_fleet
     assert fleet.nats is not None
     load = await start_loaded(fleet)
+    assert fleet.frontend is not None
     fault = time.monotonic()
     fleet.nats.kill()
-    await asyncio.sleep(3)
+    # Nothing can be served without the request plane, and /health says so.
+    unhealthy = await fleet.frontend.wait_status("/health", 503, timeout=3)
+    assert "NATS" in unhealthy.json()["message"], unhealthy.body
+    await asyncio.sleep(max(0.0, fault + 3 - time.monotonic()))
     during = load.between(fault + 0.5, time.monotonic())
     fleet.nats.start()
     back = time.monotonic()
-    await asyncio.sleep(8)
+    await fleet.frontend.wait_status("/health", 200, timeout=8)
+    await asyncio.sleep(max(0.0, back + 8 - time.monotonic()))
     await load.stop()
     assert_nobody_exited(fleet)
     report = summarize("nats-server kill -9, restarted after 3 s", fleet.backend, load, back)
