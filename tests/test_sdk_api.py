@@ -66,9 +66,9 @@ def post(url: str, body: object) -> Reply:
     req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"}, method="POST")
     try:
         with urllib.request.urlopen(req, timeout=HTTP_TIMEOUT) as response:
-            return Reply(response.status, dict(response.headers), response.read())
+            return Reply(response.status, {k.lower(): v for k, v in response.headers.items()}, response.read())
     except urllib.error.HTTPError as error:
-        return Reply(error.code, dict(error.headers), error.read())
+        return Reply(error.code, {k.lower(): v for k, v in error.headers.items()}, error.read())
 
 
 def test_exception_is_a_500_with_its_message(api_url):
