@@ -57,8 +57,9 @@ done
 echo "built, installed and serving after $(( SECONDS - start ))s ($(grep -c 'Compiling' "$log" || true) crates compiled)"
 
 # The README's requests, as written (continuation lines joined).
-models="$(bash -c "$(grep '^curl localhost:[0-9]*/v1/models' <<<"$requests")")"
-chat="$(bash -c "$(sed -n '/v1\/chat\/completions/,$p' <<<"$requests")")"
+# (curl's progress meter, on stderr, is dropped; a failure shows in the answers below.)
+models="$(bash -c "$(grep '^curl localhost:[0-9]*/v1/models' <<<"$requests")" 2>/dev/null)"
+chat="$(bash -c "$(sed -n '/v1\/chat\/completions/,$p' <<<"$requests")" 2>/dev/null)"
 grep -q '"object":"list"' <<<"$models" || { echo "unexpected /v1/models answer: $models"; exit 1; }
 grep -q '^data: \[DONE\]' <<<"$chat" && grep -q '"chat.completion.chunk"' <<<"$chat" \
     || { echo "unexpected chat stream: $chat"; exit 1; }
