@@ -115,7 +115,10 @@ def api(name: F, /) -> F: ...
 def api(name: str | None = None, /, **options: Any) -> Callable[[F], F]: ...
 def api(name: Any = None, /, **options: Any) -> Any:
     """Serve the decorated method as ``POST /<name>`` on the service's web app (FastAPI).
-    A generator method streams its items (Server-Sent-Events style lines)."""
+    A generator method streams its items (``media_type`` option, default
+    ``text/event-stream``); a returned Starlette ``Response`` is sent as it is; other
+    values are JSON; an exception is a 500 with its message (``HTTPException`` keeps its
+    status)."""
     if callable(name):
         return _decorate(None, "http", {})(name)
     return _decorate(name, "http", options)

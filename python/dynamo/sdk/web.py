@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import itertools
 import json
 import logging
 import socket
@@ -42,7 +43,8 @@ def _as_text(item: Any) -> str | bytes:
 
 def _route(instance: Any, spec: EndpointSpec) -> Callable[..., Any]:
     from fastapi import Request
-    from fastapi.responses import JSONResponse, StreamingResponse
+    from fastapi.responses import JSONResponse
+    from starlette.exceptions import HTTPException
 
     method = getattr(instance, spec.method)
     media_type = spec.options.get("media_type", "text/event-stream")
@@ -54,23 +56,54 @@ def _route(instance: Any, spec: EndpointSpec) -> Callable[..., Any]:
             parsed = spec.parse_request(body)
         except (ValueError, json.JSONDecodeError) as exc:
             return JSONResponse({"detail": str(exc)}, status_code=422)
-        result = method(parsed)
-        if inspect.isasyncgen(result):
-            return StreamingResponse(_texts(result), media_type=media_type)
-        if inspect.isgenerator(result):
-            return StreamingResponse((_as_text(x) for x in result), media_type=media_type)
-        if inspect.isawaitable(result):
-            result = await result
-        if hasattr(result, "model_dump"):
-            result = result.model_dump(mode="json")
-        return JSONResponse(result)
+        try:
+            result = method(parsed)
+            if inspect.isawaitable(result):
+                result = await result
+            return await _respond(result, media_type)
+        except HTTPException:
+            raise  # FastAPI answers it with its own status and detail
+        except Exception as exc:
+            logger.exception("@api %s failed", spec.name)
+            return JSONResponse({"detail": f"{type(exc).__name__}: {exc}"}, status_code=500)
 
     route.__annotations__["request"] = Request  # FastAPI reads it; the string form would not resolve here
     return route
 
 
-async def _texts(items: AsyncIterator[Any]) -> AsyncIterator[str | bytes]:
-    async for item in items:
+async def _respond(result: Any, media_type: str) -> Any:
+    """The HTTP response for what a handler returned. A ``Response`` is sent as it is; a
+    generator streams, its first item pulled here so that an exception before it is
+    still a 500; anything else is JSON."""
+    from fastapi.responses import JSONResponse, StreamingResponse
+    from starlette.concurrency import run_in_threadpool
+    from starlette.responses import Response
+
+    if isinstance(result, Response):
+        return result
+    if inspect.isasyncgen(result):
+        try:
+            first = await anext(result)
+        except StopAsyncIteration:
+            return StreamingResponse(iter(()), media_type=media_type)
+        return StreamingResponse(_texts(first, result), media_type=media_type)
+    if inspect.isgenerator(result):
+        first = await run_in_threadpool(next, result, _END)
+        if first is _END:
+            return StreamingResponse(iter(()), media_type=media_type)
+        return StreamingResponse((_as_text(x) for x in itertools.chain((first,), result)), media_type=media_type)
+    if hasattr(result, "model_dump"):
+        result = result.model_dump(mode="json")
+    return JSONResponse(result)
+
+
+#: Marks a sync generator's end (``next``'s default).
+_END = object()
+
+
+async def _texts(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[str | bytes]:
+    yield _as_text(first)
+    async for item in rest:
         yield _as_text(item)
 
 
