@@ -6,17 +6,38 @@
 //! `prompt` is never templated (OpenAI/vLLM semantics); token-id prompts go in as
 //! they are.
 
+pub mod blocking;
 pub mod prompt;
 
 use std::sync::Arc;
 
 use crate::engine::EngineError;
 use crate::model_card::{CardError, ModelDeploymentCard};
-use crate::protocols::common::{PreprocessedRequest, SamplingOptions, StopConditions};
-use crate::protocols::openai::{ChatCompletionRequest, CompletionRequest, NvExt, Prompt, StopSpec};
+use crate::protocols::common::{OutputOptions, PreprocessedRequest, SamplingOptions, StopConditions};
+use crate::protocols::openai::{ChatCompletionRequest, CompletionRequest, NvExt, Prompt, ResponseFormat, StopSpec};
 use crate::tokenizer::Tokenizer;
 
 use prompt::PromptFormatter;
+
+/// A prompt longer than this many bytes per token of the model's context is refused
+/// (400) before it is rendered or tokenized: it could never fit. Real tokenizers
+/// average 3–5 bytes per token on text; 64 leaves room for long runs (whitespace,
+/// repeated characters) that tokenize into few tokens.
+pub const MAX_PROMPT_BYTES_PER_TOKEN: usize = 64;
+
+/// Bytes of prompt text in a chat request: the messages' text.
+pub fn chat_input_bytes(request: &ChatCompletionRequest) -> usize {
+    request.messages.iter().map(|m| m.content.as_ref().map_or(0, |c| c.text_len())).sum()
+}
+
+/// Bytes of prompt text in a completions request (0 for token ids).
+pub fn completion_input_bytes(request: &CompletionRequest) -> usize {
+    match &request.prompt {
+        Prompt::Text(text) => text.len(),
+        Prompt::TextList(list) => list.iter().map(String::len).sum(),
+        Prompt::Tokens(_) => 0,
+    }
+}
 
 /// A preprocessed request and the prompt text it came from.
 #[derive(Debug, Clone, PartialEq)]
@@ -43,6 +64,8 @@ struct RequestLimits<'a> {
     stop: Option<&'a StopSpec>,
     nvext: Option<&'a NvExt>,
     sampling: SamplingOptions,
+    logprobs: Option<u32>,
+    response_format: Option<&'a ResponseFormat>,
 }
 
 /// The sampling options that chat and completions requests both carry, by name.
@@ -79,6 +102,25 @@ impl Preprocessor {
         &self.tokenizer
     }
 
+    /// Most prompt bytes accepted: the context length × [`MAX_PROMPT_BYTES_PER_TOKEN`].
+    pub fn max_prompt_bytes(&self) -> usize {
+        usize::try_from(self.card.context_length).unwrap_or(usize::MAX).saturating_mul(MAX_PROMPT_BYTES_PER_TOKEN)
+    }
+
+    /// A 400 when `bytes` of prompt could never fit the model's context; cheap, so it
+    /// runs before any rendering or tokenizing.
+    pub fn check_prompt_bytes(&self, bytes: usize) -> Result<(), EngineError> {
+        let limit = self.max_prompt_bytes();
+        if bytes > limit {
+            return Err(EngineError::BadRequest(format!(
+                "the prompt is {bytes} bytes; the model's context length is {} tokens, so at most {limit} bytes \
+                 of prompt are accepted",
+                self.card.context_length
+            )));
+        }
+        Ok(())
+    }
+
     /// The prompt text of a chat request: the rendered template, or with
     /// `nvext.use_raw_prompt` the last user message as written.
     pub fn render_chat(&self, request: &ChatCompletionRequest) -> Result<String, EngineError> {
@@ -99,6 +141,7 @@ impl Preprocessor {
 
     /// Preprocess a chat request.
     pub fn preprocess_chat(&self, request: &ChatCompletionRequest) -> Result<Preprocessed, EngineError> {
+        self.check_prompt_bytes(chat_input_bytes(request))?;
         let formatted_prompt = self.render_chat(request)?;
         let token_ids = self.encode(&formatted_prompt)?;
         let limits = RequestLimits {
@@ -106,12 +149,15 @@ impl Preprocessor {
             stop: request.stop.as_ref(),
             nvext: request.nvext.as_ref(),
             sampling: sampling_options!(request),
+            logprobs: request.wants_logprobs().then(|| request.top_logprobs.unwrap_or(0)),
+            response_format: request.response_format.as_ref(),
         };
         Ok(Preprocessed { request: self.build(token_ids, limits)?, formatted_prompt })
     }
 
     /// Preprocess a completions request.
     pub fn preprocess_completion(&self, request: &CompletionRequest) -> Result<Preprocessed, EngineError> {
+        self.check_prompt_bytes(completion_input_bytes(request))?;
         let (formatted_prompt, token_ids) = match &request.prompt {
             Prompt::Text(text) => (text.clone(), self.encode(text)?),
             Prompt::TextList(list) => match list.as_slice() {
@@ -138,6 +184,8 @@ impl Preprocessor {
             stop: request.stop.as_ref(),
             nvext: request.nvext.as_ref(),
             sampling: sampling_options!(request),
+            logprobs: request.logprobs,
+            response_format: request.response_format.as_ref(),
         };
         Ok(Preprocessed { request: self.build(token_ids, limits)?, formatted_prompt })
     }
@@ -191,6 +239,8 @@ impl Preprocessor {
             mdc_sum: Some(self.mdc_sum.clone()),
             annotations: nvext.annotations.unwrap_or_default(),
             estimated_prefix_hit_num_blocks: None,
+            output_options: OutputOptions { logprobs: limits.logprobs },
+            response_format: limits.response_format.and_then(|f| serde_json::to_value(f).ok()),
         })
     }
 }
@@ -270,6 +320,16 @@ mod tests {
         let p = preprocessor(10);
         let e = p.preprocess_chat(&chat("a long enough message")).unwrap_err();
         assert!(matches!(&e, EngineError::BadRequest(m) if m.contains("context length is 10")), "{e:?}");
+    }
+
+    #[test]
+    fn a_prompt_far_beyond_the_context_is_refused_by_size() {
+        let p = preprocessor(10);
+        let big = "x".repeat(10 * MAX_PROMPT_BYTES_PER_TOKEN + 1);
+        let e = p.preprocess_chat(&chat(&big)).unwrap_err();
+        assert!(matches!(&e, EngineError::BadRequest(m) if m.contains("bytes")), "{e:?}");
+        let req = CompletionRequest { prompt: Prompt::Text(big), ..serde_json::from_str(r#"{"model":"m","prompt":""}"#).unwrap() };
+        assert!(matches!(p.preprocess_completion(&req), Err(EngineError::BadRequest(m)) if m.contains("bytes")));
     }
 
     #[test]

@@ -17,7 +17,7 @@ use super::metrics::ForwardPassMetrics;
 use super::publisher::{run_publisher, EventSink, MockerPublisher, KV_EVENT_BUFFER};
 use super::scheduler::{Command, NewRequest, Scheduler};
 use crate::engine::{EngineError, RequestContext, TokenEngine, TokenStream};
-use crate::protocols::common::{FinishReason, LLMEngineOutput, PreprocessedRequest};
+use crate::protocols::common::{FinishReason, LLMEngineOutput, PreprocessedRequest, TopLogprob};
 
 /// Tokens generated when a request sets no `max_tokens`.
 pub const DEFAULT_MAX_TOKENS: u32 = 16;
@@ -128,13 +128,14 @@ impl TokenEngine for MockerEngine {
             Some(seed) => seed as u64,
             None => self.args.seed ^ id.wrapping_mul(0x9E37_79B9_7F4A_7C15),
         };
+        let logprobs = request.output_options.logprobs;
         let (output, rx) = mpsc::unbounded_channel();
         let add = Command::Add(NewRequest { id, tokens: request.token_ids, max_tokens, seed, output });
         self.commands
             .send(add)
             .map_err(|_| EngineError::Unavailable("mocker engine shut down".to_string()))?;
         let guard = CancelOnDrop { id, commands: Some(self.commands.clone()) };
-        let state = StreamState { rx, ctx, guard, done: false };
+        let state = StreamState { rx, ctx, guard, done: false, logprobs };
         Ok(Box::pin(futures::stream::unfold(state, next_item)))
     }
 }
@@ -169,6 +170,25 @@ struct StreamState {
     ctx: RequestContext,
     guard: CancelOnDrop,
     done: bool,
+    /// Alternatives per token when the client asked for log probabilities.
+    logprobs: Option<u32>,
+}
+
+/// Simulated log probabilities for `out`'s tokens: each token the most likely, a value
+/// derived from its id, `top` alternatives (the token first) at lower values.
+fn add_logprobs(out: &mut LLMEngineOutput, top: u32) {
+    let logprob = |id: u32| -f64::from(id % 97 + 1) / 100.0;
+    out.log_probs = Some(out.token_ids.iter().map(|&id| logprob(id)).collect());
+    out.top_log_probs = Some(
+        out.token_ids
+            .iter()
+            .map(|&id| {
+                (0..top)
+                    .map(|k| TopLogprob { token_id: id.wrapping_add(k), logprob: logprob(id) - f64::from(k) })
+                    .collect()
+            })
+            .collect(),
+    );
 }
 
 async fn next_item(mut st: StreamState) -> Option<(Result<LLMEngineOutput, EngineError>, StreamState)> {
@@ -189,8 +209,11 @@ async fn next_item(mut st: StreamState) -> Option<(Result<LLMEngineOutput, Engin
         item = st.rx.recv() => {
             st.done = true;
             let item = match item {
-                Some(Ok(out)) if out.finish_reason.is_none() => {
+                Some(Ok(mut out)) if out.finish_reason.is_none() => {
                     st.done = false;
+                    if let Some(top) = st.logprobs {
+                        add_logprobs(&mut out, top);
+                    }
                     Ok(out)
                 }
                 Some(item) => item,
