@@ -10,8 +10,10 @@ use axum::extract::{MatchedPath, Request, State};
 use axum::http::{header, HeaderName, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use http_body_util::BodyExt;
-use tokio::sync::Semaphore;
+use bytes::Bytes;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::connections::overloaded;
 use super::error::ApiError;
@@ -109,11 +111,34 @@ pub(crate) async fn limit_inflight(State(slots): State<Arc<Semaphore>>, request:
         return overloaded("too many requests in flight; retry later");
     };
     let (parts, body) = next.run(request).await.into_parts();
-    let body = body.map_frame(move |frame| {
-        let _held = &slot;
-        frame
-    });
-    Response::from_parts(parts, Body::new(body))
+    Response::from_parts(parts, Body::new(Holding { inner: body, _slot: slot }))
+}
+
+/// A response body that holds an in-flight slot until it is done or dropped; sizes
+/// pass through (a whole response keeps its `Content-Length`).
+struct Holding {
+    inner: Body,
+    _slot: OwnedSemaphorePermit,
+}
+
+impl hyper::body::Body for Holding {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.get_mut().inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
 }
 
 #[cfg(test)]
