@@ -209,8 +209,8 @@ async fn next_item(mut st: StreamState) -> Option<(Result<LLMEngineOutput, Engin
         item = st.rx.recv() => {
             st.done = true;
             let item = match item {
-                Some(Ok(mut out)) if out.finish_reason.is_none() => {
-                    st.done = false;
+                Some(Ok(mut out)) => {
+                    st.done = out.finish_reason.is_some();
                     if let Some(top) = st.logprobs {
                         add_logprobs(&mut out, top);
                     }
