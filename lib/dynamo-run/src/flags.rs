@@ -407,7 +407,7 @@ mod tests {
         assert!(usage_error(&["in=http", "--max-tokens", "3"]).contains("--max-tokens"));
         assert!(usage_error(&["--http-port", "nope"]).contains("--http-port"));
         assert!(usage_error(&["--http-max-inflight", "0"]).contains("--http-max-inflight"));
-        assert!(usage_error(&["--http-header-timeout", "-1"]).contains("--http-header-timeout"));
+        assert!(usage_error(&["--http-header-timeout", "0"]).contains("--http-header-timeout"));
         assert!(usage_error(&["in=http", "--api-key", " "]).contains("--api-key"));
         assert!(usage_error(&["--context-length", "0"]).contains("--context-length"));
     }
