@@ -134,6 +134,19 @@ async fn unfinished_headers_and_idle_connections_are_closed() {
 }
 
 #[tokio::test]
+async fn a_response_longer_than_the_header_timeout_is_not_cut() {
+    let service = start(HttpService::builder().limits(limits()), Duration::from_millis(50)).await;
+    let body = json!({"model": "echo", "messages": [{"role": "user", "content": "twenty characters!!!"}], "stream": true});
+    let started = std::time::Instant::now();
+    let streamed = post_json(service.local_addr(), "/v1/chat/completions", &body, "").await;
+    assert!(started.elapsed() > limits().header_timeout * 2, "the test needs a response slower than the timeout");
+    assert!(streamed.body.contains("[DONE]"), "{streamed:?}");
+    let unary = post_json(service.local_addr(), "/v1/chat/completions", &chat("echo", "twenty characters!!!"), "").await;
+    assert_eq!(unary.json()["choices"][0]["message"]["content"], "twenty characters!!!");
+    service.shutdown().await.unwrap();
+}
+
+#[tokio::test]
 async fn a_body_that_does_not_arrive_is_a_408() {
     let service = start(HttpService::builder().limits(limits()), Duration::ZERO).await;
     let mut stream = TcpStream::connect(service.local_addr()).await.unwrap();

@@ -256,6 +256,21 @@ mod tests {
         items.into_iter().map(|i| i.unwrap()).collect()
     }
 
+    #[tokio::test]
+    async fn logprobs_come_with_every_token_when_asked() {
+        let engine = engine("{}");
+        let mut req = request(vec![5, 6, 7], Some(4));
+        req.output_options.logprobs = Some(2);
+        let out = collect(&engine, req).await;
+        let tokens: usize = out.iter().map(|o| o.token_ids.len()).sum();
+        let logprobs: usize = out.iter().filter_map(|o| o.log_probs.as_ref()).map(Vec::len).sum();
+        assert_eq!((tokens, logprobs), (4, 4));
+        let tops = out.iter().filter_map(|o| o.top_log_probs.as_ref()).flatten();
+        assert!(tops.clone().all(|alts| alts.len() == 2 && alts[0].logprob > alts[1].logprob));
+        assert!(collect(&engine, request(vec![5], Some(2))).await.iter().all(|o| o.log_probs.is_none()));
+        engine.shutdown().await;
+    }
+
     /// Wait (bounded) until the metrics satisfy `f`.
     async fn wait_metrics(engine: &MockerEngine, f: impl Fn(&ForwardPassMetrics) -> bool) -> ForwardPassMetrics {
         tokio::time::timeout(Duration::from_secs(10), async {
