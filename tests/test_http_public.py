@@ -34,8 +34,8 @@ from llm_helpers import (
 ECHO = "echo"
 TINY = "tiny"
 KEY = "test-key"
-#: The tiny model's context: the byte bound on its prompts is 64 bytes a token (8 MiB).
-TINY_CONTEXT = 131072
+#: The tiny model's context: the byte bound on its prompts is 16 bytes a token (8 MiB).
+TINY_CONTEXT = 524288
 #: Generous bound on the frontend's resident memory after refusing big prompts.
 RSS_BOUND_BYTES = 1 << 30
 
@@ -63,7 +63,7 @@ def echo(pool: WorkerPool) -> Frontend:
 
 @pytest.fixture(scope="module")
 def tiny(pool: WorkerPool, tmp_path_factory: pytest.TempPathFactory) -> Frontend:
-    """The mocker with a word-level tokenizer and a 128k context, default max_tokens 7."""
+    """The mocker with a word-level tokenizer and a 512k context, default max_tokens 7."""
     model_dir = write_model_dir(tmp_path_factory.mktemp("tiny-model"), context_length=TINY_CONTEXT)
     return _frontend(
         pool, "mocker", "--model-path", str(model_dir), "--model-name", TINY, "--default-max-tokens", "7",
@@ -97,20 +97,22 @@ def rss_bytes(pid: int) -> tuple[int, int]:
 
 
 def test_an_oversized_prompt_is_a_400_without_tokenizing(tiny: Frontend) -> None:
-    big = "w5 " * (10 * 1024 * 1024)  # 30 MiB: far beyond what 128k tokens could be
+    big = "w5 " * (10 * 1024 * 1024)  # 30 MiB: far beyond what 512k tokens could be
     for _ in range(3):
         resp = post_json(tiny.port, "/v1/chat/completions", chat_body(TINY, big), timeout=60)
         assert resp.status == 400, resp.body[:300]
         error = resp.json()["error"]
         assert "bytes of prompt" in error["message"] and error["type"] == "invalid_request_error"
     rss, peak = rss_bytes(tiny.process.proc.pid)
+    print(f"after three 30 MiB prompts: RSS {rss >> 20} MiB, peak {peak >> 20} MiB")
     assert rss < RSS_BOUND_BYTES and peak < RSS_BOUND_BYTES, f"RSS {rss >> 20} MiB, peak {peak >> 20} MiB"
     assert tiny.post("/v1/chat/completions", chat_body(TINY, "w5 w6")).status == 200
 
 
 def test_small_requests_are_answered_while_big_prompts_tokenize(tiny: Frontend) -> None:
-    # Within the byte bound, so tokenized in full (then refused: more tokens than the context).
-    big = chat_body(TINY, "w7 " * (2 * 1024 * 1024))
+    # Within the context, so tokenized in full (then refused by the mocker: more
+    # tokens than its KV cache holds); six of them queue for the CPUs' permits.
+    big = chat_body(TINY, "w7 " * 500_000)
     finished: dict[str, float] = {}
     statuses: dict[str, int] = {}
 
@@ -119,10 +121,10 @@ def test_small_requests_are_answered_while_big_prompts_tokenize(tiny: Frontend) 
         statuses[name] = resp.status
         finished[name] = time.monotonic()
 
-    bigs = [threading.Thread(target=send, args=(f"big{i}", big)) for i in range(3)]
+    bigs = [threading.Thread(target=send, args=(f"big{i}", big)) for i in range(6)]
     for t in bigs:
         t.start()
-    time.sleep(0.3)  # the big bodies are uploaded and being tokenized
+    time.sleep(0.2)  # the big bodies are uploaded and being tokenized
     health = http_request(tiny.port, "GET", "/health", timeout=HTTP_TIMEOUT)
     health_done = time.monotonic()
     send("small", chat_body(TINY, "w5 w6", max_tokens=2))
@@ -130,8 +132,11 @@ def test_small_requests_are_answered_while_big_prompts_tokenize(tiny: Frontend) 
         t.join(timeout=120)
     assert health.status == 200
     assert statuses["small"] == 200
-    assert all(statuses[f"big{i}"] == 400 for i in range(3)), statuses
-    first_big = min(finished[f"big{i}"] for i in range(3))
+    assert all(statuses[f"big{i}"] == 400 for i in range(6)), statuses
+    rss, peak = rss_bytes(tiny.process.proc.pid)
+    print(f"after six 1.5 MB prompts tokenized: RSS {rss >> 20} MiB, peak {peak >> 20} MiB, times {finished}")
+    assert rss < RSS_BOUND_BYTES and peak < RSS_BOUND_BYTES, f"RSS {rss >> 20} MiB, peak {peak >> 20} MiB"
+    first_big = min(finished[f"big{i}"] for i in range(6))
     assert finished["small"] < first_big and health_done < first_big, (
         f"the small request and /health waited for the big prompts: {finished}"
     )
@@ -342,7 +347,9 @@ def test_fuzzed_bodies_get_no_5xx_and_the_server_survives(echo: Frontend) -> Non
             sent += 1
     finally:
         conn.close()
-    print(f"fuzz: {sent} bodies, statuses {statuses}")
+    rss, peak = rss_bytes(echo.process.proc.pid)
+    print(f"fuzz: {sent} bodies, statuses {statuses}, RSS {rss >> 20} MiB, peak {peak >> 20} MiB")
+    assert peak < RSS_BOUND_BYTES, f"peak RSS {peak >> 20} MiB"
     assert sent >= 1000, f"only {sent} bodies answered within the bound: {statuses}"
     assert echo.process.proc.poll() is None, "the frontend exited"
     assert statuses.get(200, 0) > 0 and statuses.get(400, 0) > 0, statuses

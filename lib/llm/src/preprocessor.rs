@@ -21,9 +21,39 @@ use prompt::PromptFormatter;
 
 /// A prompt longer than this many bytes per token of the model's context is refused
 /// (400) before it is rendered or tokenized: it could never fit. Real tokenizers
-/// average 3–5 bytes per token on text; 64 leaves room for long runs (whitespace,
-/// repeated characters) that tokenize into few tokens.
-pub const MAX_PROMPT_BYTES_PER_TOKEN: usize = 64;
+/// average 3–5 bytes per token on text; 16 leaves room for long runs (whitespace,
+/// repeated characters) that tokenize into few tokens, and bounds what one request
+/// can make the tokenizer do.
+pub const MAX_PROMPT_BYTES_PER_TOKEN: usize = 16;
+
+/// Prompts above this many bytes are counted piece by piece before being tokenized.
+const COUNT_FIRST_BYTES: usize = 1024 * 1024;
+/// Size of the pieces a big prompt is counted in.
+const COUNT_PIECE_BYTES: usize = 64 * 1024;
+
+/// `text` cut into pieces of about `size` bytes, each ending after whitespace where
+/// there is some in its second half (else at a character boundary).
+fn pieces(text: &str, size: usize) -> impl Iterator<Item = &str> {
+    let mut rest = text;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let mut end = rest.len().min(size);
+        while !rest.is_char_boundary(end) {
+            end -= 1;
+        }
+        if end < rest.len() {
+            if let Some(ws) = rest[end / 2..end].rfind(char::is_whitespace) {
+                let ws = end / 2 + ws;
+                end = ws + rest[ws..].chars().next().map_or(1, char::len_utf8);
+            }
+        }
+        let (piece, tail) = rest.split_at(end.max(1).min(rest.len()));
+        rest = tail;
+        Some(piece)
+    })
+}
 
 /// Bytes of prompt text in a chat request: the messages' text.
 pub fn chat_input_bytes(request: &ChatCompletionRequest) -> usize {
@@ -191,9 +221,33 @@ impl Preprocessor {
     }
 
     fn encode(&self, text: &str) -> Result<Vec<u32>, EngineError> {
+        if text.len() > COUNT_FIRST_BYTES {
+            self.refuse_if_far_too_long(text)?;
+        }
         self.tokenizer
             .encode_prompt(text, self.card.bos_token.as_deref())
             .map_err(|e| EngineError::Internal(e.to_string()))
+    }
+
+    /// Count a big prompt's tokens piece by piece (a piece's worth of tokenizer memory
+    /// at a time) and refuse it as soon as the count is clearly past the context, before
+    /// the whole prompt is tokenized at once. Pieces end after whitespace, so the count
+    /// is close to the real one; the margin keeps a prompt that fits from being refused.
+    fn refuse_if_far_too_long(&self, text: &str) -> Result<(), EngineError> {
+        let context = usize::try_from(self.card.context_length).unwrap_or(usize::MAX);
+        let refuse_above = context.saturating_add(context / 8).saturating_add(64);
+        let mut count = 0usize;
+        for piece in pieces(text, COUNT_PIECE_BYTES) {
+            let ids = self.tokenizer.encode(piece, false).map_err(|e| EngineError::Internal(e.to_string()))?;
+            count += ids.len();
+            if count > refuse_above {
+                return Err(EngineError::BadRequest(format!(
+                    "the prompt is more than {count} tokens; the model's context length is {} tokens",
+                    self.card.context_length
+                )));
+            }
+        }
+        Ok(())
     }
 
     fn build(&self, token_ids: Vec<u32>, limits: RequestLimits<'_>) -> Result<PreprocessedRequest, EngineError> {
@@ -330,6 +384,27 @@ mod tests {
         assert!(matches!(&e, EngineError::BadRequest(m) if m.contains("bytes")), "{e:?}");
         let req = CompletionRequest { prompt: Prompt::Text(big), ..serde_json::from_str(r#"{"model":"m","prompt":""}"#).unwrap() };
         assert!(matches!(p.preprocess_completion(&req), Err(EngineError::BadRequest(m)) if m.contains("bytes")));
+    }
+
+    #[test]
+    fn pieces_cover_the_text_and_end_after_whitespace() {
+        let text = "ab cd éf gh ".repeat(1000);
+        let parts: Vec<&str> = pieces(&text, 100).collect();
+        assert_eq!(parts.concat(), text);
+        assert!(parts[..parts.len() - 1].iter().all(|p| p.ends_with(' ') && p.len() <= 100));
+        let solid = "é".repeat(200);
+        assert_eq!(pieces(&solid, 101).collect::<Vec<_>>().concat(), solid);
+    }
+
+    #[test]
+    fn a_big_prompt_past_the_context_is_refused_while_counting() {
+        let p = preprocessor(200_000); // accepts up to 3.2 MB by size
+        let big = "a ".repeat(COUNT_FIRST_BYTES); // 2 MiB: a token per byte, far past 200k
+        let e = p.preprocess_completion(&CompletionRequest {
+            prompt: Prompt::Text(big),
+            ..serde_json::from_str(r#"{"model":"m","prompt":""}"#).unwrap()
+        });
+        assert!(matches!(e, Err(EngineError::BadRequest(m)) if m.contains("more than")));
     }
 
     #[test]

@@ -95,11 +95,11 @@ fn limits() -> HttpLimits {
 }
 
 /// A service serving `echo` (echo_full, `delay` per character) and `bytes` (echo_core
-/// through the pipeline, the built-in card with a 100-token context).
+/// through the pipeline, the built-in card with a 2048-token context).
 async fn start(builder: HttpServiceBuilder, delay: Duration) -> RunningHttpService {
     let manager = Arc::new(ModelManager::new());
     manager.add_full_model("echo", Arc::new(EchoFull::new(delay)));
-    let card = ModelDeploymentCard::builtin("bytes").with_context_length(100).unwrap();
+    let card = ModelDeploymentCard::builtin("bytes").with_context_length(2048).unwrap();
     let pipeline = Pipeline::new(Arc::new(card), Arc::new(EchoCore::new(Duration::ZERO))).unwrap();
     manager.add_full_model("bytes", Arc::new(pipeline));
     let builder = builder.host("127.0.0.1").port(0).manager(manager).drain_timeout(Duration::from_millis(500));
@@ -343,7 +343,7 @@ async fn openai_semantics() {
 async fn a_prompt_far_beyond_the_context_is_refused_before_tokenizing() {
     let service = start(HttpService::builder().limits(limits()), Duration::ZERO).await;
     let addr = service.local_addr();
-    let big = "y".repeat(100 * dynamo_llm::preprocessor::MAX_PROMPT_BYTES_PER_TOKEN + 1);
+    let big = "y".repeat(2048 * dynamo_llm::preprocessor::MAX_PROMPT_BYTES_PER_TOKEN + 1);
     let e = post_json(addr, "/v1/chat/completions", &chat("bytes", &big), "").await;
     assert_eq!(e.status, 400, "{e:?}");
     assert!(e.json()["error"]["message"].as_str().unwrap().contains("bytes of prompt"), "{e:?}");
