@@ -264,7 +264,9 @@ impl HttpService {
         &self.state.metrics
     }
 
-    /// The routes, for embedding in another axum server.
+    /// The routes, for embedding in another axum server: the API key, CORS, request
+    /// ids, body bounds and the in-flight cap come with them; the connection cap and
+    /// the header timeout belong to [`HttpService::bind`]'s server.
     pub fn router(&self) -> Router {
         let generation = Router::new()
             .route("/v1/chat/completions", post(openai::chat_completions))
