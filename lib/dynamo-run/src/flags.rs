@@ -46,6 +46,38 @@ pub struct Flags {
     #[arg(long, value_name = "HOST", default_value = "0.0.0.0")]
     pub http_host: String,
 
+    /// Most open HTTP connections; one more is answered 503 and closed.
+    #[arg(long, value_name = "N", default_value_t = dynamo_llm::http::DEFAULT_MAX_CONNECTIONS, value_parser = positive_usize)]
+    pub http_max_connections: usize,
+
+    /// Most generation requests served at once (streams until their end); more are
+    /// answered 503 with Retry-After.
+    #[arg(long, value_name = "N", default_value_t = dynamo_llm::http::DEFAULT_MAX_INFLIGHT, value_parser = positive_usize)]
+    pub http_max_inflight: usize,
+
+    /// Seconds a connection gets to send a request's headers, counted from when the
+    /// server starts waiting for them (closes slowloris and idle keep-alive connections).
+    #[arg(long, value_name = "SECONDS", default_value_t = dynamo_llm::http::DEFAULT_HEADER_TIMEOUT.as_secs_f64(), value_parser = positive_seconds)]
+    pub http_header_timeout: f64,
+
+    /// Seconds a request gets to send its whole body (408 after).
+    #[arg(long, value_name = "SECONDS", default_value_t = dynamo_llm::http::DEFAULT_BODY_TIMEOUT.as_secs_f64(), value_parser = positive_seconds)]
+    pub http_body_timeout: f64,
+
+    /// `max_tokens` of an HTTP request that sets none (the model's context is the
+    /// ceiling either way).
+    #[arg(long, value_name = "TOKENS", default_value_t = dynamo_llm::http::DEFAULT_MAX_TOKENS, value_parser = clap::value_parser!(u32).range(1..))]
+    pub default_max_tokens: u32,
+
+    /// Require `Authorization: Bearer KEY` on the HTTP API (`/health`, `/live`,
+    /// `/metrics` stay open).
+    #[arg(long, value_name = "KEY")]
+    pub api_key: Option<String>,
+
+    /// Answer CORS requests from this origin (repeatable; `*` for any).
+    #[arg(long = "cors-origin", value_name = "ORIGIN")]
+    pub cors_origins: Vec<String>,
+
     /// How `out=dyn` picks a worker instance.
     #[arg(long, value_enum, value_name = "MODE", default_value_t = RouterModeArg::RoundRobin)]
     pub router_mode: RouterModeArg,
@@ -78,6 +110,20 @@ pub struct Flags {
     /// servers and `warn` for text, stdin and batch).
     #[arg(short, long, action = ArgAction::Count)]
     pub verbose: u8,
+}
+
+fn positive_usize(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(format!("expected a positive integer, got '{s}'")),
+    }
+}
+
+fn positive_seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if x.is_finite() && x > 0.0 && x < 1e9 => Ok(x),
+        _ => Err(format!("expected a positive number of seconds, got '{s}'")),
+    }
 }
 
 /// `--router-mode` values.
@@ -187,6 +233,12 @@ pub struct RunConfig {
     pub model_name: Option<String>,
     pub http_host: String,
     pub http_port: u16,
+    /// Limits of `in=http`.
+    pub http_limits: dynamo_llm::http::HttpLimits,
+    /// `--api-key`.
+    pub api_key: Option<String>,
+    /// `--cors-origin`, each.
+    pub cors_origins: Vec<String>,
     pub router_mode: RouterMode,
     pub context_length: Option<u32>,
     pub kv_cache_block_size: Option<u32>,
@@ -256,6 +308,16 @@ impl Flags {
                 "--max-tokens applies to in=text, in=stdin and in=batch; HTTP clients send their own".to_string(),
             );
         }
+        if self.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
+            return usage("--api-key must not be empty".to_string());
+        }
+        let http_limits = dynamo_llm::http::HttpLimits {
+            max_connections: self.http_max_connections,
+            max_inflight: self.http_max_inflight,
+            header_timeout: std::time::Duration::from_secs_f64(self.http_header_timeout),
+            body_timeout: std::time::Duration::from_secs_f64(self.http_body_timeout),
+            default_max_tokens: self.default_max_tokens,
+        };
         if let Some(name) = &self.model_name {
             if name.trim().is_empty() {
                 return usage("--model-name must not be empty".to_string());
@@ -268,6 +330,9 @@ impl Flags {
             model_name: self.model_name,
             http_host: self.http_host,
             http_port: self.http_port,
+            http_limits,
+            api_key: self.api_key,
+            cors_origins: self.cors_origins,
             router_mode,
             context_length: self.context_length,
             kv_cache_block_size: self.kv_cache_block_size,
@@ -302,6 +367,11 @@ mod tests {
         assert_eq!(c.output, Output::EchoFull);
         assert_eq!(c.http_port, 8080);
         assert_eq!(c.http_host, "0.0.0.0");
+        assert_eq!(c.http_limits, dynamo_llm::http::HttpLimits::default());
+        let c = config(&["in=http", "--http-max-inflight", "3", "--http-header-timeout", "0.5", "--cors-origin", "a", "--cors-origin", "b"]).unwrap();
+        assert_eq!(c.http_limits.max_inflight, 3);
+        assert_eq!(c.http_limits.header_timeout, std::time::Duration::from_millis(500));
+        assert_eq!(c.cors_origins, vec!["a".to_string(), "b".to_string()]);
         assert_eq!(c.router_mode, RouterMode::RoundRobin);
         let argv = ["dynamo-run"];
         assert_eq!(Flags::try_parse_from(argv).unwrap().into_config(true).unwrap().input, Input::Text);
@@ -336,6 +406,9 @@ mod tests {
         assert!(usage_error(&["out=echo_full", "--extra-engine-args", "x.json"]).contains("out=mocker"));
         assert!(usage_error(&["in=http", "--max-tokens", "3"]).contains("--max-tokens"));
         assert!(usage_error(&["--http-port", "nope"]).contains("--http-port"));
+        assert!(usage_error(&["--http-max-inflight", "0"]).contains("--http-max-inflight"));
+        assert!(usage_error(&["--http-header-timeout", "0"]).contains("--http-header-timeout"));
+        assert!(usage_error(&["in=http", "--api-key", " "]).contains("--api-key"));
         assert!(usage_error(&["--context-length", "0"]).contains("--context-length"));
     }
 }

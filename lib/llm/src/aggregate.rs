@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use futures::StreamExt;
 
 use crate::engine::{ChatStream, CompletionStream, EngineError, StreamItem};
+use crate::protocols::logprobs;
 use crate::protocols::openai::{
     ChatChoice, ChatCompletionChunk, ChatCompletionResponse, ChatResponseMessage, CompletionChoice, CompletionResponse, Usage,
 };
@@ -68,8 +69,17 @@ impl Identity {
 #[derive(Debug)]
 pub struct ChatAggregator {
     identity: Identity,
-    choices: BTreeMap<u32, (Option<String>, String, Option<String>)>,
+    choices: BTreeMap<u32, ChatFold>,
     tokens: TokenCount,
+}
+
+/// One chat choice so far.
+#[derive(Debug, Default)]
+struct ChatFold {
+    role: Option<String>,
+    content: String,
+    finish_reason: Option<String>,
+    logprobs: Option<serde_json::Value>,
 }
 
 impl ChatAggregator {
@@ -84,16 +94,17 @@ impl ChatAggregator {
         self.identity.adopt(chunk.id, chunk.model, chunk.created);
         self.tokens.add(item.prompt_tokens, item.completion_tokens, chunk.usage);
         for choice in chunk.choices {
-            let (role, content, finish) = self.choices.entry(choice.index).or_default();
-            if role.is_none() {
-                *role = choice.delta.role;
+            let fold = self.choices.entry(choice.index).or_default();
+            if fold.role.is_none() {
+                fold.role = choice.delta.role;
             }
             if let Some(text) = choice.delta.content {
-                content.push_str(&text);
+                fold.content.push_str(&text);
             }
             if choice.finish_reason.is_some() {
-                *finish = choice.finish_reason;
+                fold.finish_reason = choice.finish_reason;
             }
+            logprobs::merge(&mut fold.logprobs, choice.logprobs);
         }
     }
 
@@ -102,10 +113,14 @@ impl ChatAggregator {
         let mut choices: Vec<ChatChoice> = self
             .choices
             .into_iter()
-            .map(|(index, (role, content, finish_reason))| ChatChoice {
+            .map(|(index, fold)| ChatChoice {
                 index,
-                message: ChatResponseMessage { role: role.unwrap_or_else(|| "assistant".to_string()), content: Some(content) },
-                finish_reason,
+                message: ChatResponseMessage {
+                    role: fold.role.unwrap_or_else(|| "assistant".to_string()),
+                    content: Some(fold.content),
+                },
+                finish_reason: fold.finish_reason,
+                logprobs: fold.logprobs,
             })
             .collect();
         if choices.is_empty() {
@@ -113,6 +128,7 @@ impl ChatAggregator {
                 index: 0,
                 message: ChatResponseMessage { role: "assistant".to_string(), content: Some(String::new()) },
                 finish_reason: None,
+                logprobs: None,
             });
         }
         ChatCompletionResponse {
@@ -138,7 +154,7 @@ impl ChatAggregator {
 #[derive(Debug)]
 pub struct CompletionAggregator {
     identity: Identity,
-    choices: BTreeMap<u32, (String, Option<String>)>,
+    choices: BTreeMap<u32, (String, Option<String>, Option<serde_json::Value>)>,
     tokens: TokenCount,
 }
 
@@ -154,11 +170,12 @@ impl CompletionAggregator {
         self.identity.adopt(chunk.id, chunk.model, chunk.created);
         self.tokens.add(item.prompt_tokens, item.completion_tokens, chunk.usage);
         for choice in chunk.choices {
-            let (text, finish) = self.choices.entry(choice.index).or_default();
+            let (text, finish, folded_logprobs) = self.choices.entry(choice.index).or_default();
             text.push_str(&choice.text);
             if choice.finish_reason.is_some() {
                 *finish = choice.finish_reason;
             }
+            logprobs::merge(folded_logprobs, choice.logprobs);
         }
     }
 
@@ -167,7 +184,7 @@ impl CompletionAggregator {
         let mut choices: Vec<CompletionChoice> = self
             .choices
             .into_iter()
-            .map(|(index, (text, finish_reason))| CompletionChoice { index, text, finish_reason, logprobs: None })
+            .map(|(index, (text, finish_reason, logprobs))| CompletionChoice { index, text, finish_reason, logprobs })
             .collect();
         if choices.is_empty() {
             choices.push(CompletionChoice::default());

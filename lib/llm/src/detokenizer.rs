@@ -171,6 +171,7 @@ impl Detokenizer {
             text: Some(emit),
             cum_log_probs: item.cum_log_probs,
             log_probs: item.log_probs,
+            top_log_probs: item.top_log_probs,
             finish_reason: finish.or(item.finish_reason),
         })
     }

@@ -12,13 +12,13 @@ use crate::engine::{
     ChatStream, CompletionStream, EngineError, OpenAIEngine, RequestContext, StreamItem, TokenEngine, TokenStream,
 };
 use crate::model_card::{CardError, ModelDeploymentCard};
-use crate::preprocessor::{Preprocessed, Preprocessor};
+use crate::preprocessor::{blocking, chat_input_bytes, completion_input_bytes, Preprocessed, Preprocessor};
 use crate::protocols::common::{FinishReason, LLMEngineOutput};
 use crate::protocols::openai::{
     ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest, ChatDelta, CompletionChoice, CompletionRequest,
     CompletionResponse,
 };
-use crate::protocols::unix_now;
+use crate::protocols::{logprobs, unix_now};
 
 /// Serves a [`TokenEngine`] for one model card as an [`OpenAIEngine`].
 pub struct Pipeline {
@@ -55,10 +55,67 @@ impl Pipeline {
         &self.preprocessor
     }
 
+    /// A log probability collector when the request asked for them.
+    fn collector(&self, pre: &Preprocessed, shape: LogprobShape) -> Option<LogprobCollector> {
+        pre.request.output_options.logprobs.map(|_| LogprobCollector {
+            tokenizer: self.preprocessor.tokenizer().clone(),
+            shape,
+            pending: Vec::new(),
+            offset: 0,
+        })
+    }
+
     /// Run the engine on a preprocessed request and detokenize its output.
     async fn generate(&self, pre: &Preprocessed, ctx: RequestContext) -> Result<TokenStream, EngineError> {
         let stream = self.engine.generate(pre.request.clone(), ctx.clone()).await?;
         Ok(detokenize(self.preprocessor.tokenizer(), &pre.request, stream, ctx))
+    }
+}
+
+/// Which OpenAI `logprobs` shape a response uses.
+#[derive(Clone, Copy)]
+enum LogprobShape {
+    Chat,
+    Completion,
+}
+
+/// Collects the log probabilities of a response's tokens (when the client asked),
+/// decoding each token and alternative to its text.
+struct LogprobCollector {
+    tokenizer: crate::tokenizer::Tokenizer,
+    shape: LogprobShape,
+    pending: Vec<logprobs::TokenLogprob>,
+    offset: usize,
+}
+
+impl LogprobCollector {
+    fn token_text(&self, id: u32) -> String {
+        self.tokenizer.decode(&[id], false).unwrap_or_default()
+    }
+
+    fn add(&mut self, out: &LLMEngineOutput) {
+        let Some(values) = &out.log_probs else { return };
+        for (i, (&id, &logprob)) in out.token_ids.iter().zip(values).enumerate() {
+            let top = out
+                .top_log_probs
+                .as_ref()
+                .and_then(|t| t.get(i))
+                .map(|alts| alts.iter().map(|a| (self.token_text(a.token_id), a.logprob)).collect())
+                .unwrap_or_default();
+            self.pending.push(logprobs::TokenLogprob { token: self.token_text(id), logprob, top });
+        }
+    }
+
+    fn take(&mut self) -> serde_json::Value {
+        let tokens = std::mem::take(&mut self.pending);
+        match self.shape {
+            LogprobShape::Chat => logprobs::chat(tokens),
+            LogprobShape::Completion => {
+                let (value, next) = logprobs::completion(tokens, self.offset);
+                self.offset = next;
+                value
+            }
+        }
     }
 }
 
@@ -68,20 +125,25 @@ impl Pipeline {
 struct ChunkAccounting {
     prompt_tokens: Option<u32>,
     pending_tokens: u32,
+    logprobs: Option<LogprobCollector>,
 }
 
 impl ChunkAccounting {
-    fn new(prompt_tokens: usize) -> Self {
-        ChunkAccounting { prompt_tokens: Some(u32::try_from(prompt_tokens).unwrap_or(u32::MAX)), pending_tokens: 0 }
+    fn new(prompt_tokens: usize, logprobs: Option<LogprobCollector>) -> Self {
+        ChunkAccounting {
+            prompt_tokens: Some(u32::try_from(prompt_tokens).unwrap_or(u32::MAX)),
+            pending_tokens: 0,
+            logprobs,
+        }
     }
 
     /// The item a detokenized step becomes (built by `make(text, finish_reason,
-    /// is_first)`), or `None` when it carries only tokens. An engine error, or a
-    /// finish reason `error`, becomes an `Err` item.
+    /// is_first, logprobs)`), or `None` when it carries only tokens. An engine error,
+    /// or a finish reason `error`, becomes an `Err` item.
     fn take<T>(
         &mut self,
         result: Result<LLMEngineOutput, EngineError>,
-        make: impl FnOnce(String, Option<String>, bool) -> T,
+        make: impl FnOnce(String, Option<String>, bool, Option<serde_json::Value>) -> T,
     ) -> Option<Result<StreamItem<T>, EngineError>> {
         let out = match result {
             Ok(out) => out,
@@ -91,6 +153,9 @@ impl ChunkAccounting {
             return Some(Err(EngineError::Internal(message)));
         }
         let tokens = self.pending_tokens.saturating_add(u32::try_from(out.token_ids.len()).unwrap_or(u32::MAX));
+        if let Some(collector) = &mut self.logprobs {
+            collector.add(&out);
+        }
         let text = out.text.unwrap_or_default();
         if text.is_empty() && out.finish_reason.is_none() {
             self.pending_tokens = tokens;
@@ -99,8 +164,9 @@ impl ChunkAccounting {
         self.pending_tokens = 0;
         let first = self.prompt_tokens.is_some();
         let finish = out.finish_reason.map(|f| f.as_openai().to_string());
+        let logprobs = self.logprobs.as_mut().map(LogprobCollector::take);
         Some(Ok(StreamItem {
-            data: make(text, finish, first),
+            data: make(text, finish, first, logprobs),
             prompt_tokens: self.prompt_tokens.take(),
             completion_tokens: tokens,
         }))
@@ -110,14 +176,19 @@ impl ChunkAccounting {
 #[async_trait]
 impl OpenAIEngine for Pipeline {
     async fn chat(&self, request: ChatCompletionRequest, ctx: RequestContext) -> Result<ChatStream, EngineError> {
-        let pre = self.preprocessor.preprocess_chat(&request)?;
+        let bytes = chat_input_bytes(&request);
+        self.preprocessor.check_prompt_bytes(bytes)?;
+        let preprocessor = self.preprocessor.clone();
+        let (pre, request) =
+            blocking::run(bytes, move || preprocessor.preprocess_chat(&request).map(|pre| (pre, request))).await?;
         let stream = self.generate(&pre, ctx).await?;
         let id = format!("chatcmpl-{}", uuid::Uuid::new_v4());
         let model = request.model;
         let created = unix_now();
-        let mut accounting = ChunkAccounting::new(pre.request.token_ids.len());
+        let collector = self.collector(&pre, LogprobShape::Chat);
+        let mut accounting = ChunkAccounting::new(pre.request.token_ids.len(), collector);
         let chunks = stream.filter_map(move |result| {
-            future::ready(accounting.take(result, |text, finish_reason, first| {
+            future::ready(accounting.take(result, |text, finish_reason, first, logprobs| {
                 let delta = ChatDelta {
                     role: first.then(|| "assistant".to_string()),
                     content: (!text.is_empty()).then_some(text),
@@ -126,7 +197,7 @@ impl OpenAIEngine for Pipeline {
                     &id,
                     &model,
                     created,
-                    ChatChunkChoice { index: 0, delta, finish_reason, logprobs: None },
+                    ChatChunkChoice { index: 0, delta, finish_reason, logprobs },
                 )
             }))
         });
@@ -138,16 +209,22 @@ impl OpenAIEngine for Pipeline {
         request: CompletionRequest,
         ctx: RequestContext,
     ) -> Result<CompletionStream, EngineError> {
-        let pre = self.preprocessor.preprocess_completion(&request)?;
+        let bytes = completion_input_bytes(&request);
+        self.preprocessor.check_prompt_bytes(bytes)?;
+        let preprocessor = self.preprocessor.clone();
+        let (pre, request) =
+            blocking::run(bytes, move || preprocessor.preprocess_completion(&request).map(|pre| (pre, request)))
+                .await?;
         let stream = self.generate(&pre, ctx).await?;
         let id = format!("cmpl-{}", uuid::Uuid::new_v4());
         let model = request.model;
         let created = unix_now();
         // `echo`: the prompt is returned before the completion.
         let mut echo = request.echo.unwrap_or(false).then(|| pre.formatted_prompt.clone());
-        let mut accounting = ChunkAccounting::new(pre.request.token_ids.len());
+        let collector = self.collector(&pre, LogprobShape::Completion);
+        let mut accounting = ChunkAccounting::new(pre.request.token_ids.len(), collector);
         let chunks = stream.filter_map(move |result| {
-            future::ready(accounting.take(result, |text, finish_reason, first| {
+            future::ready(accounting.take(result, |text, finish_reason, first, logprobs| {
                 let text = match (first, echo.take()) {
                     (true, Some(prompt)) => prompt + &text,
                     _ => text,
@@ -156,7 +233,7 @@ impl OpenAIEngine for Pipeline {
                     &id,
                     &model,
                     created,
-                    CompletionChoice { index: 0, text, finish_reason, logprobs: None },
+                    CompletionChoice { index: 0, text, finish_reason, logprobs },
                 )
             }))
         });

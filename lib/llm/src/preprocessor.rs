@@ -6,17 +6,68 @@
 //! `prompt` is never templated (OpenAI/vLLM semantics); token-id prompts go in as
 //! they are.
 
+pub mod blocking;
 pub mod prompt;
 
 use std::sync::Arc;
 
 use crate::engine::EngineError;
 use crate::model_card::{CardError, ModelDeploymentCard};
-use crate::protocols::common::{PreprocessedRequest, SamplingOptions, StopConditions};
-use crate::protocols::openai::{ChatCompletionRequest, CompletionRequest, NvExt, Prompt, StopSpec};
+use crate::protocols::common::{OutputOptions, PreprocessedRequest, SamplingOptions, StopConditions};
+use crate::protocols::openai::{ChatCompletionRequest, CompletionRequest, NvExt, Prompt, ResponseFormat, StopSpec};
 use crate::tokenizer::Tokenizer;
 
 use prompt::PromptFormatter;
+
+/// A prompt longer than this many bytes per token of the model's context is refused
+/// (400) before it is rendered or tokenized: it could never fit. Real tokenizers
+/// average 3–5 bytes per token on text; 16 leaves room for long runs (whitespace,
+/// repeated characters) that tokenize into few tokens, and bounds what one request
+/// can make the tokenizer do.
+pub const MAX_PROMPT_BYTES_PER_TOKEN: usize = 16;
+
+/// Prompts above this many bytes are counted piece by piece before being tokenized.
+const COUNT_FIRST_BYTES: usize = 1024 * 1024;
+/// Size of the pieces a big prompt is counted in.
+const COUNT_PIECE_BYTES: usize = 64 * 1024;
+
+/// `text` cut into pieces of about `size` bytes, each ending after whitespace where
+/// there is some in its second half (else at a character boundary).
+fn pieces(text: &str, size: usize) -> impl Iterator<Item = &str> {
+    let mut rest = text;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let mut end = rest.len().min(size);
+        while !rest.is_char_boundary(end) {
+            end -= 1;
+        }
+        if end < rest.len() {
+            if let Some(ws) = rest[end / 2..end].rfind(char::is_whitespace) {
+                let ws = end / 2 + ws;
+                end = ws + rest[ws..].chars().next().map_or(1, char::len_utf8);
+            }
+        }
+        let (piece, tail) = rest.split_at(end.max(1).min(rest.len()));
+        rest = tail;
+        Some(piece)
+    })
+}
+
+/// Bytes of prompt text in a chat request: the messages' text.
+pub fn chat_input_bytes(request: &ChatCompletionRequest) -> usize {
+    request.messages.iter().map(|m| m.content.as_ref().map_or(0, |c| c.text_len())).sum()
+}
+
+/// Bytes of prompt text in a completions request (0 for token ids).
+pub fn completion_input_bytes(request: &CompletionRequest) -> usize {
+    match &request.prompt {
+        Prompt::Text(text) => text.len(),
+        Prompt::TextList(list) => list.iter().map(String::len).sum(),
+        Prompt::Tokens(_) => 0,
+    }
+}
 
 /// A preprocessed request and the prompt text it came from.
 #[derive(Debug, Clone, PartialEq)]
@@ -43,6 +94,8 @@ struct RequestLimits<'a> {
     stop: Option<&'a StopSpec>,
     nvext: Option<&'a NvExt>,
     sampling: SamplingOptions,
+    logprobs: Option<u32>,
+    response_format: Option<&'a ResponseFormat>,
 }
 
 /// The sampling options that chat and completions requests both carry, by name.
@@ -79,6 +132,25 @@ impl Preprocessor {
         &self.tokenizer
     }
 
+    /// Most prompt bytes accepted: the context length × [`MAX_PROMPT_BYTES_PER_TOKEN`].
+    pub fn max_prompt_bytes(&self) -> usize {
+        usize::try_from(self.card.context_length).unwrap_or(usize::MAX).saturating_mul(MAX_PROMPT_BYTES_PER_TOKEN)
+    }
+
+    /// A 400 when `bytes` of prompt could never fit the model's context; cheap, so it
+    /// runs before any rendering or tokenizing.
+    pub fn check_prompt_bytes(&self, bytes: usize) -> Result<(), EngineError> {
+        let limit = self.max_prompt_bytes();
+        if bytes > limit {
+            return Err(EngineError::BadRequest(format!(
+                "the prompt is {bytes} bytes; the model's context length is {} tokens, so at most {limit} bytes \
+                 of prompt are accepted",
+                self.card.context_length
+            )));
+        }
+        Ok(())
+    }
+
     /// The prompt text of a chat request: the rendered template, or with
     /// `nvext.use_raw_prompt` the last user message as written.
     pub fn render_chat(&self, request: &ChatCompletionRequest) -> Result<String, EngineError> {
@@ -99,6 +171,7 @@ impl Preprocessor {
 
     /// Preprocess a chat request.
     pub fn preprocess_chat(&self, request: &ChatCompletionRequest) -> Result<Preprocessed, EngineError> {
+        self.check_prompt_bytes(chat_input_bytes(request))?;
         let formatted_prompt = self.render_chat(request)?;
         let token_ids = self.encode(&formatted_prompt)?;
         let limits = RequestLimits {
@@ -106,12 +179,15 @@ impl Preprocessor {
             stop: request.stop.as_ref(),
             nvext: request.nvext.as_ref(),
             sampling: sampling_options!(request),
+            logprobs: request.wants_logprobs().then(|| request.top_logprobs.unwrap_or(0)),
+            response_format: request.response_format.as_ref(),
         };
         Ok(Preprocessed { request: self.build(token_ids, limits)?, formatted_prompt })
     }
 
     /// Preprocess a completions request.
     pub fn preprocess_completion(&self, request: &CompletionRequest) -> Result<Preprocessed, EngineError> {
+        self.check_prompt_bytes(completion_input_bytes(request))?;
         let (formatted_prompt, token_ids) = match &request.prompt {
             Prompt::Text(text) => (text.clone(), self.encode(text)?),
             Prompt::TextList(list) => match list.as_slice() {
@@ -138,14 +214,40 @@ impl Preprocessor {
             stop: request.stop.as_ref(),
             nvext: request.nvext.as_ref(),
             sampling: sampling_options!(request),
+            logprobs: request.logprobs,
+            response_format: request.response_format.as_ref(),
         };
         Ok(Preprocessed { request: self.build(token_ids, limits)?, formatted_prompt })
     }
 
     fn encode(&self, text: &str) -> Result<Vec<u32>, EngineError> {
+        if text.len() > COUNT_FIRST_BYTES {
+            self.refuse_if_far_too_long(text)?;
+        }
         self.tokenizer
             .encode_prompt(text, self.card.bos_token.as_deref())
             .map_err(|e| EngineError::Internal(e.to_string()))
+    }
+
+    /// Count a big prompt's tokens piece by piece (a piece's worth of tokenizer memory
+    /// at a time) and refuse it as soon as the count is clearly past the context, before
+    /// the whole prompt is tokenized at once. Pieces end after whitespace, so the count
+    /// is close to the real one; the margin keeps a prompt that fits from being refused.
+    fn refuse_if_far_too_long(&self, text: &str) -> Result<(), EngineError> {
+        let context = usize::try_from(self.card.context_length).unwrap_or(usize::MAX);
+        let refuse_above = context.saturating_add(context / 8).saturating_add(64);
+        let mut count = 0usize;
+        for piece in pieces(text, COUNT_PIECE_BYTES) {
+            let ids = self.tokenizer.encode(piece, false).map_err(|e| EngineError::Internal(e.to_string()))?;
+            count += ids.len();
+            if count > refuse_above {
+                return Err(EngineError::BadRequest(format!(
+                    "the prompt is more than {count} tokens; the model's context length is {} tokens",
+                    self.card.context_length
+                )));
+            }
+        }
+        Ok(())
     }
 
     fn build(&self, token_ids: Vec<u32>, limits: RequestLimits<'_>) -> Result<PreprocessedRequest, EngineError> {
@@ -191,6 +293,8 @@ impl Preprocessor {
             mdc_sum: Some(self.mdc_sum.clone()),
             annotations: nvext.annotations.unwrap_or_default(),
             estimated_prefix_hit_num_blocks: None,
+            output_options: OutputOptions { logprobs: limits.logprobs },
+            response_format: limits.response_format.and_then(|f| serde_json::to_value(f).ok()),
         })
     }
 }
@@ -270,6 +374,37 @@ mod tests {
         let p = preprocessor(10);
         let e = p.preprocess_chat(&chat("a long enough message")).unwrap_err();
         assert!(matches!(&e, EngineError::BadRequest(m) if m.contains("context length is 10")), "{e:?}");
+    }
+
+    #[test]
+    fn a_prompt_far_beyond_the_context_is_refused_by_size() {
+        let p = preprocessor(10);
+        let big = "x".repeat(10 * MAX_PROMPT_BYTES_PER_TOKEN + 1);
+        let e = p.preprocess_chat(&chat(&big)).unwrap_err();
+        assert!(matches!(&e, EngineError::BadRequest(m) if m.contains("bytes")), "{e:?}");
+        let req = CompletionRequest { prompt: Prompt::Text(big), ..serde_json::from_str(r#"{"model":"m","prompt":""}"#).unwrap() };
+        assert!(matches!(p.preprocess_completion(&req), Err(EngineError::BadRequest(m)) if m.contains("bytes")));
+    }
+
+    #[test]
+    fn pieces_cover_the_text_and_end_after_whitespace() {
+        let text = "ab cd éf gh ".repeat(1000);
+        let parts: Vec<&str> = pieces(&text, 100).collect();
+        assert_eq!(parts.concat(), text);
+        assert!(parts[..parts.len() - 1].iter().all(|p| p.ends_with(' ') && p.len() <= 100));
+        let solid = "é".repeat(200);
+        assert_eq!(pieces(&solid, 101).collect::<Vec<_>>().concat(), solid);
+    }
+
+    #[test]
+    fn a_big_prompt_past_the_context_is_refused_while_counting() {
+        let p = preprocessor(200_000); // accepts up to 3.2 MB by size
+        let big = "a ".repeat(COUNT_FIRST_BYTES); // 2 MiB: a token per byte, far past 200k
+        let e = p.preprocess_completion(&CompletionRequest {
+            prompt: Prompt::Text(big),
+            ..serde_json::from_str(r#"{"model":"m","prompt":""}"#).unwrap()
+        });
+        assert!(matches!(e, Err(EngineError::BadRequest(m)) if m.contains("more than")));
     }
 
     #[test]

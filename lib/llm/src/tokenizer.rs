@@ -61,7 +61,8 @@ impl Tokenizer {
     /// Token ids of `text`. With `add_special_tokens` the tokenizer's post-processor
     /// adds what the model expects around a sequence (a BOS, typically).
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizerError> {
-        let encoding = self.inner.encode(text, add_special_tokens).map_err(TokenizerError::from_hf)?;
+        // Ids only: tracking offsets costs memory per token that a big prompt multiplies.
+        let encoding = self.inner.encode_fast(text, add_special_tokens).map_err(TokenizerError::from_hf)?;
         Ok(encoding.get_ids().to_vec())
     }
 

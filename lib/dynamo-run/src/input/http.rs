@@ -20,7 +20,15 @@ pub async fn run(config: &RunConfig, cancel: CancellationToken) -> Result<(), Ru
 }
 
 async fn serve(config: &RunConfig, models: &Models, cancel: CancellationToken) -> Result<(), RunError> {
-    let mut builder = HttpService::builder().host(config.http_host.clone()).port(config.http_port).manager(models.manager.clone());
+    let mut builder = HttpService::builder()
+        .host(config.http_host.clone())
+        .port(config.http_port)
+        .manager(models.manager.clone())
+        .limits(config.http_limits.clone())
+        .cors_origins(config.cors_origins.clone());
+    if let Some(key) = &config.api_key {
+        builder = builder.api_key(key.clone());
+    }
     if let Some(runtime) = models.runtime() {
         // Discovery, the planes, and the runtime itself: /health is 503 when any is down.
         let runtime = runtime.clone();
@@ -28,7 +36,8 @@ async fn serve(config: &RunConfig, models: &Models, cancel: CancellationToken) -
     }
     let service = builder.build()?;
     let bound = service.bind().await?;
-    output::status(&format!("serving http on {} ({})", bound.local_addr(), models.describe()));
+    let auth = if config.api_key.is_some() { "; API key required" } else { "" };
+    output::status(&format!("serving http on {} ({}{auth})", bound.local_addr(), models.describe()));
     bound.serve(cancel).await?;
     Ok(())
 }

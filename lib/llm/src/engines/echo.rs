@@ -18,9 +18,11 @@ use crate::engine::{
     ChatStream, CompletionStream, EngineError, OpenAIEngine, RequestContext, StreamItem, TokenEngine, TokenStream,
 };
 use crate::protocols::common::{FinishReason, LLMEngineOutput, PreprocessedRequest};
+use crate::detokenizer::StopJail;
+use crate::protocols::logprobs;
 use crate::protocols::openai::{
     ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest, ChatDelta, CompletionChoice, CompletionRequest,
-    CompletionResponse, Prompt,
+    CompletionResponse, Prompt, StopSpec,
 };
 use crate::protocols::unix_now;
 
@@ -130,24 +132,60 @@ impl EchoFull {
     }
 }
 
-/// Chars of `text` as an echo with OpenAI items built by `make(text, finish)`.
+/// What an echo of characters is asked for.
+struct CharEcho {
+    limit: Option<u32>,
+    stops: Vec<String>,
+    logprobs: bool,
+}
+
+/// Chars of `text` as an echo with OpenAI items built by `make(text, finish, first,
+/// logprob tokens)`. Stop strings end it with `stop` and are not emitted (text that may
+/// start one is held back). Each character is certain: its log probability is 0.
 fn echo_chars<T: Send + 'static>(
     text: &str,
-    limit: Option<u32>,
+    options: CharEcho,
     delay: Duration,
     ctx: RequestContext,
-    make: impl Fn(String, Option<String>, bool) -> T + Send + 'static,
+    make: impl FnMut(String, Option<String>, bool, Option<Vec<String>>) -> T + Send + 'static,
 ) -> futures::stream::BoxStream<'static, Result<StreamItem<T>, EngineError>> {
     let chars: Vec<char> = text.chars().collect();
     let prompt_tokens = u32::try_from(chars.len()).unwrap_or(u32::MAX);
-    let echo = Echo::new(chars, limit, delay, ctx);
-    futures::stream::unfold((echo, make, true), move |(mut echo, make, first)| async move {
-        let (data, tokens) = match echo.next().await? {
-            Step::Unit(c) => (make(c.to_string(), None, first), 1),
-            Step::Finish(reason) => (make(String::new(), Some(reason.as_openai().to_string()), first), 0),
+    let echo = Echo::new(chars, options.limit, delay, ctx);
+    let jail = StopJail::new(options.stops);
+    let logprobs = options.logprobs;
+    let state = (echo, jail, make, true, false);
+    futures::stream::unfold(state, move |(mut echo, mut jail, mut make, first, ended)| async move {
+        if ended {
+            return None;
+        }
+        let mut consumed = 0u32;
+        let mut pieces = Vec::new();
+        let (text, finish) = loop {
+            match echo.next().await? {
+                Step::Unit(c) => {
+                    consumed += 1;
+                    let mut buf = [0u8; 4];
+                    let piece: &str = c.encode_utf8(&mut buf);
+                    if logprobs {
+                        pieces.push(piece.to_string());
+                    }
+                    let (emit, matched) = jail.push(piece, true);
+                    if matched {
+                        break (emit, Some(FinishReason::Stop));
+                    }
+                    if !emit.is_empty() {
+                        break (emit, None);
+                    }
+                }
+                Step::Finish(reason) => break (jail.release(), Some(reason)),
+            }
         };
-        let item = StreamItem { data, prompt_tokens: first.then_some(prompt_tokens), completion_tokens: tokens };
-        Some((Ok(item), (echo, make, false)))
+        let ended = finish.is_some();
+        let finish = finish.map(|f| f.as_openai().to_string());
+        let data = make(text, finish, first, logprobs.then_some(pieces));
+        let item = StreamItem { data, prompt_tokens: first.then_some(prompt_tokens), completion_tokens: consumed };
+        Some((Ok(item), (echo, jail, make, false, ended)))
     })
     .boxed()
 }
@@ -165,17 +203,21 @@ impl OpenAIEngine for EchoFull {
         let id = format!("chatcmpl-{}", uuid::Uuid::new_v4());
         let created = unix_now();
         let model = request.model.clone();
-        Ok(echo_chars(&text, request.max_tokens(), self.delay, ctx, move |content, finish_reason, first| {
+        let top = request.top_logprobs.unwrap_or(0);
+        let options = CharEcho {
+            limit: request.max_tokens(),
+            stops: request.stop.clone().map(StopSpec::into_vec).unwrap_or_default(),
+            logprobs: request.wants_logprobs(),
+        };
+        Ok(echo_chars(&text, options, self.delay, ctx, move |content, finish_reason, first, tokens| {
             let delta = ChatDelta {
                 role: first.then(|| "assistant".to_string()),
                 content: (!content.is_empty()).then_some(content),
             };
-            ChatCompletionChunk::new(
-                &id,
-                &model,
-                created,
-                ChatChunkChoice { index: 0, delta, finish_reason, logprobs: None },
-            )
+            let logprobs = tokens.map(|tokens| {
+                logprobs::chat(tokens.into_iter().map(|t| logprobs::TokenLogprob::certain(t, top)).collect())
+            });
+            ChatCompletionChunk::new(&id, &model, created, ChatChunkChoice { index: 0, delta, finish_reason, logprobs })
         }))
     }
 
@@ -195,13 +237,21 @@ impl OpenAIEngine for EchoFull {
         let id = format!("cmpl-{}", uuid::Uuid::new_v4());
         let created = unix_now();
         let model = request.model.clone();
-        Ok(echo_chars(&text, request.max_tokens, self.delay, ctx, move |text, finish_reason, _| {
-            CompletionResponse::new(
-                &id,
-                &model,
-                created,
-                CompletionChoice { index: 0, text, finish_reason, logprobs: None },
-            )
+        let top = request.logprobs;
+        let options = CharEcho {
+            limit: request.max_tokens,
+            stops: request.stop.clone().map(StopSpec::into_vec).unwrap_or_default(),
+            logprobs: top.is_some(),
+        };
+        let mut offset = 0usize;
+        Ok(echo_chars(&text, options, self.delay, ctx, move |text, finish_reason, _, tokens| {
+            let logprobs = tokens.map(|tokens| {
+                let tokens: Vec<_> = tokens.into_iter().map(|t| logprobs::TokenLogprob::certain(t, top.unwrap_or(0))).collect();
+                let (value, next) = logprobs::completion(tokens, offset);
+                offset = next;
+                value
+            });
+            CompletionResponse::new(&id, &model, created, CompletionChoice { index: 0, text, finish_reason, logprobs })
         }))
     }
 }

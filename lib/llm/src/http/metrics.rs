@@ -15,6 +15,7 @@ pub const METRICS_PREFIX: &str = "dynamo_frontend";
 pub struct HttpMetrics {
     registry: Registry,
     requests: IntCounterVec,
+    responses: IntCounterVec,
     inflight: IntGaugeVec,
     duration: HistogramVec,
     ttft: HistogramVec,
@@ -41,6 +42,10 @@ impl HttpMetrics {
             Opts::new(format!("{METRICS_PREFIX}_requests_total"), "Requests by model, route, streaming and outcome"),
             &["model", "endpoint", "request_type", "status"],
         )?;
+        let responses = IntCounterVec::new(
+            Opts::new(format!("{METRICS_PREFIX}_responses_total"), "HTTP responses by route and status code"),
+            &["endpoint", "status"],
+        )?;
         let inflight = IntGaugeVec::new(
             Opts::new(format!("{METRICS_PREFIX}_inflight_requests"), "Requests being served now"),
             &["model"],
@@ -57,11 +62,12 @@ impl HttpMetrics {
         let isl = histogram("input_sequence_tokens", "Prompt tokens per request", tokens.clone())?;
         let osl = histogram("output_sequence_tokens", "Generated tokens per request", tokens)?;
         registry.register(Box::new(requests.clone()))?;
+        registry.register(Box::new(responses.clone()))?;
         registry.register(Box::new(inflight.clone()))?;
         for h in [&duration, &ttft, &itl, &isl, &osl] {
             registry.register(Box::new(h.clone()))?;
         }
-        Ok(HttpMetrics { registry, requests, inflight, duration, ttft, itl, isl, osl })
+        Ok(HttpMetrics { registry, requests, responses, inflight, duration, ttft, itl, isl, osl })
     }
 
     /// The registry, for callers that add their own families.
@@ -78,18 +84,26 @@ impl HttpMetrics {
         out
     }
 
+    /// Count one HTTP response of `endpoint` (the route's path) with `status`.
+    pub(crate) fn response(&self, endpoint: &str, status: axum::http::StatusCode) {
+        self.responses.with_label_values(&[endpoint, status.as_str()]).inc();
+    }
+
     /// Start tracking one request; it counts as an error unless
     /// [`RequestMetrics::succeeded`] is called before it is dropped.
-    pub(crate) fn start(self: &Arc<Self>, model: &str, route: EngineKind, streaming: bool) -> RequestMetrics {
+    /// Its log line (at info, when it ends) carries `request_id`.
+    pub(crate) fn start(self: &Arc<Self>, request_id: &str, model: &str, route: EngineKind, streaming: bool) -> RequestMetrics {
         self.inflight.with_label_values(&[model]).inc();
         RequestMetrics {
             metrics: self.clone(),
+            request_id: request_id.to_string(),
             model: model.to_string(),
             route,
             streaming,
             started: Instant::now(),
             last_item: None,
-            prompt_seen: false,
+            ttft: None,
+            prompt_tokens: None,
             output_tokens: 0,
             success: false,
         }
@@ -99,12 +113,14 @@ impl HttpMetrics {
 /// One request's measurements, recorded when dropped.
 pub(crate) struct RequestMetrics {
     metrics: Arc<HttpMetrics>,
+    request_id: String,
     model: String,
     route: EngineKind,
     streaming: bool,
     started: Instant,
     last_item: Option<Instant>,
-    prompt_seen: bool,
+    ttft: Option<std::time::Duration>,
+    prompt_tokens: Option<u32>,
     output_tokens: u64,
     success: bool,
 }
@@ -115,7 +131,11 @@ impl RequestMetrics {
         let now = Instant::now();
         let model = [self.model.as_str()];
         match self.last_item {
-            None => self.metrics.ttft.with_label_values(&model).observe((now - self.started).as_secs_f64()),
+            None => {
+                let ttft = now - self.started;
+                self.ttft = Some(ttft);
+                self.metrics.ttft.with_label_values(&model).observe(ttft.as_secs_f64());
+            }
             Some(last) if completion_tokens > 0 => {
                 let per_token = (now - last).as_secs_f64() / f64::from(completion_tokens);
                 self.metrics.itl.with_label_values(&model).observe(per_token);
@@ -123,8 +143,8 @@ impl RequestMetrics {
             Some(_) => {}
         }
         self.last_item = Some(now);
-        if let (Some(prompt), false) = (prompt_tokens, self.prompt_seen) {
-            self.prompt_seen = true;
+        if let (Some(prompt), None) = (prompt_tokens, self.prompt_tokens) {
+            self.prompt_tokens = Some(prompt);
             self.metrics.isl.with_label_values(&model).observe(f64::from(prompt));
         }
         self.output_tokens += u64::from(completion_tokens);
@@ -144,10 +164,23 @@ impl Drop for RequestMetrics {
         let request_type = if self.streaming { "stream" } else { "unary" };
         let status = if self.success { "success" } else { "error" };
         m.requests.with_label_values(&[self.model.as_str(), self.route.as_str(), request_type, status]).inc();
-        m.duration.with_label_values(&model).observe(self.started.elapsed().as_secs_f64());
+        let duration = self.started.elapsed();
+        m.duration.with_label_values(&model).observe(duration.as_secs_f64());
         if self.last_item.is_some() {
             m.osl.with_label_values(&model).observe(self.output_tokens as f64);
         }
+        tracing::info!(
+            request_id = %self.request_id,
+            model = %self.model,
+            endpoint = self.route.as_str(),
+            request_type,
+            status,
+            tokens_in = self.prompt_tokens.unwrap_or(0),
+            tokens_out = self.output_tokens,
+            ttft_ms = self.ttft.map(|t| t.as_secs_f64() * 1000.0),
+            duration_ms = duration.as_secs_f64() * 1000.0,
+            "request"
+        );
     }
 }
 
@@ -159,14 +192,16 @@ mod tests {
     fn a_request_is_counted_once_with_its_outcome() {
         let metrics = Arc::new(HttpMetrics::new().unwrap());
         {
-            let mut r = metrics.start("m", EngineKind::Chat, true);
+            let mut r = metrics.start("r1", "m", EngineKind::Chat, true);
             r.item(Some(7), 1);
             r.item(None, 2);
             assert!(metrics.render().contains("dynamo_frontend_inflight_requests{model=\"m\"} 1"));
             r.succeeded();
         }
-        drop(metrics.start("m", EngineKind::Completions, false));
+        drop(metrics.start("r2", "m", EngineKind::Completions, false));
+        metrics.response("/v1/chat/completions", axum::http::StatusCode::BAD_REQUEST);
         let text = metrics.render();
+        assert!(text.contains(r#"dynamo_frontend_responses_total{endpoint="/v1/chat/completions",status="400"} 1"#), "{text}");
         assert!(text.contains(r#"dynamo_frontend_requests_total{endpoint="chat_completions",model="m",request_type="stream",status="success"} 1"#), "{text}");
         assert!(text.contains(r#"dynamo_frontend_requests_total{endpoint="completions",model="m",request_type="unary",status="error"} 1"#), "{text}");
         assert!(text.contains("dynamo_frontend_inflight_requests{model=\"m\"} 0"));

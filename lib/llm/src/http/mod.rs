@@ -2,9 +2,13 @@
 //! `/v1/completions` (SSE or whole responses), `/health`, `/live`, `/metrics`.
 //! Models come from a [`crate::model_manager::ModelManager`].
 
+mod choices;
+mod connections;
 mod error;
 mod guard;
 mod health;
+mod layers;
+mod limits;
 pub mod metrics;
 mod openai;
 mod request;
@@ -12,4 +16,9 @@ mod service;
 mod sse;
 
 pub use error::ApiError;
+pub use layers::REQUEST_ID;
+pub use limits::{
+    HttpLimits, DEFAULT_BODY_TIMEOUT, DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_INFLIGHT,
+    DEFAULT_MAX_TOKENS, RETRY_AFTER_SECONDS,
+};
 pub use service::{BoundHttpService, HealthCheck, HttpError, HttpService, HttpServiceBuilder, RunningHttpService, DEFAULT_BODY_LIMIT, DEFAULT_DRAIN_TIMEOUT};

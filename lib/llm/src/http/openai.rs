@@ -1,21 +1,24 @@
-//! `POST /v1/chat/completions` and `POST /v1/completions`: parse and validate the
-//! body, find the model's engine, call it with a fresh request context, and answer
-//! with SSE (`stream: true`) or one folded response.
+//! `POST /v1/chat/completions` and `POST /v1/completions`: read (bounded in size and
+//! time), parse and validate the body, find the model's engine, call it with a fresh
+//! request context (`n` times for `n` choices), and answer with SSE (`stream: true`)
+//! or one folded response. `POST /v1/embeddings` has no engine kind: its model is
+//! never found.
 
 use std::future::Future;
 use std::sync::Arc;
 
-use axum::extract::rejection::BytesRejection;
-use axum::extract::State;
+use axum::body::Body;
+use axum::extract::{Extension, State};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use bytes::Bytes;
 use futures::StreamExt;
+use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::error::ApiError;
 use super::guard::CancelOnDrop;
-use super::request::{body_or_error, parse_json};
+use super::layers::{EngineLogged, RequestId};
+use super::request::{parse_json, read_body};
 use super::service::AppState;
 use super::sse::{sse_response, ChunkMeta, SseOptions, StreamChunk};
 use crate::aggregate::{ChatAggregator, CompletionAggregator};
@@ -54,6 +57,7 @@ impl Fold<CompletionResponse> for CompletionAggregator {
 
 /// What the handler knows about a request once it is parsed.
 struct Plan {
+    request_id: String,
     model: String,
     route: EngineKind,
     streaming: bool,
@@ -61,58 +65,151 @@ struct Plan {
     ctx: RequestContext,
 }
 
+/// Read and parse a request body of type `T`.
+async fn read_request<T: DeserializeOwned>(state: &AppState, body: Body) -> Result<T, ApiError> {
+    let bytes = read_body(body, state.body_limit, state.limits.body_timeout).await?;
+    parse_json(&bytes)
+}
+
+/// A context per choice: the first is the request's own; the others follow it (a stop
+/// or kill of the request reaches every choice).
+fn choice_contexts(ctx: &RequestContext, n: u32) -> Vec<RequestContext> {
+    let mut contexts = vec![ctx.clone()];
+    for i in 1..n {
+        let child = RequestContext::new(format!("{}.{i}", ctx.id()));
+        let follower = child.clone();
+        ctx.on_change(move |state| match state {
+            dynamo_runtime::StreamState::Stopped => follower.stop_generating(),
+            dynamo_runtime::StreamState::Killed => follower.kill(),
+            dynamo_runtime::StreamState::Live => {}
+        });
+        contexts.push(child);
+    }
+    contexts
+}
+
 fn include_usage(options: &Option<StreamOptions>) -> bool {
     options.as_ref().is_some_and(|o| o.include_usage)
 }
 
 /// `POST /v1/chat/completions`.
-pub(crate) async fn chat_completions(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
-    let request: ChatCompletionRequest = match body_or_error(body, state.body_limit).and_then(|b| parse_json(&b)) {
+pub(crate) async fn chat_completions(
+    State(state): State<Arc<AppState>>,
+    Extension(id): Extension<RequestId>,
+    body: Body,
+) -> Response {
+    let mut request: ChatCompletionRequest = match read_request(&state, body).await {
         Ok(r) => r,
         Err(e) => return e.into_response(),
     };
     if let Err(message) = request.validate() {
         return ApiError::bad_request(message).into_response();
+    }
+    if request.max_tokens().is_none() {
+        request.max_tokens = Some(state.limits.default_max_tokens);
     }
     let engine = match state.manager.chat_engine(&request.model) {
         Ok(e) => e,
         Err(e) => return ApiError::from(e).into_response(),
     };
-    let plan = Plan::new(&request.model, EngineKind::Chat, request.stream, include_usage(&request.stream_options));
+    let plan = Plan::new(id, &request.model, EngineKind::Chat, request.stream, include_usage(&request.stream_options));
     let fold = ChatAggregator::new(&format!("chatcmpl-{}", plan.ctx.id()), &plan.model);
-    let ctx = plan.ctx.clone();
-    respond(state, plan, async move { engine.chat(request, ctx).await }, fold).await
+    let n = request.n.unwrap_or(1);
+    if n == 1 {
+        let ctx = plan.ctx.clone();
+        return respond(state, plan, async move { engine.chat(request, ctx).await }, fold).await;
+    }
+    let contexts = choice_contexts(&plan.ctx, n);
+    let id = format!("chatcmpl-{}", plan.ctx.id());
+    let call = async move {
+        let calls = contexts.into_iter().map(|ctx| engine.chat(request.clone(), ctx));
+        let streams = futures::future::try_join_all(calls).await?;
+        Ok(super::choices::merge(streams, id))
+    };
+    respond(state, plan, call, fold).await
 }
 
 /// `POST /v1/completions`.
-pub(crate) async fn completions(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
-    let request: CompletionRequest = match body_or_error(body, state.body_limit).and_then(|b| parse_json(&b)) {
+pub(crate) async fn completions(
+    State(state): State<Arc<AppState>>,
+    Extension(id): Extension<RequestId>,
+    body: Body,
+) -> Response {
+    let mut request: CompletionRequest = match read_request(&state, body).await {
         Ok(r) => r,
         Err(e) => return e.into_response(),
     };
     if let Err(message) = request.validate() {
         return ApiError::bad_request(message).into_response();
     }
+    if request.max_tokens.is_none() {
+        request.max_tokens = Some(state.limits.default_max_tokens);
+    }
     let engine = match state.manager.completions_engine(&request.model) {
         Ok(e) => e,
         Err(e) => return ApiError::from(e).into_response(),
     };
-    let plan = Plan::new(&request.model, EngineKind::Completions, request.stream, include_usage(&request.stream_options));
+    let plan =
+        Plan::new(id, &request.model, EngineKind::Completions, request.stream, include_usage(&request.stream_options));
     let fold = CompletionAggregator::new(&format!("cmpl-{}", plan.ctx.id()), &plan.model);
-    let ctx = plan.ctx.clone();
-    respond(state, plan, async move { engine.completion(request, ctx).await }, fold).await
+    let n = request.n.unwrap_or(1);
+    if n == 1 {
+        let ctx = plan.ctx.clone();
+        return respond(state, plan, async move { engine.completion(request, ctx).await }, fold).await;
+    }
+    let contexts = choice_contexts(&plan.ctx, n);
+    let id = format!("cmpl-{}", plan.ctx.id());
+    let call = async move {
+        let calls = contexts.into_iter().map(|ctx| engine.completion(request.clone(), ctx));
+        let streams = futures::future::try_join_all(calls).await?;
+        Ok(super::choices::merge(streams, id))
+    };
+    respond(state, plan, call, fold).await
+}
+
+/// `POST /v1/embeddings`: no engine serves embeddings, so the body is checked and the
+/// model is not found (404, OpenAI-shaped).
+pub(crate) async fn embeddings(State(state): State<Arc<AppState>>, body: Body) -> Response {
+    #[derive(serde::Deserialize)]
+    #[allow(dead_code)]
+    struct EmbeddingRequest {
+        model: String,
+        input: serde_json::Value,
+    }
+    let request: EmbeddingRequest = match read_request(&state, body).await {
+        Ok(r) => r,
+        Err(e) => return e.into_response(),
+    };
+    ApiError::model_not_found(format!("model '{}' does not serve embeddings (no embedding model is served)", request.model))
+        .into_response()
 }
 
 impl Plan {
-    fn new(model: &str, route: EngineKind, streaming: bool, include_usage: bool) -> Self {
+    fn new(id: RequestId, model: &str, route: EngineKind, streaming: bool, include_usage: bool) -> Self {
         let ctx = RequestContext::new(uuid::Uuid::new_v4().to_string());
-        Plan { model: model.to_string(), route, streaming, include_usage, ctx }
+        Plan { request_id: id.0, model: model.to_string(), route, streaming, include_usage, ctx }
     }
 }
 
 /// Call the engine and answer. Everything that must stop the engine when the client
 /// goes away (the guard) lives in this future or, when streaming, in the SSE body.
 async fn respond<C, F>(
+    state: Arc<AppState>,
+    plan: Plan,
+    call: impl Future<Output = Result<OpenAIStream<C>, EngineError>> + Send,
+    fold: F,
+) -> Response
+where
+    C: StreamChunk,
+    F: Fold<C> + Send,
+{
+    let response = respond_inner(state, plan, call, fold).await;
+    let mut response = response;
+    response.extensions_mut().insert(EngineLogged);
+    response
+}
+
+async fn respond_inner<C, F>(
     state: Arc<AppState>,
     plan: Plan,
     call: impl Future<Output = Result<OpenAIStream<C>, EngineError>> + Send,
@@ -123,7 +220,7 @@ where
     F: Fold<C> + Send,
 {
     let mut guard = CancelOnDrop::new(plan.ctx.clone());
-    let mut metrics = state.metrics.start(&plan.model, plan.route, plan.streaming);
+    let mut metrics = state.metrics.start(&plan.request_id, &plan.model, plan.route, plan.streaming);
     let shutdown = state.shutdown.clone();
     let shutting_down = || EngineError::Unavailable("the server is shutting down".to_string());
     let started = tokio::select! {

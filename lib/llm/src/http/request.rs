@@ -2,24 +2,36 @@
 //! OpenAI error that says what is wrong (axum's own extractor rejections are plain
 //! text and not OpenAI-shaped).
 
-use axum::extract::rejection::BytesRejection;
+use std::time::Duration;
+
+use axum::body::Body;
 use axum::http::StatusCode;
 use bytes::Bytes;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
 
-/// The body, or a 413 (larger than `limit` bytes) / 400 (unreadable) error.
-pub(crate) fn body_or_error(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes, ApiError> {
-    body.map_err(|rejection| {
-        let status = rejection.status();
-        let message = if status == StatusCode::PAYLOAD_TOO_LARGE {
-            format!("the request body is larger than the limit of {limit} bytes")
-        } else {
-            rejection.body_text()
-        };
-        ApiError::new(status, message, "invalid_request_error", None)
-    })
+/// The whole body, or 413 (larger than `limit` bytes), 408 (not all there within
+/// `timeout`), 400 (the connection failed while reading it).
+pub(crate) async fn read_body(body: Body, limit: usize, timeout: Duration) -> Result<Bytes, ApiError> {
+    let collect = Limited::new(body, limit).collect();
+    match tokio::time::timeout(timeout, collect).await {
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the request body is larger than the limit of {limit} bytes"),
+            "invalid_request_error",
+            None,
+        )),
+        Ok(Err(e)) => Err(ApiError::bad_request(format!("cannot read the request body: {e}"))),
+        Err(_) => Err(ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            format!("the request body did not arrive within {} s", timeout.as_secs_f64()),
+            "invalid_request_error",
+            None,
+        )),
+    }
 }
 
 /// Deserialize `body` as `T`; a malformed document or a field of the wrong type is a

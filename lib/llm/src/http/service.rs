@@ -2,21 +2,25 @@
 //! [`HttpService::builder`], bound (port 0 picks a free port), served until a
 //! cancellation token fires, then shut down gracefully within a bound.
 
-use std::future::IntoFuture;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::DefaultBodyLimit;
+use axum::http::{header, HeaderName, HeaderValue, Method};
+use axum::middleware::from_fn_with_state;
 use axum::routing::{get, post};
 use axum::Router;
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use tower_http::cors::{AllowOrigin, CorsLayer};
 
 use super::error::ApiError;
+use super::limits::HttpLimits;
 use super::metrics::HttpMetrics;
-use super::{health, openai};
+use super::{connections, health, layers, openai};
 use crate::model_manager::ModelManager;
 
 /// Default largest request body: 32 MiB.
@@ -43,6 +47,9 @@ pub enum HttpError {
     /// The metrics registry could not be built.
     #[error("metrics: {0}")]
     Metrics(#[from] prometheus::Error),
+    /// An option is invalid.
+    #[error("invalid HTTP option: {0}")]
+    Config(String),
     /// The server task ended abnormally.
     #[error("HTTP server task failed: {0}")]
     Task(String),
@@ -62,6 +69,10 @@ pub(crate) struct AppState {
     pub body_limit: usize,
     /// Dependencies' health, when the embedder supplies a check.
     pub health_check: Option<HealthCheck>,
+    /// Connection and request limits.
+    pub limits: HttpLimits,
+    /// The key clients must send as `Authorization: Bearer KEY`, when set.
+    pub api_key: Option<String>,
 }
 
 /// Configures an [`HttpService`].
@@ -73,6 +84,9 @@ pub struct HttpServiceBuilder {
     drain_timeout: Duration,
     manager: Option<Arc<ModelManager>>,
     health_check: Option<HealthCheck>,
+    limits: HttpLimits,
+    api_key: Option<String>,
+    cors_origins: Vec<String>,
 }
 
 impl std::fmt::Debug for HttpServiceBuilder {
@@ -83,6 +97,9 @@ impl std::fmt::Debug for HttpServiceBuilder {
             .field("body_limit", &self.body_limit)
             .field("drain_timeout", &self.drain_timeout)
             .field("health_check", &self.health_check.is_some())
+            .field("limits", &self.limits)
+            .field("api_key", &self.api_key.is_some())
+            .field("cors_origins", &self.cors_origins)
             .finish()
     }
 }
@@ -96,6 +113,9 @@ impl Default for HttpServiceBuilder {
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
             manager: None,
             health_check: None,
+            limits: HttpLimits::default(),
+            api_key: None,
+            cors_origins: Vec::new(),
         }
     }
 }
@@ -138,8 +158,29 @@ impl HttpServiceBuilder {
         self
     }
 
-    /// Build the service.
+    /// Connection and request limits (default: [`HttpLimits::default`]).
+    pub fn limits(mut self, limits: HttpLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// Require `Authorization: Bearer KEY` on every route but `/health`, `/live` and
+    /// `/metrics` (401 otherwise).
+    pub fn api_key(mut self, key: impl Into<String>) -> Self {
+        self.api_key = Some(key.into());
+        self
+    }
+
+    /// Answer CORS requests from these origins (`https://app.example.com`, or `*` for
+    /// any); none by default.
+    pub fn cors_origins(mut self, origins: Vec<String>) -> Self {
+        self.cors_origins = origins;
+        self
+    }
+
+    /// Build the service; fails on a CORS origin that is not a valid header value.
     pub fn build(self) -> Result<HttpService, HttpError> {
+        let cors = cors_layer(&self.cors_origins)?;
         let manager = self.manager.unwrap_or_default();
         let metrics = Arc::new(HttpMetrics::new()?);
         metrics.registry().register(Box::new(manager.migrations().clone()))?;
@@ -149,9 +190,44 @@ impl HttpServiceBuilder {
             shutdown: CancellationToken::new(),
             body_limit: self.body_limit,
             health_check: self.health_check,
+            limits: self.limits.clone(),
+            api_key: self.api_key,
         });
-        Ok(HttpService { host: self.host, port: self.port, body_limit: self.body_limit, drain_timeout: self.drain_timeout, state })
+        let inflight = Arc::new(Semaphore::new(self.limits.max_inflight));
+        Ok(HttpService {
+            host: self.host,
+            port: self.port,
+            body_limit: self.body_limit,
+            drain_timeout: self.drain_timeout,
+            state,
+            inflight,
+            cors,
+        })
     }
+}
+
+/// The CORS layer for `origins` (`*`: any), or none without origins.
+fn cors_layer(origins: &[String]) -> Result<Option<CorsLayer>, HttpError> {
+    if origins.is_empty() {
+        return Ok(None);
+    }
+    let allow = if origins.iter().any(|o| o == "*") {
+        AllowOrigin::any()
+    } else {
+        let values = origins
+            .iter()
+            .map(|o| HeaderValue::from_str(o).map_err(|_| HttpError::Config(format!("invalid CORS origin {o:?}"))))
+            .collect::<Result<Vec<_>, _>>()?;
+        AllowOrigin::list(values)
+    };
+    let request_id = HeaderName::from_static("x-request-id");
+    Ok(Some(
+        CorsLayer::new()
+            .allow_origin(allow)
+            .allow_methods([Method::GET, Method::POST, Method::OPTIONS])
+            .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE, request_id.clone()])
+            .expose_headers([request_id]),
+    ))
 }
 
 /// The OpenAI-compatible HTTP service.
@@ -161,6 +237,9 @@ pub struct HttpService {
     body_limit: usize,
     drain_timeout: Duration,
     state: Arc<AppState>,
+    /// Slots of generation requests in flight.
+    inflight: Arc<Semaphore>,
+    cors: Option<CorsLayer>,
 }
 
 impl std::fmt::Debug for HttpService {
@@ -185,18 +264,30 @@ impl HttpService {
         &self.state.metrics
     }
 
-    /// The routes, for embedding in another axum server.
+    /// The routes, for embedding in another axum server: the API key, CORS, request
+    /// ids, body bounds and the in-flight cap come with them; the connection cap and
+    /// the header timeout belong to [`HttpService::bind`]'s server.
     pub fn router(&self) -> Router {
-        Router::new()
-            .route("/v1/models", get(health::list_models))
+        let generation = Router::new()
             .route("/v1/chat/completions", post(openai::chat_completions))
             .route("/v1/completions", post(openai::completions))
+            .route("/v1/embeddings", post(openai::embeddings))
+            .route_layer(from_fn_with_state(self.inflight.clone(), layers::limit_inflight));
+        let router = Router::new()
+            .route("/v1/models", get(health::list_models))
             .route("/health", get(health::health))
             .route("/live", get(health::live))
             .route("/metrics", get(health::metrics))
+            .merge(generation)
             .fallback(|| async { ApiError::new(axum::http::StatusCode::NOT_FOUND, "no such route", "not_found_error", None) })
             .layer(DefaultBodyLimit::max(self.body_limit))
-            .with_state(self.state.clone())
+            .layer(from_fn_with_state(self.state.clone(), layers::require_api_key))
+            .layer(from_fn_with_state(self.state.clone(), layers::observe));
+        let router = match &self.cors {
+            Some(cors) => router.layer(cors.clone()),
+            None => router,
+        };
+        router.with_state(self.state.clone())
     }
 
     /// Open the listening socket.
@@ -212,6 +303,8 @@ impl HttpService {
             router: self.router(),
             drain_timeout: self.drain_timeout,
             shutdown: self.state.shutdown.clone(),
+            limits: self.state.limits.clone(),
+            api_key: self.state.api_key.is_some(),
         })
     }
 
@@ -236,6 +329,8 @@ pub struct BoundHttpService {
     router: Router,
     drain_timeout: Duration,
     shutdown: CancellationToken,
+    limits: HttpLimits,
+    api_key: bool,
 }
 
 impl std::fmt::Debug for BoundHttpService {
@@ -253,28 +348,31 @@ impl BoundHttpService {
     /// Serve until `cancel` fires; then stop accepting, let in-flight responses finish
     /// within the drain bound, end the rest with an error, and return.
     pub async fn serve(self, cancel: CancellationToken) -> Result<(), HttpError> {
-        tracing::info!(address = %self.local_addr, "HTTP service listening");
-        let graceful = cancel.clone();
-        let server = axum::serve(self.listener, self.router)
-            .with_graceful_shutdown(async move { graceful.cancelled().await })
-            .into_future();
+        let limits = &self.limits;
+        tracing::info!(
+            address = %self.local_addr,
+            max_connections = limits.max_connections,
+            max_inflight = limits.max_inflight,
+            header_timeout_s = limits.header_timeout.as_secs_f64(),
+            body_timeout_s = limits.body_timeout.as_secs_f64(),
+            api_key = self.api_key,
+            "HTTP service listening"
+        );
+        let server = connections::serve(self.listener, self.router, &self.limits, cancel.clone());
         tokio::pin!(server);
         tokio::select! {
-            result = &mut server => return result.map_err(HttpError::Serve),
+            () = &mut server => return Ok(()),
             _ = cancel.cancelled() => {}
         }
-        if let Ok(result) = tokio::time::timeout(self.drain_timeout, &mut server).await {
-            return result.map_err(HttpError::Serve);
+        if tokio::time::timeout(self.drain_timeout, &mut server).await.is_ok() {
+            return Ok(());
         }
         tracing::warn!(timeout = ?self.drain_timeout, "drain bound reached; ending in-flight responses");
         self.shutdown.cancel();
-        match tokio::time::timeout(FORCE_STOP_BOUND, &mut server).await {
-            Ok(result) => result.map_err(HttpError::Serve),
-            Err(_) => {
-                tracing::warn!("some HTTP connections outlived the shutdown bound");
-                Ok(())
-            }
+        if tokio::time::timeout(FORCE_STOP_BOUND, &mut server).await.is_err() {
+            tracing::warn!("some HTTP connections outlived the shutdown bound");
         }
+        Ok(())
     }
 }
 

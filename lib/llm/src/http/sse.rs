@@ -31,6 +31,8 @@ pub(crate) trait StreamChunk: Serialize + Send + 'static {
     fn meta(&self) -> ChunkMeta;
     /// A chunk with no choices that carries `usage`.
     fn usage_only(meta: ChunkMeta, usage: Usage) -> Self;
+    /// Make this a chunk of choice `index` of response `id` (`n > 1`).
+    fn relabel(&mut self, index: u32, id: &str);
 }
 
 impl StreamChunk for ChatCompletionChunk {
@@ -48,6 +50,11 @@ impl StreamChunk for ChatCompletionChunk {
             usage: Some(usage),
         }
     }
+
+    fn relabel(&mut self, index: u32, id: &str) {
+        id.clone_into(&mut self.id);
+        self.choices.iter_mut().for_each(|c| c.index = index);
+    }
 }
 
 impl StreamChunk for CompletionResponse {
@@ -64,6 +71,11 @@ impl StreamChunk for CompletionResponse {
             choices: Vec::new(),
             usage: Some(usage),
         }
+    }
+
+    fn relabel(&mut self, index: u32, id: &str) {
+        id.clone_into(&mut self.id);
+        self.choices.iter_mut().for_each(|c| c.index = index);
     }
 }
 

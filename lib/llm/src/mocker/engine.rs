@@ -17,7 +17,7 @@ use super::metrics::ForwardPassMetrics;
 use super::publisher::{run_publisher, EventSink, MockerPublisher, KV_EVENT_BUFFER};
 use super::scheduler::{Command, NewRequest, Scheduler};
 use crate::engine::{EngineError, RequestContext, TokenEngine, TokenStream};
-use crate::protocols::common::{FinishReason, LLMEngineOutput, PreprocessedRequest};
+use crate::protocols::common::{FinishReason, LLMEngineOutput, PreprocessedRequest, TopLogprob};
 
 /// Tokens generated when a request sets no `max_tokens`.
 pub const DEFAULT_MAX_TOKENS: u32 = 16;
@@ -128,13 +128,14 @@ impl TokenEngine for MockerEngine {
             Some(seed) => seed as u64,
             None => self.args.seed ^ id.wrapping_mul(0x9E37_79B9_7F4A_7C15),
         };
+        let logprobs = request.output_options.logprobs;
         let (output, rx) = mpsc::unbounded_channel();
         let add = Command::Add(NewRequest { id, tokens: request.token_ids, max_tokens, seed, output });
         self.commands
             .send(add)
             .map_err(|_| EngineError::Unavailable("mocker engine shut down".to_string()))?;
         let guard = CancelOnDrop { id, commands: Some(self.commands.clone()) };
-        let state = StreamState { rx, ctx, guard, done: false };
+        let state = StreamState { rx, ctx, guard, done: false, logprobs };
         Ok(Box::pin(futures::stream::unfold(state, next_item)))
     }
 }
@@ -169,6 +170,25 @@ struct StreamState {
     ctx: RequestContext,
     guard: CancelOnDrop,
     done: bool,
+    /// Alternatives per token when the client asked for log probabilities.
+    logprobs: Option<u32>,
+}
+
+/// Simulated log probabilities for `out`'s tokens: each token the most likely, a value
+/// derived from its id, `top` alternatives (the token first) at lower values.
+fn add_logprobs(out: &mut LLMEngineOutput, top: u32) {
+    let logprob = |id: u32| -f64::from(id % 97 + 1) / 100.0;
+    out.log_probs = Some(out.token_ids.iter().map(|&id| logprob(id)).collect());
+    out.top_log_probs = Some(
+        out.token_ids
+            .iter()
+            .map(|&id| {
+                (0..top)
+                    .map(|k| TopLogprob { token_id: id.wrapping_add(k), logprob: logprob(id) - f64::from(k) })
+                    .collect()
+            })
+            .collect(),
+    );
 }
 
 async fn next_item(mut st: StreamState) -> Option<(Result<LLMEngineOutput, EngineError>, StreamState)> {
@@ -189,8 +209,11 @@ async fn next_item(mut st: StreamState) -> Option<(Result<LLMEngineOutput, Engin
         item = st.rx.recv() => {
             st.done = true;
             let item = match item {
-                Some(Ok(out)) if out.finish_reason.is_none() => {
-                    st.done = false;
+                Some(Ok(mut out)) => {
+                    st.done = out.finish_reason.is_some();
+                    if let Some(top) = st.logprobs {
+                        add_logprobs(&mut out, top);
+                    }
                     Ok(out)
                 }
                 Some(item) => item,
@@ -231,6 +254,21 @@ mod tests {
         let stream = engine.generate(req, RequestContext::new("t")).await.unwrap();
         let items: Vec<_> = tokio::time::timeout(Duration::from_secs(20), stream.collect()).await.expect("stream finished");
         items.into_iter().map(|i| i.unwrap()).collect()
+    }
+
+    #[tokio::test]
+    async fn logprobs_come_with_every_token_when_asked() {
+        let engine = engine("{}");
+        let mut req = request(vec![5, 6, 7], Some(4));
+        req.output_options.logprobs = Some(2);
+        let out = collect(&engine, req).await;
+        let tokens: usize = out.iter().map(|o| o.token_ids.len()).sum();
+        let logprobs: usize = out.iter().filter_map(|o| o.log_probs.as_ref()).map(Vec::len).sum();
+        assert_eq!((tokens, logprobs), (4, 4));
+        let tops = out.iter().filter_map(|o| o.top_log_probs.as_ref()).flatten();
+        assert!(tops.clone().all(|alts| alts.len() == 2 && alts[0].logprob > alts[1].logprob));
+        assert!(collect(&engine, request(vec![5], Some(2))).await.iter().all(|o| o.log_probs.is_none()));
+        engine.shutdown().await;
     }
 
     /// Wait (bounded) until the metrics satisfy `f`.

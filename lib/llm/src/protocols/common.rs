@@ -71,6 +71,35 @@ pub struct PreprocessedRequest {
     /// Prefix blocks the router expects the chosen worker to have cached.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub estimated_prefix_hit_num_blocks: Option<u32>,
+    /// What the client asked to get back besides tokens.
+    #[serde(default, skip_serializing_if = "OutputOptions::is_default")]
+    pub output_options: OutputOptions,
+    /// The client's `response_format` (`json_object`, `json_schema`), validated in
+    /// shape; an engine that cannot constrain its output ignores it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_format: Option<serde_json::Value>,
+}
+
+/// Extra output a client asked for.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct OutputOptions {
+    /// Return each generated token's log probability (`log_probs`) and this many
+    /// alternatives per token (`top_log_probs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<u32>,
+}
+
+impl OutputOptions {
+    fn is_default(&self) -> bool {
+        self == &OutputOptions::default()
+    }
+}
+
+/// An alternative token and its log probability.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TopLogprob {
+    pub token_id: u32,
+    pub logprob: f64,
 }
 
 /// Why a stream ended. JSON: `"eos"`, `"length"`, `"stop"`, `"cancelled"`, or
@@ -116,8 +145,12 @@ pub struct LLMEngineOutput {
     pub text: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cum_log_probs: Option<f64>,
+    /// Log probability of each of `token_ids`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub log_probs: Option<Vec<f64>>,
+    /// Most likely alternatives for each of `token_ids`, most likely first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_log_probs: Option<Vec<Vec<TopLogprob>>>,
     /// Set on the last item.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finish_reason: Option<FinishReason>,

@@ -2,6 +2,7 @@
 //! that travels between a frontend and a token engine ([`common`]).
 
 pub mod common;
+pub mod logprobs;
 pub mod openai;
 
 /// Seconds since the Unix epoch (the `created` field of OpenAI objects).

@@ -3,10 +3,65 @@
 //!
 //! Unknown request fields are ignored (as vLLM does); fields we read are typed, so a
 //! wrong type is a 400 with serde's message. [`ChatCompletionRequest::validate`] and
-//! [`CompletionRequest::validate`] check value ranges.
+//! [`CompletionRequest::validate`] check value ranges, and refuse (400) the OpenAI
+//! fields that are not implemented (`tools`, `logit_bias`, `best_of`, `suffix` …)
+//! rather than ignore them.
+
+use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+
+/// Most choices per request (`n`).
+pub const MAX_N: u32 = 16;
+/// Most `top_logprobs` (chat) and `logprobs` (completions) alternatives per token.
+pub const MAX_TOP_LOGPROBS: u32 = 20;
+
+/// `response_format`: plain text, any JSON object, or JSON matching a schema. The
+/// engine receives it in the preprocessed request; engines that cannot constrain
+/// their output ignore it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ResponseFormat {
+    /// `{"type": "text"}`.
+    Text,
+    /// `{"type": "json_object"}`.
+    JsonObject,
+    /// `{"type": "json_schema", "json_schema": {...}}`.
+    JsonSchema {
+        /// The schema and its name.
+        json_schema: JsonSchemaFormat,
+    },
+}
+
+/// The `json_schema` of a `response_format`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JsonSchemaFormat {
+    /// The schema's name.
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// A JSON Schema (a JSON object).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strict: Option<bool>,
+}
+
+impl ResponseFormat {
+    /// Check the shape: a schema, when given, is a JSON object; the name is not empty.
+    pub fn validate(&self) -> Result<(), String> {
+        if let ResponseFormat::JsonSchema { json_schema } = self {
+            if json_schema.name.trim().is_empty() {
+                return Err("response_format.json_schema.name must not be empty".to_string());
+            }
+            if json_schema.schema.as_ref().is_some_and(|s| !s.is_object()) {
+                return Err("response_format.json_schema.schema must be a JSON object".to_string());
+            }
+        }
+        Ok(())
+    }
+}
 
 /// Dynamo's extensions to a request body (`"nvext": {...}`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -74,6 +129,14 @@ pub enum MessageContent {
 }
 
 impl MessageContent {
+    /// The length in bytes of [`MessageContent::text`], without building it.
+    pub fn text_len(&self) -> usize {
+        match self {
+            MessageContent::Text(s) => s.len(),
+            MessageContent::Parts(parts) => parts.iter().filter_map(|p| p.text.as_ref()).map(String::len).sum(),
+        }
+    }
+
     /// The text of the content (text parts joined).
     pub fn text(&self) -> String {
         match self {
@@ -130,6 +193,20 @@ pub struct ChatCompletionRequest {
     pub tools: Option<Vec<Value>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_choice: Option<Value>,
+    /// Return each token's log probability.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<bool>,
+    /// Alternatives per token with their log probabilities (0–20; needs `logprobs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_logprobs: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_format: Option<ResponseFormat>,
+    /// Not implemented: refused unless empty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logit_bias: Option<HashMap<String, f32>>,
+    /// Not implemented (legacy `tools`): refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub functions: Option<Vec<Value>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -173,6 +250,20 @@ pub struct CompletionRequest {
     pub stop: Option<StopSpec>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub echo: Option<bool>,
+    /// Return the log probabilities of each token and of this many alternatives (0–20).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<u32>,
+    /// Not implemented: refused unless 1 (or equal to `n`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub best_of: Option<u32>,
+    /// Not implemented: refused unless empty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suffix: Option<String>,
+    /// Not implemented: refused unless empty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logit_bias: Option<HashMap<String, f32>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_format: Option<ResponseFormat>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -192,8 +283,8 @@ fn validate_common(temperature: Option<f32>, top_p: Option<f32>, n: Option<u32>,
         }
     }
     if let Some(n) = n {
-        if n != 1 {
-            return Err(format!("n must be 1 (only one choice per request is served), got {n}"));
+        if !(1..=MAX_N).contains(&n) {
+            return Err(format!("n must be between 1 and {MAX_N}, got {n}"));
         }
     }
     if max_tokens == Some(0) {
@@ -213,7 +304,29 @@ impl ChatCompletionRequest {
         if self.messages.is_empty() {
             return Err("messages must not be empty".to_string());
         }
+        if self.tools.as_ref().is_some_and(|t| !t.is_empty()) || self.functions.as_ref().is_some_and(|f| !f.is_empty()) {
+            return Err(not_supported("tools", "tool calls are not parsed from the model's output"));
+        }
+        if self.logit_bias.as_ref().is_some_and(|b| !b.is_empty()) {
+            return Err(not_supported("logit_bias", "the engines do not bias sampling"));
+        }
+        if let Some(top) = self.top_logprobs {
+            if top > MAX_TOP_LOGPROBS {
+                return Err(format!("top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {top}"));
+            }
+            if !self.wants_logprobs() {
+                return Err("top_logprobs needs logprobs: true".to_string());
+            }
+        }
+        if let Some(format) = &self.response_format {
+            format.validate()?;
+        }
         validate_common(self.temperature, self.top_p, self.n, self.max_tokens())
+    }
+
+    /// Whether the client asked for log probabilities.
+    pub fn wants_logprobs(&self) -> bool {
+        self.logprobs.unwrap_or(false)
     }
 }
 
@@ -225,8 +338,32 @@ impl CompletionRequest {
                 return Err(format!("prompt must be a string or a list of one string, got a list of {}", list.len()));
             }
         }
+        if let Some(best_of) = self.best_of {
+            if best_of != self.n.unwrap_or(1) {
+                return Err(not_supported("best_of", "set it to n (or leave it out)"));
+            }
+        }
+        if self.suffix.as_ref().is_some_and(|s| !s.is_empty()) {
+            return Err(not_supported("suffix", "insertion is not implemented"));
+        }
+        if self.logit_bias.as_ref().is_some_and(|b| !b.is_empty()) {
+            return Err(not_supported("logit_bias", "the engines do not bias sampling"));
+        }
+        if let Some(top) = self.logprobs {
+            if top > MAX_TOP_LOGPROBS {
+                return Err(format!("logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {top}"));
+            }
+        }
+        if let Some(format) = &self.response_format {
+            format.validate()?;
+        }
         validate_common(self.temperature, self.top_p, self.n, self.max_tokens)
     }
+}
+
+/// The message for a field we know but do not implement.
+fn not_supported(field: &str, why: &str) -> String {
+    format!("{field} is not supported by this server: {why}")
 }
 
 /// Token counts of a request.
@@ -314,6 +451,8 @@ pub struct ChatChoice {
     pub index: u32,
     pub message: ChatResponseMessage,
     pub finish_reason: Option<String>,
+    #[serde(default)]
+    pub logprobs: Option<Value>,
 }
 
 /// `object: "chat.completion"` (a non-streamed response, folded from the chunks).
