@@ -261,9 +261,11 @@ impl Connection {
 
     /// Close the connection: fail every stream awaited on it and kill every stream served on it.
     pub(crate) fn close_with(&self, transport: &Transport, reason: &str) {
-        self.closed.cancel();
+        // Take the streams before waking the reader and writer, so that the first
+        // closer's reason is the one the streams report (the reader, woken, closes too).
         let bound = self.bound.lock().take().unwrap_or_default();
         let running = self.running.lock().take().unwrap_or_default();
+        self.closed.cancel();
         if !bound.is_empty() || !running.is_empty() {
             tracing::warn!(peer = %self.peer, reason, awaited = bound.len(), served = running.len(), "connection lost");
         } else {
