@@ -41,6 +41,8 @@ pub struct ModelWatcher {
     factory: EngineFactory,
     card_timeout: Duration,
     migration_limit: u32,
+    /// Only the models registered on this endpoint, when set.
+    endpoint: Option<EndpointId>,
     entries: HashMap<String, ModelEntry>,
     /// The endpoint each route of each model was built from.
     built: HashMap<(String, EngineKind), EndpointId>,
@@ -82,6 +84,7 @@ impl ModelWatcher {
             factory,
             card_timeout: DEFAULT_CARD_TIMEOUT,
             migration_limit: 0,
+            endpoint: None,
             entries: HashMap::new(),
             built: HashMap::new(),
         }
@@ -97,6 +100,13 @@ impl ModelWatcher {
     /// the model's entry does not say (default 0).
     pub fn with_migration_limit(mut self, limit: u32) -> Self {
         self.migration_limit = limit;
+        self
+    }
+
+    /// Serve only the models registered on `endpoint` (`dynamo-run out=dyn://ns.comp.ep`);
+    /// entries of other endpoints are ignored.
+    pub fn with_endpoint(mut self, endpoint: EndpointId) -> Self {
+        self.endpoint = Some(endpoint);
         self
     }
 
@@ -149,6 +159,9 @@ impl ModelWatcher {
                 return;
             }
         };
+        if self.endpoint.as_ref().is_some_and(|wanted| *wanted != entry.endpoint) {
+            return;
+        }
         if let Some(old) = self.entries.get(&kv.key) {
             if *old == entry {
                 return;
