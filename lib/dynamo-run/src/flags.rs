@@ -97,6 +97,10 @@ pub struct Flags {
     #[arg(long, value_name = "N")]
     pub migration_limit: Option<u32>,
 
+    /// With `out=dyn`: serve only the models registered in this namespace.
+    #[arg(long, value_name = "NAMESPACE")]
+    pub namespace: Option<String>,
+
     /// JSON file of engine arguments (`out=mocker`: see docs/mocker.md).
     #[arg(long, value_name = "FILE")]
     pub extra_engine_args: Option<PathBuf>,
@@ -239,6 +243,8 @@ pub struct RunConfig {
     pub router_mode: RouterMode,
     /// `out=dyn://ns.comp.ep`: serve only the models registered on this endpoint.
     pub dyn_endpoint: Option<EndpointId>,
+    /// `--namespace` with `out=dyn`: serve only the models of this namespace.
+    pub namespace: Option<String>,
     pub context_length: Option<u32>,
     pub kv_cache_block_size: Option<u32>,
     pub migration_limit: Option<u32>,
@@ -302,6 +308,14 @@ impl Flags {
                 }
             }
         }
+        if self.namespace.is_some() && output != Output::Dyn {
+            return usage("--namespace applies to out=dyn (a frontend)".to_string());
+        }
+        if let (Some(ns), Some(ep)) = (&self.namespace, &dyn_endpoint) {
+            if *ns != ep.namespace {
+                return usage(format!("--namespace {ns} and out=dyn://{ep} name different namespaces"));
+            }
+        }
         if self.migration_limit.is_some() && !(output == Output::Dyn || matches!(input, Input::Endpoint(_))) {
             return usage(
                 "--migration-limit applies to out=dyn (a frontend) and in=dyn://… (a worker registering its model)"
@@ -343,6 +357,7 @@ impl Flags {
             cors_origins: self.cors_origins,
             router_mode,
             dyn_endpoint,
+            namespace: self.namespace,
             context_length: self.context_length,
             kv_cache_block_size: self.kv_cache_block_size,
             migration_limit: self.migration_limit,
@@ -408,6 +423,10 @@ mod tests {
         assert_eq!(c.dyn_endpoint, Some(EndpointId::parse("ns.Processor.chat").unwrap()));
         assert!(usage_error(&["in=http", "out=dyn://ns.only"]).contains("namespace.component.endpoint"));
         assert!(usage_error(&["in=dyn://a.b.c", "out=dyn://a.b.d"]).contains("out=dyn"));
+        let c = config(&["in=http", "out=dyn", "--namespace", "ns"]).unwrap();
+        assert_eq!(c.namespace.as_deref(), Some("ns"));
+        assert!(usage_error(&["in=http", "out=echo_full", "--namespace", "ns"]).contains("--namespace"));
+        assert!(usage_error(&["in=http", "out=dyn://a.b.c", "--namespace", "x"]).contains("different namespaces"));
     }
 
     #[test]

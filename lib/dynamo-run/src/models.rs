@@ -44,6 +44,9 @@ impl Models {
             if let Some(endpoint) = &config.dyn_endpoint {
                 watcher = watcher.with_endpoint(endpoint.clone());
             }
+            if let Some(namespace) = &config.namespace {
+                watcher = watcher.with_namespace(namespace.clone());
+            }
             let watcher = watcher.start(runtime.child_token())
                 .await;
             match watcher {

@@ -39,6 +39,7 @@ from dynamo._core import (
     StreamDisconnectedError,
     Subscription,
 )
+from dynamo.runtime.kv_cache import EtcdKvCache
 
 __all__ = [
     "Annotated",
@@ -49,6 +50,7 @@ __all__ = [
     "DynamoError",
     "DynamoTimeoutError",
     "Endpoint",
+    "EtcdKvCache",
     "HandlerError",
     "InstanceNotFoundError",
     "KeyValueStore",

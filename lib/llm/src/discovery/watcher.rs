@@ -43,6 +43,8 @@ pub struct ModelWatcher {
     migration_limit: u32,
     /// Only the models registered on this endpoint, when set.
     endpoint: Option<EndpointId>,
+    /// Only the models registered in this namespace, when set.
+    namespace: Option<String>,
     entries: HashMap<String, ModelEntry>,
     /// The endpoint each route of each model was built from.
     built: HashMap<(String, EngineKind), EndpointId>,
@@ -85,6 +87,7 @@ impl ModelWatcher {
             card_timeout: DEFAULT_CARD_TIMEOUT,
             migration_limit: 0,
             endpoint: None,
+            namespace: None,
             entries: HashMap::new(),
             built: HashMap::new(),
         }
@@ -107,6 +110,12 @@ impl ModelWatcher {
     /// entries of other endpoints are ignored.
     pub fn with_endpoint(mut self, endpoint: EndpointId) -> Self {
         self.endpoint = Some(endpoint);
+        self
+    }
+
+    /// Serve only the models registered in `namespace` (a frontend per namespace).
+    pub fn with_namespace(mut self, namespace: String) -> Self {
+        self.namespace = Some(namespace);
         self
     }
 
@@ -159,7 +168,9 @@ impl ModelWatcher {
                 return;
             }
         };
-        if self.endpoint.as_ref().is_some_and(|wanted| *wanted != entry.endpoint) {
+        let other_endpoint = self.endpoint.as_ref().is_some_and(|wanted| *wanted != entry.endpoint);
+        let other_namespace = self.namespace.as_ref().is_some_and(|wanted| *wanted != entry.endpoint.namespace);
+        if other_endpoint || other_namespace {
             return;
         }
         if let Some(old) = self.entries.get(&kv.key) {
