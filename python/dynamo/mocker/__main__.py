@@ -34,7 +34,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     )
     parser.add_argument(
         "--model-path",
-        help="HuggingFace model folder (tokenizer.json, config.json); default: the built-in card (byte-level tokenizer)",
+        help="HuggingFace model folder (tokenizer.json, config.json); default: the built-in byte-level card",
     )
     parser.add_argument("--model-name", help="public model name (default: the folder's name)")
     parser.add_argument("--endpoint", default=DEFAULT_ENDPOINT, help=f"where to serve (default {DEFAULT_ENDPOINT})")

@@ -10,7 +10,9 @@ await cache.put("router", "kv")
 
 Reads go to the store every time (no local copy that could go stale), so every process
 sees a change at its next read. Initial values are written only where a key is absent:
-the first process to create the cache wins, later ones keep what is there.
+the first process to create the cache wins, later ones keep what is there. Initial
+values live as long as the process that wrote them (they are bound to its lease, as the
+store's ``kv_create`` requires); ``put`` can write a key that outlives it.
 """
 
 from __future__ import annotations
@@ -42,8 +44,7 @@ class EtcdKvCache:
         cls, etcd_client: KeyValueStore, prefix: str, initial_values: dict[str, str | bytes] | None = None
     ) -> EtcdKvCache:
         """The cache of ``prefix`` (``runtime.etcd_client()`` is the store). Each initial
-        value is written unless its key exists, without a lease: the settings outlive the
-        process that wrote them."""
+        value is written, bound to this process's lease, unless its key exists."""
         if not isinstance(prefix, str) or not prefix:
             raise ValueError("EtcdKvCache needs a non-empty key prefix")
         cache = cls(etcd_client, prefix, _CREATE)
@@ -52,7 +53,7 @@ class EtcdKvCache:
             if await etcd_client.kv_get(cache._key(key)) is not None:
                 continue
             try:
-                await etcd_client.kv_create(cache._key(key), data, 0)
+                await etcd_client.kv_create(cache._key(key), data, None)
             except DynamoError:
                 # Another process created it between our read and our write: it wins.
                 if await etcd_client.kv_get(cache._key(key)) is None:

@@ -87,8 +87,10 @@ class ServiceConfig(dict[str, Any]):
 
     @_on_instance_or_class
     def get_parsed_config(self, service_name: str) -> dict[str, Any]:
-        """The service's own keys (callable on the class too, for the process's configuration): its section without ``ServiceArgs`` and ``common-configs``,
-        plus the ``Common`` keys it subscribes to (its own value wins)."""
+        """The service's own keys: its section without ``ServiceArgs`` and
+        ``common-configs``, plus the ``Common`` keys it subscribes to (its own value wins).
+        Callable on the class too (``ServiceConfig.get_parsed_config("Frontend")``), for
+        this process's configuration."""
         section = self.get(service_name) or {}
         if not isinstance(section, dict):
             raise ServiceConfigError(f"the configuration of {service_name} must be a mapping, got {section!r}")
