@@ -195,3 +195,17 @@ def test_engine_args_as_flags(monkeypatch: pytest.MonkeyPatch) -> None:
     assert flags[flags.index("--num-gpu-blocks") + 1] == "64"
     assert flags[flags.index("--model-name") + 1] == "mock-llm"
     assert "--engine" not in flags
+
+
+async def test_processor_without_router_falls_back(workers, runtime, namespace) -> None:
+    """A Processor in `kv` mode whose Router never answers still serves (bounded wait, then
+    round-robin), and says so."""
+    port = free_port()
+    served = serve(workers, "agg", "agg", namespace, port, "--Worker.ServiceArgs.workers=1")
+    await served.wait_for_line("Frontend[0] | Frontend ready", 90)
+    processors = await runtime.endpoint(f"{namespace}.Processor.chat/completions").client()
+    await wait_for_instances(processors, 1)
+    alone = component(workers, "Processor", "agg", namespace, "--router=kv", "--router-timeout=1")
+    await wait_for_instances(processors, 2, timeout=60)
+    await check_streams(port)
+    assert "no answer from the Router" in alone.stderr_tail(20000), alone.describe()
