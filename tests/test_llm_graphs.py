@@ -209,3 +209,17 @@ async def test_processor_without_router_falls_back(workers, runtime, namespace) 
     await wait_for_instances(processors, 2, timeout=60)
     await check_streams(port)
     assert "no answer from the Router" in alone.stderr_tail(20000), alone.describe()
+
+
+async def test_frontend_fails_when_its_http_server_does(workers, namespace) -> None:
+    """The Frontend service exits non-zero when its HTTP frontend cannot start (port taken)."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        frontend = component(workers, "Frontend", "agg", namespace, f"--port={port}", "--host=127.0.0.1")
+        status = await frontend.wait_exit(60)
+    assert status != 0, frontend.describe()
+    assert "the HTTP frontend exited with status" in frontend.stderr_tail(20000), frontend.describe()
