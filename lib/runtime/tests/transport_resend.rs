@@ -59,18 +59,25 @@ async fn caller(store: &Arc<MemStore>, expect: usize) -> (DistributedRuntime, dy
     (rt, client)
 }
 
-/// Round-robin starts at the lowest instance id: arrange for `first` to be picked first.
 async fn two_workers(store: &Arc<MemStore>, items_before_stall: usize) -> (DistributedRuntime, DistributedRuntime, mpsc::UnboundedReceiver<()>) {
-    loop {
-        let (got_tx, got_rx) = mpsc::unbounded_channel();
-        let stalling = worker(store, Some((items_before_stall, got_tx))).await;
-        let healthy = worker(store, None).await;
-        if stalling.instance_id() < healthy.instance_id() {
-            return (stalling, healthy, got_rx);
+    let (got_tx, got_rx) = mpsc::unbounded_channel();
+    let stalling = worker(store, Some((items_before_stall, got_tx))).await;
+    let healthy = worker(store, None).await;
+    (stalling, healthy, got_rx)
+}
+
+/// A round-robin request that the stalling worker received. A client starts round-robin
+/// at a random instance, so one request may go to the healthy worker first (it is
+/// drained); the next one goes to the other instance.
+async fn to_stalling(client: &dynamo_runtime::Client, got: &mut mpsc::UnboundedReceiver<()>) -> dynamo_runtime::ResponseStream {
+    for _ in 0..2 {
+        let mut stream = client.round_robin(Bytes::from_static(b"{}")).await.unwrap();
+        if tokio::time::timeout(Duration::from_secs(2), got.recv()).await.is_ok() {
+            return stream;
         }
-        stalling.shutdown().await;
-        healthy.shutdown().await;
+        while tokio::time::timeout(Duration::from_secs(5), stream.next()).await.expect("the healthy worker stalled").is_some() {}
     }
+    panic!("round-robin never reached the stalling worker");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -79,8 +86,7 @@ async fn a_worker_killed_before_the_first_item_gets_the_request_resent() {
     let (stalling, healthy, mut got) = two_workers(&store, 0).await;
     let (rt, client) = caller(&store, 2).await;
 
-    let mut stream = client.round_robin(Bytes::from_static(b"{}")).await.unwrap();
-    tokio::time::timeout(Duration::from_secs(5), got.recv()).await.expect("the first worker never got the request");
+    let mut stream = to_stalling(&client, &mut got).await;
     // The worker goes away with the request accepted but not started; its connection drops.
     stalling.shutdown().await;
     let item = tokio::time::timeout(Duration::from_secs(10), stream.next()).await.expect("no resend").unwrap().unwrap();
@@ -96,8 +102,7 @@ async fn a_request_is_not_resent_once_an_item_arrived() {
     let (stalling, healthy, mut got) = two_workers(&store, 1).await;
     let (rt, client) = caller(&store, 2).await;
 
-    let mut stream = client.round_robin(Bytes::from_static(b"{}")).await.unwrap();
-    tokio::time::timeout(Duration::from_secs(5), got.recv()).await.unwrap();
+    let mut stream = to_stalling(&client, &mut got).await;
     let first = stream.next().await.unwrap().unwrap();
     assert_eq!(decode_item::<u64>(&first).unwrap(), stalling.instance_id());
     stalling.shutdown().await;
@@ -111,8 +116,8 @@ async fn a_request_is_not_resent_once_an_item_arrived() {
 async fn a_request_to_a_partitioned_worker_is_resent_after_the_ping_timeout() {
     let store = Arc::new(MemStore::default());
     let healthy = worker(&store, None).await;
-    // A "partitioned" instance with the lowest id, so round-robin tries it first: it
-    // accepts the connection and reads, but nothing ever comes back.
+    // A "partitioned" instance: it accepts the connection and reads, but nothing ever
+    // comes back.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap().to_string();
     let frozen = tokio::spawn(async move {
@@ -135,9 +140,12 @@ async fn a_request_to_a_partitioned_worker_is_resent_after_the_ping_timeout() {
     healthy.discovery().put(&format!("{}1", id.instances_prefix()), serde_json::to_vec(&instance).unwrap().into()).await.unwrap();
     let (rt, client) = caller(&store, 2).await;
 
-    let mut stream = client.round_robin(Bytes::from_static(b"{}")).await.unwrap();
-    let item = tokio::time::timeout(Duration::from_secs(10), stream.next()).await.expect("no resend").unwrap().unwrap();
-    assert_eq!(decode_item::<u64>(&item).unwrap(), healthy.instance_id());
+    // Two round-robin requests: one of them goes to the partitioned instance first.
+    for _ in 0..2 {
+        let mut stream = client.round_robin(Bytes::from_static(b"{}")).await.unwrap();
+        let item = tokio::time::timeout(Duration::from_secs(10), stream.next()).await.expect("no resend").unwrap().unwrap();
+        assert_eq!(decode_item::<u64>(&item).unwrap(), healthy.instance_id());
+    }
     // Every following request goes straight to the healthy instance.
     assert_eq!(client.routable_instance_ids(), vec![healthy.instance_id()]);
     for _ in 0..4 {
