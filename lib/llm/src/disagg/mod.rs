@@ -25,5 +25,5 @@ pub use config::{DisaggConfig, DisaggRole, DEFAULT_MAX_LOCAL_PREFILL_LENGTH, DEF
 pub use decode::DisaggDecodeEngine;
 pub use handoff::{KvHandoff, KvTransferDescriptor, PrefillEvent, PrefillJob};
 pub use metrics::{DisaggMetrics, PrefillSource};
-pub use prefill::serve_prefill_worker;
+pub use prefill::{serve_prefill_worker, PrefillWorker};
 pub use queue::{PrefillQueue, PrefillQueueKind};
