@@ -85,13 +85,13 @@ async def start_graph(
         pool, f"{namespace}.prefill.generate", model_dir, prefill_port, "--role", "prefill",
         "--extra-engine-args", str(write_json(tmp_path / "prefill.json", prefill_settings)), name="prefill",
     )
-    await prefill.wait_for_line("serving prefill jobs", 30)
+    await prefill.wait_for_line("dynamo-run: serving prefill jobs", 30)
     decode = mocker(
         pool, f"{namespace}.mocker.generate", model_dir, decode_port, "--role", "decode",
         "--max-local-prefill-length", str(MAX_LOCAL), "--extra-engine-args",
         str(write_json(tmp_path / "decode.json", {"speedup_ratio": 20.0})), *decode_args, name="decode",
     )
-    await decode.wait_for_line("serving model", 30)
+    await decode.wait_for_line("dynamo-run: serving model", 30)
     frontend = await start_frontend(pool, "dyn")
     await frontend.wait_models([model_dir.name])
     return Graph(prefill, prefill_port, decode, decode_port, frontend)
