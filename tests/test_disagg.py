@@ -71,7 +71,9 @@ class Graph:
 
 
 def mocker(pool: WorkerPool, endpoint: str, model_dir: Path, system_port: int, *args: str, name: str) -> WorkerProcess:
-    env = {**pool.env, "DYN_SYSTEM_ENABLED": "true", "DYN_SYSTEM_HOST": "127.0.0.1", "DYN_SYSTEM_PORT": str(system_port)}
+    env = {
+        **pool.env, "DYN_SYSTEM_ENABLED": "true", "DYN_SYSTEM_HOST": "127.0.0.1", "DYN_SYSTEM_PORT": str(system_port)
+    }
     argv = [*MOCKER, "--model-path", str(model_dir), "--endpoint", endpoint, *args]
     return pool.command(argv, name=name, env=env)
 

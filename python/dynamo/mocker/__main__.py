@@ -51,7 +51,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help="agg: prefill and decode here (default); prefill: take prefill jobs, register no model; "
         "decode: serve the model, send long prefills to prefill workers",
     )
-    disagg.add_argument("--prefill-endpoint", help="decode: the prefill workers' endpoint (default NAMESPACE.prefill.generate)")
+    disagg.add_argument(
+        "--prefill-endpoint", help="decode: the prefill workers' endpoint (default NAMESPACE.prefill.generate)"
+    )
     disagg.add_argument(
         "--max-local-prefill-length", type=int,
         help="decode: prefill remotely only when the prompt's uncached part is longer than this (tokens; default 1000)",
