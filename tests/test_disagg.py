@@ -184,3 +184,35 @@ async def test_prefill_worker_killed_mid_load_is_bounded(
     finally:
         await c.close()
     assert after.choices[0].finish_reason == "length"
+
+
+def test_mocker_disagg_flags_reach_dynamo_run() -> None:
+    from dynamo.mocker.__main__ import dynamo_run_argv, parse_args
+
+    args = parse_args([
+        "--model-path", "m", "--role", "decode", "--max-local-prefill-length", "64", "--max-prefill-queue-size", "0",
+        "--remote-prefill-timeout", "2.5", "--kv-transfer-bandwidth", "50", "--prefill-endpoint", "ns.pre.generate",
+    ])
+    argv = dynamo_run_argv(args, None)
+    for flag, value in (
+        ("--role", "decode"), ("--max-local-prefill-length", "64"), ("--max-prefill-queue-size", "0"),
+        ("--remote-prefill-timeout", "2.5"), ("--kv-transfer-bandwidth", "50.0"),
+        ("--prefill-endpoint", "ns.pre.generate"),
+    ):
+        assert argv[argv.index(flag) + 1] == value, argv
+    assert "--role" not in dynamo_run_argv(parse_args(["--model-path", "m"]), None)
+    with pytest.raises(SystemExit):
+        parse_args(["--model-path", "m", "--role", "both"])
+
+
+def test_a_prefill_role_without_a_worker_endpoint_is_a_usage_error(workers_local: WorkerPool) -> None:
+    import subprocess
+
+    from llm_helpers import DYNAMO_RUN
+
+    done = subprocess.run(
+        [*DYNAMO_RUN, "in=http", "out=mocker", "--role", "prefill"], env=workers_local.env, capture_output=True,
+        text=True, timeout=30,
+    )
+    assert done.returncode == 2, done
+    assert "in=dyn://" in done.stderr, done.stderr
