@@ -141,8 +141,8 @@ def run_topology(args: argparse.Namespace, log_dir: Path, topology: Topology, wo
     port = free_port()
     try:
         for i in range(topology.prefill):
-            processes.start(f"prefill{i}", [*worker, "--endpoint", "dyn://bench.prefill.generate", "--role", "prefill"],
-                            env)
+            processes.start(f"prefill{i}", [*worker, "--endpoint", "dyn://bench.prefill.generate", "--role", "prefill",
+                                            "--max-concurrent-prefills", str(args.max_concurrent_prefills)], env)
         role = [] if topology.prefill == 0 else ["--role", "decode"]
         if topology.thresholds is not None:
             role += ["--max-local-prefill-length", str(topology.thresholds[0]),
@@ -177,6 +177,8 @@ def main() -> None:
     parser.add_argument("--topologies", default="agg4,1p3d,2p2d", help="comma-separated: agg4, 1p3d, 2p2d")
     parser.add_argument("--thresholds", default="1000:2,1000:8",
                         help="max_local_prefill_length:max_prefill_queue_size pairs for disaggregated runs")
+    parser.add_argument("--max-concurrent-prefills", type=int, default=2,
+                        help="prefill workers' jobs at once (default 2; more wait in the queue)")
     parser.add_argument("--concurrency", type=int, default=16, help="clients (default 16)")
     parser.add_argument("--requests", type=int, default=64, help="requests of the long workload (default 64)")
     parser.add_argument("--trace", type=Path, default=TRACE)

@@ -93,7 +93,10 @@ async def start_graph(
         "--max-local-prefill-length", str(MAX_LOCAL), "--extra-engine-args",
         str(write_json(tmp_path / "decode.json", {"speedup_ratio": 20.0})), *decode_args, name="decode",
     )
-    await decode.wait_for_line("dynamo-run: serving model", 30)
+    status = await decode.wait_for_line("dynamo-run: serving model", 30)
+    # The prefill queue is durable on JetStream with NATS, on the request plane otherwise.
+    transport = "NATS JetStream" if pool.env.get("DYN_EVENT_PLANE") == "nats" else "request plane"
+    assert f"role decode, prefill queue on {transport} to dyn://{namespace}.prefill.generate" in status, status
     frontend = await start_frontend(pool, "dyn")
     await frontend.wait_models([model_dir.name])
     return Graph(prefill, prefill_port, decode, decode_port, frontend)

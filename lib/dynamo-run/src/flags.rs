@@ -128,7 +128,7 @@ pub struct Flags {
     pub remote_prefill_timeout: f64,
 
     /// Prefill role: most prefill jobs run at once (the others wait in the queue).
-    #[arg(long, value_name = "N", default_value_t = 8, value_parser = positive_usize)]
+    #[arg(long, value_name = "N", default_value_t = dynamo_llm::disagg::DEFAULT_MAX_CONCURRENT_PREFILLS, value_parser = positive_usize)]
     pub max_concurrent_prefills: usize,
 
     /// `out=mocker`: bandwidth of a KV handoff in GB/s (overrides `kv_transfer_gbps`).

@@ -66,7 +66,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "--remote-prefill-timeout", type=float,
         help="decode: seconds a remote prefill may take before prefilling locally (default 30)",
     )
-    disagg.add_argument("--max-concurrent-prefills", type=int, help="prefill: jobs run at once (default 8)")
+    disagg.add_argument("--max-concurrent-prefills", type=int, help="prefill: jobs computed at once (default 2)")
     disagg.add_argument("--kv-transfer-bandwidth", type=float, help="GB/s of a simulated KV handoff (default 25)")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="debug logs (-vv: trace)")
     args = parser.parse_args(argv)

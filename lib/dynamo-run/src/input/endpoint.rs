@@ -13,7 +13,9 @@
 
 use std::sync::Arc;
 
-use dynamo_llm::disagg::{serve_prefill_worker, DisaggDecodeEngine, DisaggMetrics, DisaggRole, KvHandoff, PrefillQueue};
+use dynamo_llm::disagg::{
+    serve_prefill_worker, DisaggDecodeEngine, DisaggMetrics, DisaggRole, KvHandoff, PrefillQueue, PrefillQueueKind,
+};
 use dynamo_llm::discovery::{
     register_model, serve_openai_engine, serve_token_engine, ModelDiscoveryError, ModelRegistration,
 };
@@ -72,6 +74,7 @@ async fn serve(
         worker.shutdown().await;
         return result;
     }
+    let mut role_note = format!("role {}", role.as_str());
     let (kind, card_json) = match &model.engine {
         LocalEngine::OpenAI(engine) => {
             serve_openai_engine(&endpoint, engine.clone()).await?;
@@ -84,7 +87,11 @@ async fn serve(
                     None => EndpointId::parse(&format!("{}.prefill.generate", id.namespace))?,
                 };
                 let queue = PrefillQueue::connect(runtime, &prefill_id).await?;
-                tracing::info!(prefill = %prefill_id, queue = ?queue.kind(), "decode role");
+                let transport = match queue.kind() {
+                    PrefillQueueKind::RequestPlane => "request plane",
+                    PrefillQueueKind::JetStream => "NATS JetStream",
+                };
+                role_note = format!("role decode, prefill queue on {transport} to dyn://{prefill_id}");
                 let metrics = DisaggMetrics::register(runtime)?;
                 Arc::new(DisaggDecodeEngine::new(handoff()?, queue, config.disagg.clone(), metrics))
             } else {
@@ -105,10 +112,10 @@ async fn serve(
     };
     register_model(&endpoint, registration, card_json).await?;
     output::status(&format!(
-        "serving model '{}' ({kind}, out={}, role {}) on dyn://{id}, instance {:x}",
+        "serving model '{}' ({kind}, out={}, {}) on dyn://{id}, instance {:x}",
         card.display_name,
         config.output.as_str(),
-        role.as_str(),
+        role_note,
         runtime.instance_id()
     ));
     wait_for_stop(runtime, cancel).await

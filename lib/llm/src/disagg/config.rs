@@ -7,6 +7,9 @@ use std::time::Duration;
 pub const DEFAULT_MAX_LOCAL_PREFILL_LENGTH: usize = 1000;
 /// Prefill jobs waiting in the queue below which a new one may join it (default).
 pub const DEFAULT_MAX_PREFILL_QUEUE_SIZE: usize = 2;
+/// Prefill jobs a prefill worker computes at once (default). Small, so that jobs beyond
+/// what its engine can batch wait in the queue, where decode workers see them.
+pub const DEFAULT_MAX_CONCURRENT_PREFILLS: usize = 2;
 
 /// What a worker does in disaggregated serving.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -67,7 +70,7 @@ impl Default for DisaggConfig {
             max_local_prefill_length: DEFAULT_MAX_LOCAL_PREFILL_LENGTH,
             max_prefill_queue_size: DEFAULT_MAX_PREFILL_QUEUE_SIZE,
             remote_prefill_timeout: Duration::from_secs(30),
-            max_concurrent_prefills: 8,
+            max_concurrent_prefills: DEFAULT_MAX_CONCURRENT_PREFILLS,
         }
     }
 }

@@ -21,7 +21,10 @@ mod metrics;
 mod prefill;
 mod queue;
 
-pub use config::{DisaggConfig, DisaggRole, DEFAULT_MAX_LOCAL_PREFILL_LENGTH, DEFAULT_MAX_PREFILL_QUEUE_SIZE};
+pub use config::{
+    DisaggConfig, DisaggRole, DEFAULT_MAX_CONCURRENT_PREFILLS, DEFAULT_MAX_LOCAL_PREFILL_LENGTH,
+    DEFAULT_MAX_PREFILL_QUEUE_SIZE,
+};
 pub use decode::DisaggDecodeEngine;
 pub use handoff::{KvHandoff, KvTransferDescriptor, PrefillEvent, PrefillJob};
 pub use metrics::{DisaggMetrics, PrefillSource};
