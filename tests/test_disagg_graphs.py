@@ -76,3 +76,16 @@ async def test_disagg_router_graph(workers, runtime, namespace) -> None:
     served = serve(workers, "disagg_router", namespace, port, metrics_port)
     await served.wait_for_line("Frontend[0] | Frontend ready", 90)
     await check_disagg(runtime, namespace, port, metrics_port)
+
+
+async def test_prefill_worker_alone_joins_the_graph(workers, runtime, namespace) -> None:
+    port, metrics_port = free_port(), free_port()
+    served = serve(workers, "disagg", namespace, port, metrics_port)
+    await served.wait_for_line("Frontend[0] | Frontend ready", 90)
+    prefill = await runtime.endpoint(f"{namespace}.PrefillWorker.generate").client()
+    assert len(await wait_for_instances(prefill, 1)) == 1
+    argv = [sys.executable, "-m", "components.prefill_worker", "-f", "configs/disagg.yaml",
+            f"--PrefillWorker.ServiceArgs.dynamo.namespace={namespace}"]
+    workers.command(argv, name="prefill-alone", cwd=LLM)
+    assert len(await wait_for_instances(prefill, 2, timeout=60)) == 2
+    await check_disagg(runtime, namespace, port, metrics_port)
