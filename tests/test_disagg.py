@@ -219,3 +219,38 @@ def test_a_prefill_role_without_a_worker_endpoint_is_a_usage_error(workers_local
     )
     assert done.returncode == 2, done
     assert "in=dyn://" in done.stderr, done.stderr
+
+
+def test_decode_worker_on_nats_without_jetstream_says_so(tmp_path: Path, workers_local: WorkerPool) -> None:
+    """The durable prefill queue needs JetStream: a decode worker on a NATS event plane
+    whose server runs without it exits with an error that says how to fix it."""
+    import shutil
+    import socket
+    import subprocess
+
+    from helpers import spawn
+
+    binary = shutil.which("nats-server") or "/usr/sbin/nats-server"
+    port = free_port()
+    nats = spawn([binary, "-a", "127.0.0.1", "-p", str(port)], env=dict(workers_local.env),
+                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "nats-server did not start"
+                time.sleep(0.1)
+        (tmp_path / "kv").mkdir()
+        env = {**workers_local.env, "DYN_DISCOVERY_BACKEND": "file", "DYN_FILE_KV": str(tmp_path / "kv"),
+               "DYN_REQUEST_PLANE": "tcp", "DYN_EVENT_PLANE": "nats", "NATS_SERVER": f"nats://127.0.0.1:{port}",
+               "DYN_TCP_HOST": "127.0.0.1"}
+        done = subprocess.run([*MOCKER, "--endpoint", "dyn://nojs.mocker.generate", "--role", "decode"], env=env,
+                              capture_output=True, text=True, timeout=60)
+    finally:
+        nats.kill()
+        nats.wait(timeout=10)
+    assert done.returncode != 0, done
+    assert "JetStream" in done.stderr and "nats-server -js" in done.stderr, done.stderr[-2000:]
