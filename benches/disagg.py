@@ -3,7 +3,7 @@
 
     python benches/disagg.py                                   # both workloads, every topology
     python benches/disagg.py --workload long --topologies agg4,1p3d
-    python benches/disagg.py --thresholds 1000:2,1000:8,4000:2  # decode workers' thresholds to try
+    python benches/disagg.py --thresholds 1000:2,4000:4          # decode workers' thresholds to try
     python benches/disagg.py --json /tmp/disagg.json
 
 Workloads (streaming chat requests, closed loop: ``--concurrency`` clients, each sending
@@ -175,7 +175,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workload", choices=["long", "trace", "all"], default="all")
     parser.add_argument("--topologies", default="agg4,1p3d,2p2d", help="comma-separated: agg4, 1p3d, 2p2d")
-    parser.add_argument("--thresholds", default="1000:2,1000:8",
+    parser.add_argument("--thresholds", default="1000:1,1000:2,2000:1",
                         help="max_local_prefill_length:max_prefill_queue_size pairs for disaggregated runs")
     parser.add_argument("--max-concurrent-prefills", type=int, default=2,
                         help="prefill workers' jobs at once (default 2; more wait in the queue)")
