@@ -171,13 +171,14 @@ def etcd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 @pytest.fixture(scope="session")
 def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """A real nats-server on a free loopback port (core NATS; no JetStream)."""
+    """A real nats-server on a free loopback port, with JetStream (the disaggregated
+    prefill queue uses it)."""
     binary = _binary("nats-server", ["/usr/sbin/nats-server", "/usr/bin/nats-server", "/usr/local/bin/nats-server"])
     base = tmp_path_factory.mktemp("nats")
     port = free_port()
     log = base / "nats.log"
     with open(log, "w") as out:
-        argv = [binary, "-a", "127.0.0.1", "-p", str(port)]
+        argv = [binary, "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(base / "jetstream")]
         proc = spawn(argv, env=dict(os.environ), stdout=out, stderr=subprocess.STDOUT)
 
     def ready() -> bool:

@@ -57,6 +57,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if engine == "mocker":
         from dynamo.mocker.__main__ import main as mocker_main
 
+        if "--role" in flags and flags[flags.index("--role") + 1] == "decode" and "--prefill-endpoint" not in flags:
+            # Disaggregated (`role: decode`): the graph's PrefillWorker takes the long prefills.
+            from components.prefill_worker import endpoint as prefill_endpoint
+
+            flags = [*flags, "--prefill-endpoint", prefill_endpoint()]
         # The mocker's parser validates the engine flags (an unknown key is a clear error).
         return mocker_main(["--endpoint", endpoint, *flags])
     print(f"{deploy.name}: engine '{engine}' is not available in this build (use engine: mocker)", file=sys.stderr)

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::str::FromStr;
 
 use clap::{ArgAction, Parser, ValueEnum};
+use dynamo_llm::disagg::{DisaggConfig, DisaggRole};
 use dynamo_llm::discovery::RouterMode;
 use dynamo_runtime::EndpointId;
 
@@ -105,6 +106,39 @@ pub struct Flags {
     #[arg(long, value_name = "FILE")]
     pub extra_engine_args: Option<PathBuf>,
 
+    /// Disaggregated serving role of an `in=dyn://…` worker: `agg` (prefill and decode
+    /// here), `prefill` (take prefill jobs from decode workers; registers no model) or
+    /// `decode` (serve the model, send long prefills to prefill workers). See docs/disagg.md.
+    #[arg(long, value_name = "ROLE", default_value = "agg", value_parser = parse_role)]
+    pub role: DisaggRole,
+
+    /// Decode role: the prefill workers' endpoint (default `NAMESPACE.prefill.generate`,
+    /// in the worker's namespace).
+    #[arg(long, value_name = "dyn://NS.COMP.EP")]
+    pub prefill_endpoint: Option<String>,
+
+    /// Decode role: a prefill goes to a prefill worker only when the prompt's uncached
+    /// part is longer than this many tokens...
+    #[arg(long, value_name = "TOKENS", default_value_t = dynamo_llm::disagg::DEFAULT_MAX_LOCAL_PREFILL_LENGTH)]
+    pub max_local_prefill_length: usize,
+
+    /// ...and fewer than this many prefill jobs are waiting (0: never remote).
+    #[arg(long, value_name = "N", default_value_t = dynamo_llm::disagg::DEFAULT_MAX_PREFILL_QUEUE_SIZE)]
+    pub max_prefill_queue_size: usize,
+
+    /// Decode role: seconds a remote prefill (queue, prefill, KV transfer) may take
+    /// before the worker gives up on it and prefills locally.
+    #[arg(long, value_name = "SECONDS", default_value_t = 30.0, value_parser = positive_seconds)]
+    pub remote_prefill_timeout: f64,
+
+    /// Prefill role: most prefill jobs run at once (the others wait in the queue).
+    #[arg(long, value_name = "N", default_value_t = dynamo_llm::disagg::DEFAULT_MAX_CONCURRENT_PREFILLS, value_parser = positive_usize)]
+    pub max_concurrent_prefills: usize,
+
+    /// `out=mocker`: bandwidth of a KV handoff in GB/s (overrides `kv_transfer_gbps`).
+    #[arg(long, value_name = "GBPS", value_parser = positive_f64)]
+    pub kv_transfer_bandwidth: Option<f64>,
+
     /// Most tokens generated per prompt by `in=text`, `in=stdin` and `in=batch`
     /// (default: up to the context length).
     #[arg(long, value_name = "TOKENS", value_parser = clap::value_parser!(u32).range(1..))]
@@ -128,6 +162,17 @@ fn positive_seconds(s: &str) -> Result<f64, String> {
         Ok(x) if x.is_finite() && x > 0.0 && x < 1e9 => Ok(x),
         _ => Err(format!("expected a positive number of seconds, got '{s}'")),
     }
+}
+
+fn positive_f64(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if x.is_finite() && x > 0.0 => Ok(x),
+        _ => Err(format!("expected a positive number, got '{s}'")),
+    }
+}
+
+fn parse_role(s: &str) -> Result<DisaggRole, String> {
+    s.parse()
 }
 
 /// `--router-mode` values.
@@ -249,6 +294,12 @@ pub struct RunConfig {
     pub kv_cache_block_size: Option<u32>,
     pub migration_limit: Option<u32>,
     pub extra_engine_args: Option<PathBuf>,
+    /// Role and thresholds of disaggregated serving.
+    pub disagg: DisaggConfig,
+    /// Decode role: where the prefill workers are.
+    pub prefill_endpoint: Option<EndpointId>,
+    /// `--kv-transfer-bandwidth` (GB/s).
+    pub kv_transfer_gbps: Option<f64>,
     pub max_tokens: Option<u32>,
     pub verbose: u8,
 }
@@ -325,6 +376,29 @@ impl Flags {
         if self.extra_engine_args.is_some() && output != Output::Mocker {
             return usage(format!("--extra-engine-args is read by out=mocker only, not out={}", output.as_str()));
         }
+        if self.role != DisaggRole::Agg && !(output == Output::Mocker && matches!(input, Input::Endpoint(_))) {
+            return usage(format!(
+                "--role {} needs a worker: in=dyn://NS.COMP.EP out=mocker (the mocker is the engine that supports disaggregation)",
+                self.role.as_str()
+            ));
+        }
+        if self.prefill_endpoint.is_some() && self.role != DisaggRole::Decode {
+            return usage("--prefill-endpoint applies to --role decode".to_string());
+        }
+        let prefill_endpoint = match &self.prefill_endpoint {
+            Some(s) => Some(EndpointId::parse(s).map_err(|e| RunError::Usage(format!("--prefill-endpoint {s}: {}", e.message())))?),
+            None => None,
+        };
+        if self.kv_transfer_bandwidth.is_some() && output != Output::Mocker {
+            return usage(format!("--kv-transfer-bandwidth is read by out=mocker only, not out={}", output.as_str()));
+        }
+        let disagg = DisaggConfig {
+            role: self.role,
+            max_local_prefill_length: self.max_local_prefill_length,
+            max_prefill_queue_size: self.max_prefill_queue_size,
+            remote_prefill_timeout: std::time::Duration::from_secs_f64(self.remote_prefill_timeout),
+            max_concurrent_prefills: self.max_concurrent_prefills,
+        };
         if self.max_tokens.is_some() && matches!(input, Input::Http | Input::Endpoint(_)) {
             return usage(
                 "--max-tokens applies to in=text, in=stdin and in=batch; HTTP clients send their own".to_string(),
@@ -362,6 +436,9 @@ impl Flags {
             kv_cache_block_size: self.kv_cache_block_size,
             migration_limit: self.migration_limit,
             extra_engine_args: self.extra_engine_args,
+            disagg,
+            prefill_endpoint,
+            kv_transfer_gbps: self.kv_transfer_bandwidth,
             max_tokens: self.max_tokens,
             verbose: self.verbose,
         })
@@ -448,5 +525,29 @@ mod tests {
         assert!(usage_error(&["--http-header-timeout", "0"]).contains("--http-header-timeout"));
         assert!(usage_error(&["in=http", "--api-key", " "]).contains("--api-key"));
         assert!(usage_error(&["--context-length", "0"]).contains("--context-length"));
+        assert!(usage_error(&["in=http", "out=mocker", "--role", "decode"]).contains("in=dyn://"));
+        assert!(usage_error(&["in=dyn://a.b.c", "out=echo_core", "--role", "prefill"]).contains("out=mocker"));
+        assert!(usage_error(&["in=dyn://a.b.c", "out=mocker", "--role", "both"]).contains("agg, prefill or decode"));
+        assert!(usage_error(&["in=dyn://a.b.c", "out=mocker", "--prefill-endpoint", "a.p.g"]).contains("--role decode"));
+        assert!(usage_error(&["in=dyn://a.b.c", "out=mocker", "--role", "decode", "--prefill-endpoint", "a.p"]).contains("--prefill-endpoint"));
+        assert!(usage_error(&["out=echo_full", "--kv-transfer-bandwidth", "5"]).contains("out=mocker"));
+        assert!(usage_error(&["out=mocker", "--kv-transfer-bandwidth", "0"]).contains("--kv-transfer-bandwidth"));
+    }
+
+    #[test]
+    fn disaggregation_flags() {
+        let c = config(&["in=dyn://ns.w.generate", "out=mocker"]).unwrap();
+        assert_eq!(c.disagg, DisaggConfig::default());
+        let c = config(&[
+            "in=dyn://ns.w.generate", "out=mocker", "--role", "decode", "--prefill-endpoint", "dyn://ns.pre.generate",
+            "--max-local-prefill-length", "64", "--max-prefill-queue-size", "0", "--remote-prefill-timeout", "2.5",
+            "--kv-transfer-bandwidth", "12.5",
+        ])
+        .unwrap();
+        assert_eq!(c.disagg.role, DisaggRole::Decode);
+        assert_eq!((c.disagg.max_local_prefill_length, c.disagg.max_prefill_queue_size), (64, 0));
+        assert_eq!(c.disagg.remote_prefill_timeout, std::time::Duration::from_millis(2500));
+        assert_eq!(c.prefill_endpoint, Some(EndpointId::parse("ns.pre.generate").unwrap()));
+        assert_eq!(c.kv_transfer_gbps, Some(12.5));
     }
 }

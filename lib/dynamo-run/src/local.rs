@@ -54,6 +54,9 @@ impl LocalModel {
                 if let Some(block_size) = config.kv_cache_block_size {
                     args.block_size = block_size as usize;
                 }
+                if let Some(gbps) = config.kv_transfer_gbps {
+                    args.kv_transfer_gbps = gbps;
+                }
                 // The frontend hashes KV blocks with the card's block size: keep them equal.
                 let block_size = u32::try_from(args.block_size)
                     .map_err(|_| RunError::Usage(format!("block_size {} is too large", args.block_size)))?;
@@ -81,6 +84,11 @@ impl LocalModel {
             LocalEngine::OpenAI(engine) => Ok(engine.clone()),
             LocalEngine::Tokens(engine) => Ok(Arc::new(Pipeline::new(self.card.clone(), engine.clone())?)),
         }
+    }
+
+    /// The mocker engine, when `out=mocker` (it takes part in disaggregated serving).
+    pub fn mocker(&self) -> Option<&Arc<MockerEngine>> {
+        self.mocker.as_ref()
     }
 
     /// Stop background work (the mocker's scheduler and publisher).

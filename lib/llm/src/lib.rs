@@ -10,6 +10,7 @@
 
 pub mod aggregate;
 pub mod detokenizer;
+pub mod disagg;
 pub mod discovery;
 pub mod engine;
 pub mod engines;

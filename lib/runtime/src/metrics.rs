@@ -67,6 +67,12 @@ impl MetricsRegistry {
         })
     }
 
+    /// Add a metric family of another crate (e.g. dynamo-llm's disaggregation
+    /// counters) so that `/metrics` shows it.
+    pub fn register(&self, collector: Box<dyn prometheus::core::Collector>) -> Result<()> {
+        self.registry.register(collector).map_err(prom)
+    }
+
     /// Every metric in the Prometheus text format.
     pub fn render(&self) -> String {
         let mut out = String::new();

@@ -48,6 +48,29 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "--migration-limit", type=int,
         help="times a frontend may continue a broken stream of this model on another worker (registered with it)",
     )
+    disagg = parser.add_argument_group("disaggregated serving (docs/disagg.md)")
+    disagg.add_argument(
+        "--role", choices=("agg", "prefill", "decode"), default="agg",
+        help="agg: prefill and decode here (default); prefill: take prefill jobs, register no model; "
+        "decode: serve the model, send long prefills to prefill workers",
+    )
+    disagg.add_argument(
+        "--prefill-endpoint", help="decode: the prefill workers' endpoint (default NAMESPACE.prefill.generate)"
+    )
+    disagg.add_argument(
+        "--max-local-prefill-length", type=int,
+        help="decode: prefill remotely only when the prompt's uncached part is longer than this (tokens; default 1000)",
+    )
+    disagg.add_argument(
+        "--max-prefill-queue-size", type=int,
+        help="decode: ...and fewer than this many prefill jobs wait (default 2; 0 never sends)",
+    )
+    disagg.add_argument(
+        "--remote-prefill-timeout", type=float,
+        help="decode: seconds a remote prefill may take before prefilling locally (default 30)",
+    )
+    disagg.add_argument("--max-concurrent-prefills", type=int, help="prefill: jobs computed at once (default 2)")
+    disagg.add_argument("--kv-transfer-bandwidth", type=float, help="GB/s of a simulated KV handoff (default 25)")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="debug logs (-vv: trace)")
     args = parser.parse_args(argv)
     if args.num_workers < 1:
@@ -92,6 +115,18 @@ def dynamo_run_argv(args: argparse.Namespace, engine_args_file: str | None) -> l
         argv += ["--context-length", str(args.context_length)]
     if args.migration_limit is not None:
         argv += ["--migration-limit", str(args.migration_limit)]
+    if args.role != "agg":
+        argv += ["--role", args.role]
+    for flag, value in (
+        ("--prefill-endpoint", args.prefill_endpoint),
+        ("--max-local-prefill-length", args.max_local_prefill_length),
+        ("--max-prefill-queue-size", args.max_prefill_queue_size),
+        ("--remote-prefill-timeout", args.remote_prefill_timeout),
+        ("--max-concurrent-prefills", args.max_concurrent_prefills),
+        ("--kv-transfer-bandwidth", args.kv_transfer_bandwidth),
+    ):
+        if value is not None:
+            argv += [flag, str(value)]
     if args.verbose:
         argv.append("-" + "v" * min(args.verbose, 2))
     return argv

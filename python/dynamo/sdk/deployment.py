@@ -13,7 +13,9 @@ A component written directly against the runtime (its own ``main`` with
     component = runtime.namespace(deploy.namespace).component(deploy.name)
 
 SDK services can ``depends(Deployment)`` on it, and ``dynamo serve`` starts it with
-``python -m <entrypoint>`` (default: the module that defines the class).
+``python -m <entrypoint>`` (default: the module that defines the class). A graph can
+chain another deployment after it, ``Worker.link(PrefillWorker)``: one the deployment
+talks to by its own means (discovery), started with it.
 """
 
 from __future__ import annotations
@@ -39,6 +41,25 @@ class BaseDeployment:
     entrypoint: ClassVar[str | None] = None
     #: Endpoint names dependents may call (None: any name).
     endpoints: ClassVar[list[str] | None] = None
+
+    #: Deployments linked after each deployment class by a graph (``A.link(B)``).
+    _links: ClassVar[dict[type[BaseDeployment], list[type[BaseDeployment]]]] = {}
+
+    @classmethod
+    def link(cls, other: type[BaseDeployment]) -> type[BaseDeployment]:
+        """Start ``other`` with this deployment in a graph (it has no ``depends()`` to fill:
+        the two find each other through discovery). Returns ``other`` so links chain."""
+        if not (isinstance(other, type) and issubclass(other, BaseDeployment)):
+            raise ValueError(f"{cls.name} can link only another BaseDeployment, not {other!r}")
+        linked = BaseDeployment._links.setdefault(cls, [])
+        if other not in linked:
+            linked.append(other)
+        return other
+
+    @classmethod
+    def linked(cls) -> list[type[BaseDeployment]]:
+        """The deployments a graph linked after this one."""
+        return list(BaseDeployment._links.get(cls, []))
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -107,12 +107,23 @@ class DynamoService:
                 target = dep.on
                 if isinstance(target, DynamoService):
                     visit(target)
-                elif hasattr(target, "dynamo_address") and target not in order:
-                    order.append(target)  # a BaseDeployment: a node without edges
+                elif hasattr(target, "dynamo_address"):
+                    visit_deployment(target)  # a BaseDeployment: its own links only
                 else:
                     dep.address()  # raises: an unlinked interface
             visiting.discard(svc)
             order.append(svc)
+
+        def visit_deployment(deployment: Any) -> None:
+            if deployment in order:
+                return
+            if deployment in visiting:
+                raise ValueError(f"dependency cycle through {deployment.name}")
+            visiting.add(deployment)
+            for after in deployment.linked():
+                visit_deployment(after)
+            visiting.discard(deployment)
+            order.append(deployment)
 
         visit(self)
         return order

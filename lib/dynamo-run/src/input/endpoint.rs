@@ -5,14 +5,23 @@
 //! - A token engine (`echo_core`, `mocker`) is served with `serve_token_engine` and
 //!   registered as a `backend` model with its card, so the frontend runs the
 //!   preprocessor; the mocker publishes KV events and load metrics on the component.
+//! - `--role decode` (mocker): the engine is wrapped in a `DisaggDecodeEngine` that sends
+//!   long prefills to the prefill workers; `--role prefill` serves prefill jobs on the
+//!   endpoint and registers no model (docs/disagg.md).
 //! - `echo_full` is served with `serve_openai_engine` and registered as a `chat` model,
 //!   which frontends route both chat and completions requests to.
 
+use std::sync::Arc;
+
+use dynamo_llm::disagg::{
+    serve_prefill_worker, DisaggDecodeEngine, DisaggMetrics, DisaggRole, KvHandoff, PrefillQueue, PrefillQueueKind,
+};
 use dynamo_llm::discovery::{
     register_model, serve_openai_engine, serve_token_engine, ModelDiscoveryError, ModelRegistration,
 };
 use dynamo_llm::mocker::MockerPublisher;
 use dynamo_llm::model_card::ModelKind;
+use dynamo_llm::engine::TokenEngine;
 use dynamo_runtime::{DistributedRuntime, EndpointId};
 use tokio_util::sync::CancellationToken;
 
@@ -46,13 +55,49 @@ async fn serve(
         .then(|| MockerPublisher::new(endpoint.component().clone(), runtime.instance_id()));
     let model = local.insert(LocalModel::build(config, publisher)?);
     let card = &model.card;
+    let role = config.disagg.role;
+    let handoff = || -> Result<Arc<dyn KvHandoff>, RunError> {
+        match model.mocker() {
+            Some(mocker) => Ok(mocker.clone()),
+            None => Err(RunError::Usage(format!("--role {} needs out=mocker", role.as_str()))),
+        }
+    };
+    if role == DisaggRole::Prefill {
+        let metrics = DisaggMetrics::register(runtime)?;
+        let worker = serve_prefill_worker(&endpoint, handoff()?, &config.disagg, metrics).await?;
+        output::status(&format!(
+            "serving prefill jobs (out={}, role prefill) on dyn://{id}, instance {:x}",
+            config.output.as_str(),
+            runtime.instance_id()
+        ));
+        let result = wait_for_stop(runtime, cancel).await;
+        worker.shutdown().await;
+        return result;
+    }
+    let mut role_note = format!("role {}", role.as_str());
     let (kind, card_json) = match &model.engine {
         LocalEngine::OpenAI(engine) => {
             serve_openai_engine(&endpoint, engine.clone()).await?;
             (ModelKind::Chat, None)
         }
         LocalEngine::Tokens(engine) => {
-            serve_token_engine(&endpoint, engine.clone()).await?;
+            let engine: Arc<dyn TokenEngine> = if role == DisaggRole::Decode {
+                let prefill_id = match &config.prefill_endpoint {
+                    Some(id) => id.clone(),
+                    None => EndpointId::parse(&format!("{}.prefill.generate", id.namespace))?,
+                };
+                let queue = PrefillQueue::connect(runtime, &prefill_id).await?;
+                let transport = match queue.kind() {
+                    PrefillQueueKind::RequestPlane => "request plane",
+                    PrefillQueueKind::JetStream => "NATS JetStream",
+                };
+                role_note = format!("role decode, prefill queue on {transport} to dyn://{prefill_id}");
+                let metrics = DisaggMetrics::register(runtime)?;
+                Arc::new(DisaggDecodeEngine::new(handoff()?, queue, config.disagg.clone(), metrics))
+            } else {
+                engine.clone()
+            };
+            serve_token_engine(&endpoint, engine).await?;
             let json = serde_json::to_value(card.as_ref()).map_err(ModelDiscoveryError::from)?;
             (ModelKind::Backend, Some(json))
         }
@@ -67,11 +112,17 @@ async fn serve(
     };
     register_model(&endpoint, registration, card_json).await?;
     output::status(&format!(
-        "serving model '{}' ({kind}, out={}) on dyn://{id}, instance {:x}",
+        "serving model '{}' ({kind}, out={}, {}) on dyn://{id}, instance {:x}",
         card.display_name,
         config.output.as_str(),
+        role_note,
         runtime.instance_id()
     ));
+    wait_for_stop(runtime, cancel).await
+}
+
+/// Until `cancel` fires (Ok) or the runtime shuts itself down (an error).
+async fn wait_for_stop(runtime: &DistributedRuntime, cancel: CancellationToken) -> Result<(), RunError> {
     let stopped_below = runtime.cancel_token();
     tokio::select! {
         _ = cancel.cancelled() => Ok(()),

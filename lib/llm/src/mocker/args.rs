@@ -74,6 +74,11 @@ pub struct MockerArgs {
     pub seed: u64,
     /// Data-parallel rank reported in the load metrics.
     pub data_parallel_rank: Option<u32>,
+    /// KV cache bytes per token (a disaggregated handoff moves `block_size` times this
+    /// per block). The default is Llama-3-8B's in fp16: 32 layers · 2 · 8 heads · 128 · 2 B.
+    pub kv_bytes_per_token: u64,
+    /// Bandwidth of a KV handoff between workers, in GB/s (10⁹ bytes per second).
+    pub kv_transfer_gbps: f64,
 }
 
 impl Default for MockerArgs {
@@ -94,6 +99,8 @@ impl Default for MockerArgs {
             decode_ms_per_block: 0.001,
             seed: 0,
             data_parallel_rank: None,
+            kv_bytes_per_token: 131_072,
+            kv_transfer_gbps: 25.0,
         }
     }
 }
@@ -144,7 +151,17 @@ impl MockerArgs {
                 return Err(ArgsError::Invalid(format!("{name} must be >= 0, got {value}")));
             }
         }
+        if !(self.kv_transfer_gbps.is_finite() && self.kv_transfer_gbps > 0.0) {
+            return Err(ArgsError::Invalid(format!("kv_transfer_gbps must be > 0, got {}", self.kv_transfer_gbps)));
+        }
         Ok(())
+    }
+
+    /// Simulated time of moving `blocks` KV blocks between workers (already divided by
+    /// `speedup_ratio`).
+    pub fn transfer_duration(&self, blocks: usize) -> std::time::Duration {
+        let bytes = blocks as f64 * self.block_size as f64 * self.kv_bytes_per_token as f64;
+        std::time::Duration::from_secs_f64(bytes / (self.kv_transfer_gbps * 1e9) / self.speedup_ratio)
     }
 
     /// Blocks kept free when admitting a new sequence.
@@ -181,6 +198,17 @@ mod tests {
         assert!(MockerArgs::from_json(r#"{"watermark": 1.0}"#).is_err());
         assert!(MockerArgs::from_json(r#"{"speedup_ratio": 0}"#).is_err());
         assert!(MockerArgs::from_json(r#"{"decode_base_ms": -1}"#).is_err());
+        assert!(MockerArgs::from_json(r#"{"kv_transfer_gbps": 0}"#).is_err());
+    }
+
+    #[test]
+    fn transfer_time_follows_blocks_and_bandwidth() {
+        // 16 tokens · 131072 B = 2 MiB a block; 100 blocks at 25 GB/s ≈ 8.4 ms.
+        let args = MockerArgs::default();
+        let ms = args.transfer_duration(100).as_secs_f64() * 1e3;
+        assert!((ms - 8.388_608).abs() < 1e-6, "{ms}");
+        let fast = MockerArgs { kv_transfer_gbps: 50.0, speedup_ratio: 2.0, ..Default::default() };
+        assert!((fast.transfer_duration(100).as_secs_f64() * 1e3 - ms / 4.0).abs() < 1e-6);
     }
 
     #[test]

@@ -70,6 +70,11 @@ impl MockerEngine {
         self.metrics.borrow().clone()
     }
 
+    /// Hand a command to the scheduler task.
+    pub(crate) fn send_command(&self, command: Command) -> Result<(), mpsc::error::SendError<Command>> {
+        self.commands.send(command)
+    }
+
     /// Stop the scheduler and publisher and wait for them; streams still open end with
     /// an error.
     pub async fn shutdown(&self) {

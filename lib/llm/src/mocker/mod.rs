@@ -20,6 +20,7 @@ mod block;
 mod engine;
 mod events;
 mod evictor;
+mod handoff;
 mod kv_manager;
 mod metrics;
 mod publisher;

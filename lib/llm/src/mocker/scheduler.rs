@@ -11,10 +11,11 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::args::MockerArgs;
+use super::block::BlockHash;
 use super::kv_manager::{KvManager, OutOfBlocks};
 use super::metrics::ForwardPassMetrics;
 use super::publisher::EventSink;
@@ -45,6 +46,20 @@ pub(crate) enum Command {
     Add(NewRequest),
     /// Drop a request (stopped, killed or its stream dropped) and free its blocks.
     Cancel(u64),
+    /// Answer how many leading blocks of this chain are cached.
+    CachedPrefix {
+        /// Chained block hashes of a prompt, in order.
+        hashes: Vec<u64>,
+        /// Receives the count.
+        reply: oneshot::Sender<usize>,
+    },
+    /// Store blocks computed elsewhere (a disaggregated prefill) as cached ones.
+    Import {
+        /// The blocks, in prompt order.
+        hashes: Vec<BlockHash>,
+        /// Receives how many leading blocks are now cached.
+        reply: oneshot::Sender<usize>,
+    },
 }
 
 /// One sequence's share of a step.
@@ -111,7 +126,31 @@ impl Scheduler {
                     self.release(seq);
                 }
             }
+            Command::CachedPrefix { hashes, reply } => {
+                let _ = reply.send(hashes.iter().take_while(|h| self.kv.is_cached(**h)).count());
+            }
+            Command::Import { hashes, reply } => {
+                let _ = reply.send(self.import(&hashes));
+            }
         }
+    }
+
+    /// Put full blocks computed elsewhere into the cache, unused (evictable), as if
+    /// they had been computed here: `stored` events go out for the new ones. Stops at
+    /// the first block that finds no room; returns how many leading blocks are cached.
+    pub(crate) fn import(&mut self, hashes: &[BlockHash]) -> usize {
+        if !self.args.enable_prefix_caching {
+            return 0;
+        }
+        let mut parent = None;
+        for (i, hash) in hashes.iter().enumerate() {
+            if self.kv.acquire_full(*hash, parent).is_err() {
+                return i;
+            }
+            self.kv.release_full(hash.block_hash);
+            parent = Some(hash.block_hash);
+        }
+        hashes.len()
     }
 
     /// Whether there is nothing to do.
