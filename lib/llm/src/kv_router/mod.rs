@@ -3,9 +3,10 @@
 //! KV events (`stored`, `removed`, `cleared` on the component's `kv_events` subject) when
 //! they publish them (the mocker does). A
 //! request's tokens are hashed into chained full blocks (as in
-//! [`crate::mocker::hash_full_blocks`]); each worker is scored by how many leading blocks it is
+//! [`protocols::hash_full_blocks`]); each worker is scored by how many leading blocks it is
 //! predicted to hold and by the requests the router has in flight on it.
 //!
+//! - [`protocols`]: block hashing, KV events, load metrics, subjects: what engines publish.
 //! - [`indexer`]: per-worker predicted blocks (bounded LRU with a TTL).
 //! - [`selector`]: the cost function and the tie-break.
 //! - [`inflight`]: in-flight counts, released when a response stream ends.
@@ -16,10 +17,15 @@
 
 pub mod indexer;
 pub mod inflight;
+pub mod protocols;
 pub mod router;
 pub mod selector;
 
 pub use indexer::ApproxIndexer;
 pub use inflight::{GuardedStream, InflightGuard, InflightTracker};
+pub use protocols::{
+    compute_block_hash_for_seq, BlockHash, ForwardPassMetrics, KvCacheEvent, KvCacheEventData, KvCacheRemoveData,
+    KvCacheStoreData, KvCacheStoredBlockData, LoadMetricsEvent, RouterEvent, KV_EVENTS_SUBJECT, LOAD_METRICS_SUBJECT,
+};
 pub use router::{KvDecision, KvRouter, KvRouterConfig, DEFAULT_BLOCK_SIZE, DEFAULT_MAX_BLOCKS_PER_WORKER, DEFAULT_TTL};
 pub use selector::{Candidate, SelectorWeights, DEFAULT_LOAD_WEIGHT, DEFAULT_OVERLAP_WEIGHT};

@@ -13,7 +13,7 @@ use tokio::task::JoinHandle;
 use super::indexer::ApproxIndexer;
 use super::inflight::{InflightGuard, InflightTracker};
 use super::selector::{select, Candidate, SelectorWeights};
-use crate::mocker::{hash_full_blocks, KvCacheEventData, RouterEvent};
+use super::protocols::{hash_full_blocks, KvCacheEventData, RouterEvent};
 
 /// Default tokens per KV-cache block, when the model does not say.
 pub const DEFAULT_BLOCK_SIZE: u32 = 16;
@@ -239,7 +239,7 @@ mod tests {
 
     #[test]
     fn kv_events_correct_the_predictions() {
-        use crate::mocker::{KvCacheEvent, KvCacheRemoveData, KvCacheStoreData, KvCacheStoredBlockData};
+        use crate::kv_router::protocols::{KvCacheEvent, KvCacheRemoveData, KvCacheStoreData, KvCacheStoredBlockData};
         let r = router();
         let a = prompt(0, 16); // 4 blocks of 4
         let chain: Vec<u64> = hash_full_blocks(&a, 4).iter().map(|b| b.block_hash).collect();

@@ -11,13 +11,10 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
-use super::events::{KvCacheEvent, KvCacheEventData, RouterEvent};
-use super::metrics::{ForwardPassMetrics, LoadMetricsEvent};
+use crate::kv_router::protocols::{
+    ForwardPassMetrics, KvCacheEvent, KvCacheEventData, LoadMetricsEvent, RouterEvent, KV_EVENTS_SUBJECT, LOAD_METRICS_SUBJECT,
+};
 
-/// Event name of KV cache events on the component (`namespace.{ns}.component.{c}.kv_events`).
-pub const KV_EVENTS_SUBJECT: &str = "kv_events";
-/// Event name of load metrics on the component.
-pub const LOAD_METRICS_SUBJECT: &str = "load_metrics";
 /// Load metrics are published at most this often (when they change)...
 pub const METRICS_MIN_INTERVAL: Duration = Duration::from_millis(100);
 /// ...and at least this often (even when they do not).
