@@ -7,6 +7,8 @@
 //! by the requests the router has in flight on it.
 //!
 //! - [`protocols`]: block hashing, KV events, load metrics, subjects: what engines publish.
+//! - [`publisher`]: how an engine publishes its KV events and load metrics.
+//! - [`indexer`]: [`KvIndexer`], a radix tree that follows a component's KV events.
 //! - [`radix`]: the radix tree of every worker's cached blocks, fed by KV events and by
 //!   the router's own decisions (predictions that expire).
 //! - [`selector`]: the cost function and the tie-break.
@@ -16,17 +18,21 @@
 //! Approximate where events are missing: without them, a worker's real cache may evict
 //! earlier than predicted, or hold blocks it got from requests other frontends sent.
 
+pub mod indexer;
 pub mod inflight;
 pub mod protocols;
+pub mod publisher;
 pub mod radix;
 pub mod router;
 pub mod selector;
 
+pub use indexer::KvIndexer;
 pub use inflight::{GuardedStream, InflightGuard, InflightTracker};
 pub use protocols::{
     compute_block_hash_for_seq, BlockHash, ForwardPassMetrics, KvCacheEvent, KvCacheEventData, KvCacheRemoveData,
     KvCacheStoreData, KvCacheStoredBlockData, LoadMetricsEvent, RouterEvent, KV_EVENTS_SUBJECT, LOAD_METRICS_SUBJECT,
 };
+pub use publisher::{KvEventPublisher, WorkerMetricsPublisher};
 pub use radix::{IndexStats, OverlapScores, RadixTree, WorkerId};
 pub use router::{KvDecision, KvRouter, KvRouterConfig, DEFAULT_BLOCK_SIZE, DEFAULT_MAX_BLOCKS_PER_WORKER, DEFAULT_TTL};
 pub use selector::{Candidate, SelectorWeights, DEFAULT_LOAD_WEIGHT, DEFAULT_OVERLAP_WEIGHT};
