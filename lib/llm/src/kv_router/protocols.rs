@@ -45,6 +45,15 @@ pub fn salted_seed(adapter: Option<&str>) -> u64 {
     }
 }
 
+#[cfg(target_endian = "little")]
+fn tokens_hash_with(_buf: &mut Vec<u8>, tokens: &[u32], seed: u64) -> u64 {
+    // SAFETY: u32 has no padding and u8 alignment is 1: the tokens' memory, read as
+    // bytes, is their little-endian encoding on this target.
+    let bytes = unsafe { std::slice::from_raw_parts(tokens.as_ptr().cast::<u8>(), std::mem::size_of_val(tokens)) };
+    xxh3_64_with_seed(bytes, seed)
+}
+
+#[cfg(not(target_endian = "little"))]
 fn tokens_hash_with(buf: &mut Vec<u8>, tokens: &[u32], seed: u64) -> u64 {
     buf.clear();
     for t in tokens {
