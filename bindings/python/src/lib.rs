@@ -7,6 +7,7 @@ mod convert;
 mod errors;
 mod events;
 mod kv;
+mod kv_index;
 mod llm;
 mod poll_iter;
 mod preprocessor;
@@ -32,6 +33,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<preprocessor::PyChunkStream>()?;
     errors::register(m)?;
     llm::register(m)?;
+    kv_index::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

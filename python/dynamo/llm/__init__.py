@@ -1,5 +1,9 @@
 """LLM serving from Python: register a model served on an endpoint so that frontends
-(``dynamo-run in=http out=dyn``) discover it, and run the ``dynamo-run`` command line.
+(``dynamo-run in=http out=dyn``) discover it, run the ``dynamo-run`` command line, and
+KV-aware routing's building blocks: the index of the fleet's caches (``RadixTree``,
+``KvIndexer``, ``compute_block_hash_for_seq``) and what engines publish to it
+(``KvEventPublisher``, ``WorkerMetricsPublisher``, ``ZmqKvEventPublisher`` for vLLM's
+ZMQ events). See docs/kv-routing.md.
 
 ```python
 @dynamo_worker()
@@ -16,14 +20,35 @@ from __future__ import annotations
 from collections.abc import Coroutine
 from typing import Any, Final
 
-from dynamo._core import ChunkStream, Endpoint, OpenAIPreprocessor, PreprocessedRequest, run_dynamo_run
+from dynamo._core import (
+    ChunkStream,
+    Endpoint,
+    KvEventPublisher,
+    KvIndexer,
+    OpenAIPreprocessor,
+    OverlapScores,
+    PreprocessedRequest,
+    RadixTree,
+    WorkerMetricsPublisher,
+    compute_block_hash_for_seq,
+    run_dynamo_run,
+)
 from dynamo._core import register_llm as _register_llm
+from dynamo.llm.zmq_kv import ZmqKvEventPublisher, ZmqKvEventPublisherConfig
 
 __all__ = [
     "ChunkStream",
+    "KvEventPublisher",
+    "KvIndexer",
     "ModelType",
     "OpenAIPreprocessor",
+    "OverlapScores",
     "PreprocessedRequest",
+    "RadixTree",
+    "WorkerMetricsPublisher",
+    "ZmqKvEventPublisher",
+    "ZmqKvEventPublisherConfig",
+    "compute_block_hash_for_seq",
     "register_llm",
     "run_dynamo_run",
 ]

@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use futures::StreamExt;
 use tokio::sync::oneshot;
 
-use super::block::hash_full_blocks;
+use crate::kv_router::protocols::hash_full_blocks;
 use super::engine::MockerEngine;
 use super::scheduler::Command;
 use crate::disagg::{KvHandoff, KvTransferDescriptor};
