@@ -243,9 +243,12 @@ class Result:
     seconds: float
     ttft: list[float] = field(default_factory=list)
     gaps: list[float] = field(default_factory=list)
+    #: CPU time the frontend process used per completed request (µs), when measured.
+    frontend_cpu_us: float | None = None
 
     def summary(self) -> dict[str, Any]:
         return {
+            "frontend_cpu_us_per_req": self.frontend_cpu_us,
             "scenario": self.scenario,
             "concurrency": self.concurrency,
             "completed": self.completed,
@@ -332,6 +335,22 @@ def measure(
     return merged
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process `pid` so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure_with_cpu(pid: int, *args: Any, **kwargs: Any) -> Result:
+    """`measure`, plus the CPU time process `pid` (the frontend) spent per request: less
+    sensitive to other load on the machine than req/s."""
+    before = cpu_seconds(pid)
+    result = measure(*args, **kwargs)
+    if result.completed:
+        result.frontend_cpu_us = (cpu_seconds(pid) - before) / result.completed * 1e6
+    return result
+
+
 def run_async(coro: Any) -> Any:
     try:
         import uvloop
@@ -364,16 +383,16 @@ def echo_scenario(args: argparse.Namespace, log_dir: Path) -> list[Result]:
     port = free_port()
     env = {**base_env(log_dir), "DYN_TOKEN_ECHO_DELAY_MS": "0"}
     try:
-        processes.start("frontend-echo", [*DYNAMO_RUN, "in=http", "out=echo_full", "--http-port", str(port),
-                                          "--model-name", "echo"], env)
+        frontend = processes.start("frontend-echo", [*DYNAMO_RUN, "in=http", "out=echo_full", "--http-port",
+                                                     str(port), "--model-name", "echo"], env)
         wait_for_models(port, ["echo"], processes)
         bodies = [json.dumps({"model": "echo", "messages": [{"role": "user", "content": "hi"}],
                               "stream": True}).encode()]
         measure("echo", port, 8, bodies, duration=1.0, requests=None, client_procs=1)  # warm-up
         results = []
         for concurrency in args.concurrency:
-            result = measure("echo", port, concurrency, bodies, duration=args.duration, requests=None,
-                             client_procs=args.client_procs)
+            result = measure_with_cpu(frontend.pid, "echo", port, concurrency, bodies, duration=args.duration,
+                                      requests=None, client_procs=args.client_procs)
             report(result)
             results.append(result)
         return results
@@ -500,7 +519,8 @@ def report(result: Result) -> None:
         f"  {s['scenario']:<6} @{s['concurrency']:<4} {s['req_per_s']:9.1f} req/s   "
         f"TTFT p50 {s['ttft_p50_ms']:7.1f} ms  p99 {s['ttft_p99_ms']:7.1f} ms   "
         f"ITL p50 {s['itl_p50_ms']:6.2f} ms  p99 {s['itl_p99_ms']:6.2f} ms   "
-        f"({s['completed']} ok, {s['errors']} errors, {result.seconds:.1f} s)",
+        f"({s['completed']} ok, {s['errors']} errors, {result.seconds:.1f} s)"
+        + (f"   frontend CPU {result.frontend_cpu_us:.1f} µs/req" if result.frontend_cpu_us is not None else ""),
         flush=True,
     )
 
