@@ -1,6 +1,7 @@
 """How long a small request takes while big prompts are being refused.
 
-Starts `dynamo-run in=http out=echo_full` (the built-in card: byte-level tokenizer,
+Starts `dynamo-run in=http out=echo_core` (a token engine behind the preprocessor, with the
+built-in card: byte-level tokenizer,
 context 8,192), sends `--big` concurrent chat requests of `--size-mb` MB each, and while
 they are in flight times small chat requests and `GET /health` one after another. Prints
 the small requests' latencies (p50 / max) and how long the big ones took to be refused.
@@ -66,7 +67,7 @@ def main() -> None:
     port = free_port()
     env = {**os.environ, "DYN_TOKEN_ECHO_DELAY_MS": "0", "DYN_LOG": "warn"}
     argv = [sys.executable, "-c", "import sys; from dynamo.llm.cli import main; main()",
-            "in=http", "out=echo_full", "--http-port", str(port), "--http-host", "127.0.0.1"]
+            "in=http", "out=echo_core", "--http-port", str(port), "--http-host", "127.0.0.1"]
     server = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 30
