@@ -1,10 +1,11 @@
 //! The frontend's Prometheus metrics (`GET /metrics`), in a registry the service owns:
 //! request counts by outcome, in-flight requests, and latency and token histograms.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
-use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
+use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 
 use crate::model_manager::EngineKind;
 
@@ -22,6 +23,19 @@ pub struct HttpMetrics {
     itl: HistogramVec,
     isl: HistogramVec,
     osl: HistogramVec,
+    /// Each model's series, resolved once (a label lookup hashes and locks; a request
+    /// would otherwise do one per observation).
+    models: RwLock<HashMap<String, Arc<ModelSeries>>>,
+}
+
+/// One model's series of the per-model families.
+struct ModelSeries {
+    inflight: IntGauge,
+    duration: Histogram,
+    ttft: Histogram,
+    itl: Histogram,
+    isl: Histogram,
+    osl: Histogram,
 }
 
 impl std::fmt::Debug for HttpMetrics {
@@ -67,7 +81,30 @@ impl HttpMetrics {
         for h in [&duration, &ttft, &itl, &isl, &osl] {
             registry.register(Box::new(h.clone()))?;
         }
-        Ok(HttpMetrics { registry, requests, responses, inflight, duration, ttft, itl, isl, osl })
+        let models = RwLock::new(HashMap::new());
+        Ok(HttpMetrics { registry, requests, responses, inflight, duration, ttft, itl, isl, osl, models })
+    }
+
+    /// `model`'s series, created on first use.
+    fn series(&self, model: &str) -> Arc<ModelSeries> {
+        if let Some(series) = self.models.read().unwrap_or_else(|e| e.into_inner()).get(model) {
+            return series.clone();
+        }
+        let mut models = self.models.write().unwrap_or_else(|e| e.into_inner());
+        models
+            .entry(model.to_string())
+            .or_insert_with(|| {
+                let label = [model];
+                Arc::new(ModelSeries {
+                    inflight: self.inflight.with_label_values(&label),
+                    duration: self.duration.with_label_values(&label),
+                    ttft: self.ttft.with_label_values(&label),
+                    itl: self.itl.with_label_values(&label),
+                    isl: self.isl.with_label_values(&label),
+                    osl: self.osl.with_label_values(&label),
+                })
+            })
+            .clone()
     }
 
     /// The registry, for callers that add their own families.
@@ -93,9 +130,11 @@ impl HttpMetrics {
     /// [`RequestMetrics::succeeded`] is called before it is dropped.
     /// Its log line (at info, when it ends) carries `request_id`.
     pub(crate) fn start(self: &Arc<Self>, request_id: &str, model: &str, route: EngineKind, streaming: bool) -> RequestMetrics {
-        self.inflight.with_label_values(&[model]).inc();
+        let series = self.series(model);
+        series.inflight.inc();
         RequestMetrics {
             metrics: self.clone(),
+            series,
             request_id: request_id.to_string(),
             model: model.to_string(),
             route,
@@ -113,6 +152,7 @@ impl HttpMetrics {
 /// One request's measurements, recorded when dropped.
 pub(crate) struct RequestMetrics {
     metrics: Arc<HttpMetrics>,
+    series: Arc<ModelSeries>,
     request_id: String,
     model: String,
     route: EngineKind,
@@ -129,23 +169,22 @@ impl RequestMetrics {
     /// An item arrived carrying these token counts.
     pub(crate) fn item(&mut self, prompt_tokens: Option<u32>, completion_tokens: u32) {
         let now = Instant::now();
-        let model = [self.model.as_str()];
         match self.last_item {
             None => {
                 let ttft = now - self.started;
                 self.ttft = Some(ttft);
-                self.metrics.ttft.with_label_values(&model).observe(ttft.as_secs_f64());
+                self.series.ttft.observe(ttft.as_secs_f64());
             }
             Some(last) if completion_tokens > 0 => {
                 let per_token = (now - last).as_secs_f64() / f64::from(completion_tokens);
-                self.metrics.itl.with_label_values(&model).observe(per_token);
+                self.series.itl.observe(per_token);
             }
             Some(_) => {}
         }
         self.last_item = Some(now);
         if let (Some(prompt), None) = (prompt_tokens, self.prompt_tokens) {
             self.prompt_tokens = Some(prompt);
-            self.metrics.isl.with_label_values(&model).observe(f64::from(prompt));
+            self.series.isl.observe(f64::from(prompt));
         }
         self.output_tokens += u64::from(completion_tokens);
     }
@@ -159,15 +198,14 @@ impl RequestMetrics {
 impl Drop for RequestMetrics {
     fn drop(&mut self) {
         let m = &self.metrics;
-        let model = [self.model.as_str()];
-        m.inflight.with_label_values(&model).dec();
+        self.series.inflight.dec();
         let request_type = if self.streaming { "stream" } else { "unary" };
         let status = if self.success { "success" } else { "error" };
         m.requests.with_label_values(&[self.model.as_str(), self.route.as_str(), request_type, status]).inc();
         let duration = self.started.elapsed();
-        m.duration.with_label_values(&model).observe(duration.as_secs_f64());
+        self.series.duration.observe(duration.as_secs_f64());
         if self.last_item.is_some() {
-            m.osl.with_label_values(&model).observe(self.output_tokens as f64);
+            self.series.osl.observe(self.output_tokens as f64);
         }
         tracing::info!(
             request_id = %self.request_id,

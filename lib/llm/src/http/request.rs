@@ -37,6 +37,10 @@ pub(crate) async fn read_body(body: Body, limit: usize, timeout: Duration) -> Re
 /// Deserialize `body` as `T`; a malformed document or a field of the wrong type is a
 /// 400 naming the problem (and the field, in `param`).
 pub(crate) fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    // The common case without the path tracking; a failure is parsed again to name the field.
+    if let Ok(value) = serde_json::from_slice(body) {
+        return Ok(value);
+    }
     let mut de = serde_json::Deserializer::from_slice(body);
     let value = serde_path_to_error::deserialize::<_, T>(&mut de).map_err(|e| {
         let path = e.path().to_string();
