@@ -7,7 +7,9 @@
 //! predicted to hold and by the requests the router has in flight on it.
 //!
 //! - [`indexer`]: per-worker predicted blocks (bounded LRU with a TTL).
-//! - [`selector`]: the cost function and the tie-break.
+//! - [`selector`]: the cost function, the temperature and the tie-break.
+//! - [`scheduler`]: each worker's load (its metrics, what was sent since, its timing),
+//!   the straggler penalty and the busy threshold.
 //! - [`inflight`]: in-flight counts, released when a response stream ends.
 //! - [`router`]: [`KvRouter`], which puts them together.
 //!
@@ -17,9 +19,11 @@
 pub mod indexer;
 pub mod inflight;
 pub mod router;
+pub mod scheduler;
 pub mod selector;
 
 pub use indexer::ApproxIndexer;
 pub use inflight::{GuardedStream, InflightGuard, InflightTracker};
 pub use router::{KvDecision, KvRouter, KvRouterConfig, DEFAULT_BLOCK_SIZE, DEFAULT_MAX_BLOCKS_PER_WORKER, DEFAULT_TTL};
-pub use selector::{Candidate, SelectorWeights, DEFAULT_LOAD_WEIGHT, DEFAULT_OVERLAP_WEIGHT};
+pub use scheduler::{LoadTracker, ScheduleError, SchedulerConfig, WorkerTiming, DEFAULT_STRAGGLER_THRESHOLD};
+pub use selector::{Candidate, SelectorWeights, DEFAULT_OVERLAP_WEIGHT, DEFAULT_TEMPERATURE};
