@@ -25,6 +25,7 @@ mod metrics;
 mod publisher;
 mod scheduler;
 mod sequence;
+mod sim;
 mod timing;
 
 pub use args::{ArgsError, MockerArgs};
@@ -32,4 +33,5 @@ pub use block::{chain_hash, compute_tokens_hash, hash_full_blocks, next_block_ha
 pub use engine::{MockerEngine, DEFAULT_MAX_TOKENS};
 pub use events::{KvCacheEvent, KvCacheEventData, KvCacheRemoveData, KvCacheStoreData, KvCacheStoredBlockData, RouterEvent};
 pub use metrics::{ForwardPassMetrics, LoadMetricsEvent};
+pub use sim::{SimOutput, SimWorker};
 pub use publisher::{MockerPublisher, KV_EVENTS_SUBJECT, LOAD_METRICS_SUBJECT, METRICS_MAX_INTERVAL, METRICS_MIN_INTERVAL};
