@@ -41,6 +41,7 @@ impl Models {
             let runtime = DistributedRuntime::from_env().await?;
             let watcher = ModelWatcher::new(runtime.clone(), manager.clone(), config.router_mode, Pipeline::factory())
                 .with_migration_limit(config.migration_limit.unwrap_or(0))
+                .with_kv_config(config.kv_router)
                 .start(runtime.child_token())
                 .await;
             match watcher {
