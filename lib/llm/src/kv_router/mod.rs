@@ -11,6 +11,7 @@
 //! - [`scheduler`]: each worker's load (its metrics, what was sent since, its timing),
 //!   the straggler penalty and the busy threshold.
 //! - [`inflight`]: in-flight counts, released when a response stream ends.
+//! - [`lab`]: the routing lab, a trace replayed through simulated workers.
 //! - [`router`]: [`KvRouter`], which puts them together.
 //!
 //! Approximate where events are missing: without them, a worker's real cache may evict
@@ -18,6 +19,7 @@
 
 pub mod indexer;
 pub mod inflight;
+pub mod lab;
 pub mod router;
 pub mod scheduler;
 pub mod selector;
