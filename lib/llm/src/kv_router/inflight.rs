@@ -33,13 +33,14 @@ impl InflightTracker {
 
     /// Count one more request (of no blocks) on `worker` until the guard is dropped.
     pub fn start(&self, worker: u64) -> InflightGuard {
-        self.start_with_blocks(worker, 0)
+        self.start_with_blocks(worker, 0, None)
     }
 
-    /// Count one more request of `blocks` KV blocks on `worker` until the guard is dropped.
-    pub fn start_with_blocks(&self, worker: u64, blocks: u64) -> InflightGuard {
+    /// Count one more request of `blocks` KV blocks on `worker` until the guard is
+    /// dropped; then also forget its sent blocks `sent` ([`LoadTracker::forget_sent`]).
+    pub fn start_with_blocks(&self, worker: u64, blocks: u64, sent: Option<u64>) -> InflightGuard {
         self.load.lock().start_request(worker, blocks);
-        InflightGuard { tracker: self.clone(), worker, blocks, started: Instant::now(), last: None }
+        InflightGuard { tracker: self.clone(), worker, blocks, sent, started: Instant::now(), last: None }
     }
 
     /// Requests in flight on `worker`.
@@ -54,6 +55,7 @@ pub struct InflightGuard {
     tracker: InflightTracker,
     worker: u64,
     blocks: u64,
+    sent: Option<u64>,
     started: Instant,
     last: Option<Instant>,
 }
@@ -78,7 +80,11 @@ impl InflightGuard {
 
 impl Drop for InflightGuard {
     fn drop(&mut self) {
-        self.tracker.load.lock().finish_request(self.worker, self.blocks);
+        let mut load = self.tracker.load.lock();
+        load.finish_request(self.worker, self.blocks);
+        if let Some(sent) = self.sent {
+            load.forget_sent(self.worker, sent);
+        }
     }
 }
 

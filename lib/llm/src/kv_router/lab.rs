@@ -257,6 +257,8 @@ fn percentile(sorted: &[f64], q: f64) -> f64 {
 #[derive(Debug, Clone, Copy)]
 struct Stream {
     worker: usize,
+    /// The router's id of the request's counted blocks.
+    sent: Option<u64>,
     arrival: f64,
     last: Option<f64>,
 }
@@ -320,13 +322,13 @@ pub fn run(trace: &[TraceRequest], policy: Policy, config: &LabConfig) -> Result
                 samples += 1;
                 let tokens = synthesize_tokens(&trace[i], i, config.trace_block_size);
                 let chosen = match policy {
-                    Policy::RoundRobin => Ok(i % n),
-                    Policy::Random => Ok(rng.random_range(0..n)),
+                    Policy::RoundRobin => Ok((i % n, None)),
+                    Policy::Random => Ok((rng.random_range(0..n), None)),
                     Policy::Kv | Policy::Approx => {
-                        router.route_with(&tokens, &ids, at(t), &mut rng).map(|d| d.worker as usize)
+                        router.route_with(&tokens, &ids, at(t), &mut rng).map(|d| (d.worker as usize, Some(d.sent)))
                     }
                 };
-                let w = match chosen {
+                let (w, sent) = match chosen {
                     Ok(w) => w,
                     Err(ScheduleError::AllBusy { .. } | ScheduleError::NoWorkers) => {
                         rejected += 1;
@@ -334,11 +336,14 @@ pub fn run(trace: &[TraceRequest], policy: Policy, config: &LabConfig) -> Result
                     }
                 };
                 if workers[w].add(i as u64, tokens, trace[i].output_length.max(1)).is_err() {
+                    if let Some(sent) = sent {
+                        router.load().lock().forget_sent(ids[w], sent);
+                    }
                     rejected += 1;
                     continue;
                 }
                 per_worker[w] += 1;
-                streams.insert(i as u64, Stream { worker: w, arrival: t, last: None });
+                streams.insert(i as u64, Stream { worker: w, sent, arrival: t, last: None });
                 if step_end[w].is_none() {
                     step_end[w] = workers[w].start_step().map(|ms| t + ms);
                 }
@@ -374,6 +379,9 @@ pub fn run(trace: &[TraceRequest], policy: Policy, config: &LabConfig) -> Result
                             completed += 1;
                         } else {
                             rejected += 1;
+                        }
+                        if let Some(sent) = stream.sent {
+                            router.load().lock().forget_sent(ids[stream.worker], sent);
                         }
                         streams.remove(&out.request);
                     }
@@ -484,7 +492,7 @@ mod tests {
     #[test]
     fn kv_routing_beats_round_robin_on_hit_rate_and_is_deterministic() {
         // 13 sessions: round-robin moves each session from worker to worker.
-        let trace = conversations(13, 6, 40.0);
+        let trace = conversations(13, 6, 150.0);
         let kv = run(&trace, Policy::Kv, &config()).unwrap();
         let rr = run(&trace, Policy::RoundRobin, &config()).unwrap();
         assert_eq!((kv.completed, rr.completed), (trace.len(), trace.len()));

@@ -27,5 +27,5 @@ pub mod selector;
 pub use indexer::ApproxIndexer;
 pub use inflight::{GuardedStream, InflightGuard, InflightTracker};
 pub use router::{KvDecision, KvRouter, KvRouterConfig, DEFAULT_BLOCK_SIZE, DEFAULT_MAX_BLOCKS_PER_WORKER, DEFAULT_TTL};
-pub use scheduler::{LoadTracker, ScheduleError, SchedulerConfig, WorkerTiming, DEFAULT_STRAGGLER_THRESHOLD};
+pub use scheduler::{Choice, LoadTracker, ScheduleError, SchedulerConfig, WorkerTiming, DEFAULT_STRAGGLER_THRESHOLD};
 pub use selector::{Candidate, SelectorWeights, DEFAULT_OVERLAP_WEIGHT, DEFAULT_TEMPERATURE};

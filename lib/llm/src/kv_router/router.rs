@@ -68,6 +68,8 @@ pub struct KvDecision {
     pub overlap_blocks: usize,
     /// Full blocks in the request.
     pub request_blocks: usize,
+    /// The id of its blocks in the load tracker's count of what was sent.
+    pub sent: u64,
 }
 
 /// An approximate KV-cache-aware router over a set of workers. Shared by every
@@ -138,7 +140,12 @@ impl KvRouter {
             load.schedule(&overlaps, chain.len(), now, rng)?
         };
         index.record(chosen.worker, &chain, now);
-        Ok(KvDecision { worker: chosen.worker, overlap_blocks: chosen.overlap_blocks, request_blocks: chain.len() })
+        Ok(KvDecision {
+            worker: chosen.worker,
+            overlap_blocks: chosen.overlap_blocks,
+            request_blocks: chain.len(),
+            sent: chosen.sent,
+        })
     }
 
     /// Count a request in flight on `worker` until the guard is dropped.
@@ -147,9 +154,10 @@ impl KvRouter {
     }
 
     /// Count the request of `decision` in flight on its worker (with its blocks, the
-    /// load of a worker that publishes no metrics) until the guard is dropped.
+    /// load of a worker that publishes no metrics) until the guard is dropped, when its
+    /// blocks also stop counting in the worker's predicted load.
     pub fn start_decision(&self, decision: &KvDecision) -> InflightGuard {
-        self.inflight.start_with_blocks(decision.worker, decision.request_blocks as u64 + 1)
+        self.inflight.start_with_blocks(decision.worker, decision.request_blocks as u64 + 1, Some(decision.sent))
     }
 
     /// The load and timing the router tracks.

@@ -3,7 +3,8 @@
 //! A worker's decode load is, when it publishes load metrics (`load_metrics`, as the
 //! mocker does), the KV blocks its last metrics report in use plus the blocks of the
 //! requests this router (or a replica sharing its decisions) sent it since — kept
-//! until metrics received [`METRICS_LAG`] after the send must include them. Without
+//! until metrics received [`METRICS_LAG`] after the send must include them, or until the
+//! request's stream ends (its blocks are no longer in use). Without
 //! metrics (or when they are older than [`METRICS_STALE`]), it is the blocks of the
 //! requests the router has in flight there.
 //!
@@ -116,11 +117,19 @@ impl Ewma {
     }
 }
 
+/// A request sent and not yet in the worker's metrics.
+#[derive(Debug, Clone, Copy)]
+struct Pending {
+    id: u64,
+    sent: Instant,
+    blocks: u64,
+}
+
 #[derive(Debug, Default)]
 struct WorkerLoad {
     reported: Option<Reported>,
-    /// (time sent, blocks) of requests sent since the metrics that include them.
-    pending: VecDeque<(Instant, u64)>,
+    /// Requests sent since the metrics that include them.
+    pending: VecDeque<Pending>,
     inflight_requests: u64,
     inflight_blocks: u64,
     /// Seconds per streamed item after the first.
@@ -136,10 +145,21 @@ impl WorkerLoad {
 
     fn decode_blocks(&self, now: Instant) -> f64 {
         match self.fresh(now) {
-            Some(r) => (r.active_blocks + self.pending.iter().map(|(_, b)| b).sum::<u64>()) as f64,
+            Some(r) => (r.active_blocks + self.pending.iter().map(|p| p.blocks).sum::<u64>()) as f64,
             None => self.inflight_blocks as f64,
         }
     }
+}
+
+/// The worker [`LoadTracker::schedule`] chose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Choice {
+    /// Its instance id.
+    pub worker: u64,
+    /// Leading request blocks it was predicted to hold.
+    pub overlap_blocks: usize,
+    /// The id of the request's blocks counted on it ([`LoadTracker::forget_sent`]).
+    pub sent: u64,
 }
 
 /// What a worker's timing looks like to the router (for reports and tests).
@@ -158,12 +178,13 @@ pub struct WorkerTiming {
 pub struct LoadTracker {
     config: SchedulerConfig,
     workers: HashMap<u64, WorkerLoad>,
+    next_sent: u64,
 }
 
 impl LoadTracker {
     /// No workers known yet.
     pub fn new(config: SchedulerConfig) -> Self {
-        LoadTracker { config, workers: HashMap::new() }
+        LoadTracker { config, workers: HashMap::new(), next_sent: 0 }
     }
 
     /// Its settings.
@@ -180,15 +201,27 @@ impl LoadTracker {
             waiting: metrics.num_requests_waiting,
             received: now,
         });
-        while load.pending.front().is_some_and(|(sent, _)| now.saturating_duration_since(*sent) >= METRICS_LAG) {
+        while load.pending.front().is_some_and(|p| now.saturating_duration_since(p.sent) >= METRICS_LAG) {
             load.pending.pop_front();
         }
     }
 
     /// A request of `blocks` KV blocks was sent to `worker` at `now` (by this router or
-    /// a replica): counted until metrics include it.
-    pub fn record_sent(&mut self, worker: u64, blocks: u64, now: Instant) {
-        self.workers.entry(worker).or_default().pending.push_back((now, blocks));
+    /// a replica): counted until metrics include it or [`Self::forget_sent`]. Returns
+    /// its id for the latter.
+    pub fn record_sent(&mut self, worker: u64, blocks: u64, now: Instant) -> u64 {
+        self.next_sent += 1;
+        let id = self.next_sent;
+        self.workers.entry(worker).or_default().pending.push_back(Pending { id, sent: now, blocks });
+        id
+    }
+
+    /// The request `id` of [`Self::record_sent`] on `worker` ended: its blocks no longer
+    /// count, whether or not metrics have caught up.
+    pub fn forget_sent(&mut self, worker: u64, id: u64) {
+        if let Some(load) = self.workers.get_mut(&worker) {
+            load.pending.retain(|p| p.id != id);
+        }
     }
 
     /// A request of `blocks` blocks is in flight on `worker` from this router.
@@ -313,7 +346,7 @@ impl LoadTracker {
         request_blocks: usize,
         now: Instant,
         rng: &mut impl Rng,
-    ) -> Result<Candidate, ScheduleError> {
+    ) -> Result<Choice, ScheduleError> {
         if overlaps.is_empty() {
             return Err(ScheduleError::NoWorkers);
         }
@@ -324,8 +357,8 @@ impl LoadTracker {
         }
         let candidates = self.candidates(&open, now);
         let chosen = select(&candidates, request_blocks, self.config.weights, rng).ok_or(ScheduleError::NoWorkers)?;
-        self.record_sent(chosen.worker, request_blocks as u64 + 1, now);
-        Ok(chosen)
+        let sent = self.record_sent(chosen.worker, request_blocks as u64 + 1, now);
+        Ok(Choice { worker: chosen.worker, overlap_blocks: chosen.overlap_blocks, sent })
     }
 }
 
@@ -385,6 +418,21 @@ mod tests {
         tracker.record_sent(2, 11, later);
         tracker.update_metrics(2, &metrics(3, 1000), later + Duration::from_millis(10));
         assert_eq!(tracker.decode_blocks(2, later), 3.0 + 11.0);
+    }
+
+    #[test]
+    fn a_finished_request_stops_counting_before_metrics_catch_up() {
+        let t0 = Instant::now();
+        let mut tracker = LoadTracker::new(SchedulerConfig::default());
+        tracker.update_metrics(1, &metrics(0, 1000), t0);
+        let a = tracker.record_sent(1, 10, t0);
+        let b = tracker.record_sent(1, 4, t0);
+        assert_eq!(tracker.decode_blocks(1, t0), 14.0);
+        tracker.forget_sent(1, a);
+        assert_eq!(tracker.decode_blocks(1, t0), 4.0);
+        tracker.forget_sent(1, a);
+        tracker.forget_sent(2, b);
+        assert_eq!(tracker.decode_blocks(1, t0), 4.0, "only the request's own entry goes");
     }
 
     #[test]
