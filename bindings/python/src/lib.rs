@@ -7,6 +7,7 @@ mod convert;
 mod errors;
 mod events;
 mod kv;
+mod kv_index;
 mod kv_router;
 mod llm;
 mod poll_iter;
@@ -29,6 +30,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<kv::PyKeyValueStore>()?;
     errors::register(m)?;
     llm::register(m)?;
+    kv_index::register(m)?;
     kv_router::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

@@ -178,8 +178,8 @@ impl PyNamespace {
 /// A component.
 #[pyclass(name = "Component", module = "dynamo._core", frozen)]
 pub struct PyComponent {
-    inner: Component,
-    bridge: Arc<LoopBridge>,
+    pub(crate) inner: Component,
+    pub(crate) bridge: Arc<LoopBridge>,
 }
 
 #[pymethods]

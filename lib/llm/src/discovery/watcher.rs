@@ -21,7 +21,7 @@ use super::remote::{RemoteOpenAIEngine, RemoteTokenEngine};
 use super::router_mode::RouterMode;
 use crate::engine::{OpenAIEngine, TokenEngine};
 use crate::kv_router::{KvRouter, KvRouterConfig};
-use crate::mocker::{KV_EVENTS_SUBJECT, LOAD_METRICS_SUBJECT};
+use crate::kv_router::{KV_EVENTS_SUBJECT, LOAD_METRICS_SUBJECT};
 use crate::model_card::ModelKind;
 use crate::model_manager::{EngineKind, ModelManager, ReadyCheck};
 

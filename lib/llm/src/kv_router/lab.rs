@@ -28,7 +28,8 @@ use serde::Deserialize;
 
 use super::router::{KvRouter, KvRouterConfig};
 use super::scheduler::{ScheduleError, SchedulerConfig};
-use crate::mocker::{KvCacheEvent, MockerArgs, RouterEvent, SimOutput, SimWorker};
+use super::protocols::{KvCacheEvent, RouterEvent};
+use crate::mocker::{MockerArgs, SimOutput, SimWorker};
 
 /// Default tokens per trace block (the Mooncake traces' 512).
 pub const DEFAULT_TRACE_BLOCK_SIZE: usize = 512;
@@ -391,7 +392,7 @@ pub fn run(trace: &[TraceRequest], policy: Policy, config: &LabConfig) -> Result
                     for data in events {
                         event_id += 1;
                         let event = RouterEvent { worker_id: ids[w], event: KvCacheEvent { event_id, data } };
-                        router.apply_event_at(&event, at(t));
+                        router.apply_event(&event);
                     }
                 }
                 if uses_router {

@@ -1,12 +1,16 @@
 //! KV-cache-aware routing (`--router-mode kv`): the router predicts what each worker has
 //! cached from its own routing decisions, and corrects the predictions with the workers'
 //! KV events (`stored`, `removed`, `cleared` on the component's `kv_events` subject) when
-//! they publish them (the mocker does). A
-//! request's tokens are hashed into chained full blocks (as in
-//! [`crate::mocker::hash_full_blocks`]); each worker is scored by how many leading blocks it is
-//! predicted to hold and by the requests the router has in flight on it.
+//! they publish them (the mocker does). A request's tokens are hashed per full block
+//! ([`protocols::compute_block_hash_for_seq`]); the [`RadixTree`] of the fleet's caches
+//! says how many leading blocks each worker holds, and each worker is scored by that and
+//! by the requests the router has in flight on it.
 //!
-//! - [`indexer`]: per-worker predicted blocks (bounded LRU with a TTL).
+//! - [`protocols`]: block hashing, KV events, load metrics, subjects: what engines publish.
+//! - [`publisher`]: how an engine publishes its KV events and load metrics.
+//! - [`indexer`]: [`KvIndexer`], a radix tree that follows a component's KV events.
+//! - [`radix`]: the radix tree of every worker's cached blocks, fed by KV events and by
+//!   the router's own decisions (predictions that expire).
 //! - [`selector`]: the cost function, the temperature and the tie-break.
 //! - [`scheduler`]: each worker's load (its metrics, what was sent since, its timing),
 //!   the straggler penalty and the busy threshold.
@@ -19,13 +23,22 @@
 
 pub mod indexer;
 pub mod inflight;
+pub mod protocols;
+pub mod publisher;
+pub mod radix;
 pub mod lab;
 pub mod router;
 pub mod scheduler;
 pub mod selector;
 
-pub use indexer::ApproxIndexer;
+pub use indexer::KvIndexer;
 pub use inflight::{GuardedStream, InflightGuard, InflightTracker};
+pub use protocols::{
+    compute_block_hash_for_seq, BlockHash, ForwardPassMetrics, KvCacheEvent, KvCacheEventData, KvCacheRemoveData,
+    KvCacheStoreData, KvCacheStoredBlockData, LoadMetricsEvent, RouterEvent, KV_EVENTS_SUBJECT, LOAD_METRICS_SUBJECT,
+};
+pub use publisher::{KvEventPublisher, WorkerMetricsPublisher};
+pub use radix::{IndexStats, OverlapScores, RadixTree, WorkerId};
 pub use router::{KvDecision, KvRouter, KvRouterConfig, DEFAULT_BLOCK_SIZE, DEFAULT_MAX_BLOCKS_PER_WORKER, DEFAULT_TTL};
 pub use scheduler::{Choice, LoadTracker, ScheduleError, SchedulerConfig, WorkerTiming, DEFAULT_STRAGGLER_THRESHOLD};
 pub use selector::{Candidate, SelectorWeights, DEFAULT_OVERLAP_WEIGHT, DEFAULT_TEMPERATURE};

@@ -1,9 +1,9 @@
 //! [`KvRouter`]: hashes a request's tokens into blocks, finds each live worker's
-//! predicted overlap in the [`ApproxIndexer`], lets the [`LoadTracker`] choose from
-//! overlap and load (see [`super::scheduler`]), and records the choice as the chosen
-//! worker's new cache contents; the workers' KV events, when followed, correct the
-//! predictions (evicted blocks stop counting), and their load metrics, when followed,
-//! the load.
+//! overlap in the [`RadixTree`], lets the [`LoadTracker`] choose from overlap and load
+//! (see [`super::scheduler`]), and records the choice as the chosen worker's predicted
+//! cache contents (expiring after a TTL); the workers' KV events, when followed, confirm
+//! and correct them (evicted blocks stop counting), and their load metrics, when
+//! followed, correct the load.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,10 +12,10 @@ use dynamo_runtime::events::Subscription;
 use parking_lot::Mutex;
 use tokio::task::JoinHandle;
 
-use super::indexer::ApproxIndexer;
 use super::inflight::{InflightGuard, InflightTracker};
+use super::protocols::{compute_block_hash_for_seq, LoadMetricsEvent, RouterEvent};
+use super::radix::RadixTree;
 use super::scheduler::{LoadTracker, ScheduleError, SchedulerConfig};
-use crate::mocker::{hash_full_blocks, KvCacheEventData, LoadMetricsEvent, RouterEvent};
 
 /// Default tokens per KV-cache block, when the model does not say.
 pub const DEFAULT_BLOCK_SIZE: u32 = 16;
@@ -77,7 +77,7 @@ pub struct KvDecision {
 #[derive(Debug)]
 pub struct KvRouter {
     config: KvRouterConfig,
-    index: Mutex<ApproxIndexer>,
+    index: Mutex<RadixTree>,
     inflight: InflightTracker,
     /// Tasks following the workers' KV events and load metrics (see
     /// [`KvRouter::follow_events`], [`KvRouter::follow_metrics`]).
@@ -98,7 +98,7 @@ impl KvRouter {
         let block_size = config.block_size.max(1);
         Arc::new(KvRouter {
             config: KvRouterConfig { block_size, ..config },
-            index: Mutex::new(ApproxIndexer::new(config.ttl, config.max_blocks_per_worker)),
+            index: Mutex::new(RadixTree::with_prediction_limits(config.ttl, config.max_blocks_per_worker)),
             inflight: InflightTracker::new(Arc::new(Mutex::new(LoadTracker::new(config.scheduler)))),
             tasks: Mutex::new(Vec::new()),
         })
@@ -129,21 +129,23 @@ impl KvRouter {
         now: Instant,
         rng: &mut impl rand::Rng,
     ) -> Result<KvDecision, ScheduleError> {
-        let chain: Vec<u64> =
-            hash_full_blocks(token_ids, self.config.block_size as usize).iter().map(|b| b.block_hash).collect();
+        let hashes = compute_block_hash_for_seq(token_ids, self.config.block_size as usize);
         let mut index = self.index.lock();
         index.retain_workers(live);
-        let overlaps: Vec<(u64, usize)> = live.iter().map(|&worker| (worker, index.overlap(worker, &chain, now))).collect();
+        index.expire(now);
+        let overlap = index.find_matches(&hashes);
+        let overlaps: Vec<(u64, usize)> =
+            live.iter().map(|&worker| (worker, overlap.scores.get(&worker).map_or(0, |&n| n as usize))).collect();
         let chosen = {
             let mut load = self.inflight.load().lock();
             load.retain(live);
-            load.schedule(&overlaps, chain.len(), now, rng)?
+            load.schedule(&overlaps, hashes.len(), now, rng)?
         };
-        index.record(chosen.worker, &chain, now);
+        index.record_prediction(chosen.worker, &hashes, now);
         Ok(KvDecision {
             worker: chosen.worker,
             overlap_blocks: chosen.overlap_blocks,
-            request_blocks: chain.len(),
+            request_blocks: hashes.len(),
             sent: chosen.sent,
         })
     }
@@ -191,25 +193,13 @@ impl KvRouter {
         self.inflight.get(worker)
     }
 
-    /// Reconcile the index with a worker's KV event (as the mocker publishes them on
+    /// Reconcile the index with a worker's KV event (as engines publish them on
     /// `kv_events`): stored blocks are held from now on, removed ones no longer are,
-    /// `cleared` forgets the worker. Predictions from routing decisions stay in between,
-    /// so a request that follows another before its events arrive still finds its prefix.
+    /// `cleared` forgets the worker's blocks. Predictions from routing decisions stay in
+    /// between, so a request that follows another before its events arrive still finds
+    /// its prefix.
     pub fn apply_event(&self, event: &RouterEvent) {
-        self.apply_event_at(event, Instant::now());
-    }
-
-    /// [`Self::apply_event`] at time `now`.
-    pub fn apply_event_at(&self, event: &RouterEvent, now: Instant) {
-        let mut index = self.index.lock();
-        match &event.event.data {
-            KvCacheEventData::Stored(stored) => {
-                let hashes: Vec<u64> = stored.blocks.iter().map(|b| b.block_hash).collect();
-                index.record(event.worker_id, &hashes, now);
-            }
-            KvCacheEventData::Removed(removed) => index.remove_blocks(event.worker_id, &removed.block_hashes),
-            KvCacheEventData::Cleared => index.remove_worker(event.worker_id),
-        }
+        self.index.lock().apply_router_event(event);
     }
 
     /// Feed the KV events of `subscription` (the workers' `kv_events` subject) into this
@@ -237,9 +227,10 @@ impl KvRouter {
 
     /// Leading blocks of `token_ids` that `worker` is predicted to hold now.
     pub fn predicted_overlap(&self, worker: u64, token_ids: &[u32]) -> usize {
-        let chain: Vec<u64> =
-            hash_full_blocks(token_ids, self.config.block_size as usize).iter().map(|b| b.block_hash).collect();
-        self.index.lock().overlap(worker, &chain, Instant::now())
+        let hashes = compute_block_hash_for_seq(token_ids, self.config.block_size as usize);
+        let mut index = self.index.lock();
+        index.expire(Instant::now());
+        index.find_matches(&hashes).scores.get(&worker).map_or(0, |&n| n as usize)
     }
 }
 
@@ -298,13 +289,18 @@ mod tests {
 
     #[test]
     fn kv_events_correct_the_predictions() {
-        use crate::mocker::{KvCacheEvent, KvCacheRemoveData, KvCacheStoreData, KvCacheStoredBlockData};
+        use crate::kv_router::protocols::{
+            hash_full_blocks, KvCacheEvent, KvCacheEventData, KvCacheRemoveData, KvCacheStoreData,
+            KvCacheStoredBlockData,
+        };
         let r = router();
         let a = prompt(0, 16); // 4 blocks of 4
-        let chain: Vec<u64> = hash_full_blocks(&a, 4).iter().map(|b| b.block_hash).collect();
+        let hashes = hash_full_blocks(&a, 4);
+        let chain: Vec<u64> = hashes.iter().map(|b| b.block_hash).collect();
         let event = |data| RouterEvent { worker_id: 2, event: KvCacheEvent { event_id: 0, data } };
         // Worker 2 reports holding A's blocks: A's next request goes there.
-        let blocks = chain.iter().map(|&h| KvCacheStoredBlockData { block_hash: h, tokens_hash: 0 }).collect();
+        let blocks =
+            hashes.iter().map(|h| KvCacheStoredBlockData { block_hash: h.block_hash, tokens_hash: h.tokens_hash }).collect();
         r.apply_event(&event(KvCacheEventData::Stored(KvCacheStoreData { parent_hash: None, blocks })));
         assert_eq!(r.predicted_overlap(2, &a), 4);
         // It evicts the second block: only the first still counts.

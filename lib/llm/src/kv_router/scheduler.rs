@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use rand::Rng;
 
 use super::selector::{select, Candidate, SelectorWeights};
-use crate::mocker::ForwardPassMetrics;
+use super::protocols::ForwardPassMetrics;
 
 /// Sent blocks stay counted until metrics received this long after the send.
 pub const METRICS_LAG: Duration = Duration::from_millis(250);

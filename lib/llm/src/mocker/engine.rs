@@ -13,7 +13,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::args::{ArgsError, MockerArgs};
-use super::metrics::ForwardPassMetrics;
+use crate::kv_router::protocols::ForwardPassMetrics;
 use super::publisher::{run_publisher, EventSink, MockerPublisher, KV_EVENT_BUFFER};
 use super::scheduler::{Command, NewRequest, Scheduler};
 use crate::engine::{EngineError, RequestContext, TokenEngine, TokenStream};

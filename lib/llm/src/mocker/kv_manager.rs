@@ -6,8 +6,7 @@
 
 use std::collections::HashMap;
 
-use super::block::BlockHash;
-use super::events::{KvCacheEventData, KvCacheRemoveData, KvCacheStoreData, KvCacheStoredBlockData};
+use crate::kv_router::protocols::{BlockHash, KvCacheEventData, KvCacheRemoveData, KvCacheStoreData, KvCacheStoredBlockData};
 use super::evictor::LruEvictor;
 
 /// No free block and nothing left to evict.
@@ -158,7 +157,7 @@ impl KvManager {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mocker::block::hash_full_blocks;
+    use crate::kv_router::protocols::hash_full_blocks;
 
     fn stored_hashes(events: &[KvCacheEventData]) -> Vec<u64> {
         events

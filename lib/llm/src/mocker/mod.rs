@@ -16,12 +16,9 @@
 //! ```
 
 mod args;
-mod block;
 mod engine;
-mod events;
 mod evictor;
 mod kv_manager;
-mod metrics;
 mod publisher;
 mod scheduler;
 mod sequence;
@@ -29,9 +26,6 @@ mod sim;
 mod timing;
 
 pub use args::{ArgsError, MockerArgs};
-pub use block::{chain_hash, compute_tokens_hash, hash_full_blocks, next_block_hash, BlockHash, HASH_SEED};
 pub use engine::{MockerEngine, DEFAULT_MAX_TOKENS};
-pub use events::{KvCacheEvent, KvCacheEventData, KvCacheRemoveData, KvCacheStoreData, KvCacheStoredBlockData, RouterEvent};
-pub use metrics::{ForwardPassMetrics, LoadMetricsEvent};
+pub use publisher::{MockerPublisher, METRICS_MAX_INTERVAL, METRICS_MIN_INTERVAL};
 pub use sim::{SimOutput, SimWorker};
-pub use publisher::{MockerPublisher, KV_EVENTS_SUBJECT, LOAD_METRICS_SUBJECT, METRICS_MAX_INTERVAL, METRICS_MIN_INTERVAL};

@@ -3,27 +3,12 @@
 //! (dropped, with a warning, when it is full; the gap shows in `event_id`) and metrics
 //! through a watch channel (only the latest value matters) to a publisher task.
 
-use std::time::Duration;
-
-use bytes::Bytes;
 use dynamo_runtime::Component;
 use tokio::sync::{mpsc, watch};
-use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
-use super::events::{KvCacheEvent, KvCacheEventData, RouterEvent};
-use super::metrics::{ForwardPassMetrics, LoadMetricsEvent};
-
-/// Event name of KV cache events on the component (`namespace.{ns}.component.{c}.kv_events`).
-pub const KV_EVENTS_SUBJECT: &str = "kv_events";
-/// Event name of load metrics on the component.
-pub const LOAD_METRICS_SUBJECT: &str = "load_metrics";
-/// Load metrics are published at most this often (when they change)...
-pub const METRICS_MIN_INTERVAL: Duration = Duration::from_millis(100);
-/// ...and at least this often (even when they do not).
-pub const METRICS_MAX_INTERVAL: Duration = Duration::from_secs(1);
-/// KV events buffered for the publisher task before new ones are dropped.
-pub(crate) const KV_EVENT_BUFFER: usize = 4096;
+use crate::kv_router::protocols::{ForwardPassMetrics, KvCacheEvent, KvCacheEventData};
+pub use crate::kv_router::publisher::{KV_EVENT_BUFFER, METRICS_MAX_INTERVAL, METRICS_MIN_INTERVAL};
 
 /// Where a mocker publishes: a component's event plane, as one worker.
 #[derive(Debug, Clone)]
@@ -69,55 +54,16 @@ impl EventSink {
     }
 }
 
-/// Publish KV events as they come and metrics when they change (at most every
-/// [`METRICS_MIN_INTERVAL`], at least every [`METRICS_MAX_INTERVAL`]) until cancelled.
+/// Publish the mocker's KV events and metrics until cancelled
+/// ([`crate::kv_router::publisher::run_publisher`]).
 pub(crate) async fn run_publisher(
     publisher: MockerPublisher,
-    mut events: mpsc::Receiver<KvCacheEvent>,
-    mut metrics: watch::Receiver<ForwardPassMetrics>,
+    events: mpsc::Receiver<KvCacheEvent>,
+    metrics: watch::Receiver<ForwardPassMetrics>,
     cancel: CancellationToken,
 ) {
-    let mut tick = tokio::time::interval(METRICS_MIN_INTERVAL);
-    tick.set_missed_tick_behavior(MissedTickBehavior::Skip);
-    let mut last: Option<(Instant, ForwardPassMetrics)> = None;
-    loop {
-        tokio::select! {
-            biased;
-            _ = cancel.cancelled() => return,
-            _ = tick.tick() => {
-                let now = metrics.borrow_and_update().clone();
-                let due = match &last {
-                    None => true,
-                    Some((at, sent)) => *sent != now || at.elapsed() >= METRICS_MAX_INTERVAL,
-                };
-                if due {
-                    let event = LoadMetricsEvent { worker_id: publisher.worker_id, metrics: now.clone() };
-                    publish(&publisher, LOAD_METRICS_SUBJECT, &event).await;
-                    last = Some((Instant::now(), now));
-                }
-            }
-            event = events.recv() => match event {
-                Some(event) => {
-                    let event = RouterEvent { worker_id: publisher.worker_id, event };
-                    publish(&publisher, KV_EVENTS_SUBJECT, &event).await;
-                }
-                None => return,
-            },
-        }
-    }
-}
-
-async fn publish(publisher: &MockerPublisher, subject: &str, value: &impl serde::Serialize) {
-    let payload = match serde_json::to_vec(value) {
-        Ok(payload) => Bytes::from(payload),
-        Err(e) => {
-            tracing::error!(subject, error = %e, "cannot encode event");
-            return;
-        }
-    };
-    if let Err(e) = publisher.component.publish(subject, payload).await {
-        tracing::warn!(subject, error = %e, "cannot publish mocker event");
-    }
+    crate::kv_router::publisher::run_publisher(publisher.component, publisher.worker_id, Some(events), Some(metrics), cancel)
+        .await
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::args::MockerArgs;
 use super::kv_manager::{KvManager, OutOfBlocks};
-use super::metrics::ForwardPassMetrics;
+use crate::kv_router::protocols::ForwardPassMetrics;
 use super::publisher::EventSink;
 use super::sequence::{HeldBlock, OutputSender, Sequence};
 use super::timing::{step_duration, StepWork};
@@ -430,7 +430,7 @@ impl Scheduler {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mocker::events::KvCacheEventData;
+    use crate::kv_router::protocols::KvCacheEventData;
 
     type Receiver = mpsc::UnboundedReceiver<Result<LLMEngineOutput, EngineError>>;
 

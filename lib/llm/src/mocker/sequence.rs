@@ -3,7 +3,7 @@
 
 use tokio::sync::mpsc;
 
-use super::block::{next_block_hash, BlockHash};
+use crate::kv_router::protocols::{next_block_hash, BlockHash};
 use crate::engine::EngineError;
 use crate::protocols::common::LLMEngineOutput;
 
@@ -125,7 +125,7 @@ fn splitmix64(state: &mut u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mocker::block::hash_full_blocks;
+    use crate::kv_router::protocols::hash_full_blocks;
 
     fn seq(prompt: Vec<u32>, seed: u64) -> Sequence {
         Sequence::new(1, prompt, 4, 10, seed, mpsc::unbounded_channel().0)

@@ -10,8 +10,7 @@ use std::collections::HashMap;
 use tokio::sync::mpsc;
 
 use super::args::{ArgsError, MockerArgs};
-use super::events::KvCacheEventData;
-use super::metrics::ForwardPassMetrics;
+use crate::kv_router::protocols::{ForwardPassMetrics, KvCacheEventData};
 use super::scheduler::{Command, NewRequest, Scheduler, StepPlan};
 use super::timing::step_ms;
 use crate::engine::EngineError;
