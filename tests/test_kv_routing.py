@@ -2,8 +2,10 @@
 (`dynamo-run in=http out=dyn --router-mode kv`) in front of mocker worker processes.
 Repeated prefixes go to the worker that holds them (hit rates read from the workers' own
 load metrics, against round-robin as the control); the busy threshold answers 503 with
-Retry-After while every worker is full, and serves again once they are not. The routing
-lab (`python -m dynamo.router.lab`) runs on a small generated Mooncake-shaped trace."""
+Retry-After while every worker is full, and serves again once they are not. The Python
+`KvRouter` and the standalone router component (`python -m dynamo.router`) follow mocker
+workers in other processes. The routing lab (`python -m dynamo.router.lab`) runs on a
+small generated Mooncake-shaped trace."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import WorkerPool, bounded, wait_for_instances
+from helpers import WorkerPool, bounded, collect, wait_for_instances
 from llm_helpers import HTTP_TIMEOUT, chat_body, start_frontend, start_mocker, write_json, write_model_dir
 
 pytestmark = pytest.mark.timeout(180)
@@ -140,6 +142,63 @@ async def test_busy_threshold_answers_503_while_every_worker_is_full(
         await asyncio.sleep(0.2)
         response = await asyncio.to_thread(frontend.post, "/v1/chat/completions", small)
     assert response.status == 200, response
+
+
+async def test_python_kv_router_and_router_component_follow_the_workers(
+    runtime: Any, workers: WorkerPool, namespace: str, model_dir: Path, tmp_path: Path
+) -> None:
+    from dynamo.llm import KvRouter
+    from dynamo.runtime import NoInstancesError
+
+    fast = write_json(tmp_path / "fast.json", {"speedup_ratio": 50.0})
+    for i in range(2):
+        start_mocker(
+            workers, f"{namespace}.mocker.generate", model_dir, "--extra-engine-args", str(fast),
+            "--kv-cache-block-size", str(BLOCK), name=f"mocker-{i}",
+        )
+    mocker = runtime.namespace(namespace).component("mocker").endpoint("generate")
+    mocker_client = await mocker.client()
+    ids = set(await wait_for_instances(mocker_client, 2))
+    component = workers.command(
+        [sys.executable, "-m", "dynamo.router", "--workers", f"dyn://{namespace}.mocker.generate",
+         "--endpoint", f"dyn://{namespace}.router.generate", "--block-size", str(BLOCK)],
+        name="router",
+    )
+    await component.wait_for_line("routing for", 30)
+    router_client = await runtime.namespace(namespace).component("router").endpoint("generate").client()
+    await wait_for_instances(router_client, 1)
+    router = KvRouter(mocker, block_size=BLOCK)
+    assert router.block_size == BLOCK
+
+    prompt = list(range(100, 140))  # 10 blocks
+    # Nothing cached yet: any worker, no overlap.
+    [decision] = await collect(await router_client.generate({"token_ids": prompt}))
+    assert decision["worker_id"] in ids and decision["overlap_blocks"] == 0
+    holder = decision["worker_id"]
+    # The worker computes the prompt; its KV events reach both routers.
+    request = {"token_ids": prompt, "stop_conditions": {"max_tokens": 2}}
+    items = await collect(await mocker_client.direct(request, holder))
+    assert items and items[-1].get("finish_reason"), items
+
+    async def routed_to_holder() -> bool:
+        [d] = await collect(await router_client.generate({"token_ids": [*prompt, 7, 8, 9, 10]}))
+        worker, overlap = await router.best_worker([*prompt, 7, 8, 9, 10])
+        return d == {"worker_id": holder, "overlap_blocks": 10} and (worker, overlap) == (holder, 10)
+
+    deadline = time.monotonic() + 15
+    while not await routed_to_holder():
+        assert time.monotonic() < deadline, "the routers did not learn the holder's cached prefix"
+        await asyncio.sleep(0.2)
+    assert await router.schedule(prompt) == holder
+
+    # Bad requests are the handler's error; an endpoint without instances raises.
+    with pytest.raises(ValueError, match="token_ids"):
+        await collect(await router_client.generate({"tokens": prompt}))
+    empty = KvRouter(runtime.namespace(namespace).component("nobody").endpoint("generate"), block_size=BLOCK)
+    with pytest.raises(NoInstancesError):
+        await empty.schedule(prompt)
+    with pytest.raises(ValueError, match="temperature"):
+        KvRouter(mocker, temperature=-1.0)
 
 
 def write_conversation_trace(path: Path, sessions: int, turns: int, gap_ms: int) -> Path:

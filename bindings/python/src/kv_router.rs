@@ -1,13 +1,102 @@
-//! KV routing from Python: the routing lab (`run_routing_lab`).
+//! KV routing from Python: `KvRouter` (chooses a worker of an endpoint for a prompt,
+//! following its workers' KV events and load metrics) and the routing lab
+//! (`run_routing_lab`).
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use dynamo_llm::kv_router::lab::{self, LabConfig, LabError, Policy};
-use dynamo_llm::kv_router::{SchedulerConfig, SelectorWeights, DEFAULT_OVERLAP_WEIGHT};
+use dynamo_llm::kv_router::{
+    KvRouter, KvRouterConfig, ScheduleError, SchedulerConfig, SelectorWeights, DEFAULT_OVERLAP_WEIGHT,
+    KV_EVENTS_SUBJECT, LOAD_METRICS_SUBJECT,
+};
 use dynamo_llm::mocker::MockerArgs;
+use dynamo_runtime::Client;
 use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
+
+use crate::bridge::{block_on, ready};
+use crate::errors::{to_py, DynamoError, NoInstancesError};
+use crate::runtime::PyEndpoint;
+
+/// Chooses, for a prompt's token ids, the instance of an endpoint to send it to: the
+/// cached prefix each worker holds (from its KV events, or predicted from earlier
+/// choices), its load (its load metrics plus what was chosen since), the temperature
+/// and the busy threshold, as `dynamo-run --router-mode kv` does.
+#[pyclass(name = "KvRouter", module = "dynamo._core", frozen)]
+pub struct PyKvRouter {
+    router: Arc<KvRouter>,
+    client: Client,
+}
+
+impl PyKvRouter {
+    fn choose(&self, token_ids: &[u32]) -> PyResult<(u64, usize)> {
+        let live = self.client.instance_ids();
+        match self.router.route(token_ids, &live) {
+            Ok(d) => Ok((d.worker, d.overlap_blocks)),
+            Err(e @ ScheduleError::NoWorkers) => Err(NoInstancesError::new_err(format!("{e} of {}", self.client.endpoint()))),
+            Err(e @ ScheduleError::AllBusy { .. }) => Err(DynamoError::new_err(e.to_string())),
+        }
+    }
+}
+
+#[pymethods]
+impl PyKvRouter {
+    #[new]
+    #[pyo3(signature = (endpoint, block_size=16, overlap_weight=DEFAULT_OVERLAP_WEIGHT, temperature=0.0, busy_threshold=None, use_kv_events=true))]
+    fn new(
+        py: Python<'_>,
+        endpoint: &PyEndpoint,
+        block_size: u32,
+        overlap_weight: f64,
+        temperature: f64,
+        busy_threshold: Option<f64>,
+        use_kv_events: bool,
+    ) -> PyResult<Self> {
+        if block_size == 0 {
+            return Err(PyValueError::new_err("block_size must be at least 1"));
+        }
+        let scheduler = SchedulerConfig {
+            weights: SelectorWeights { overlap_weight, temperature },
+            busy_threshold,
+            ..Default::default()
+        };
+        scheduler.validate().map_err(PyValueError::new_err)?;
+        let config = KvRouterConfig { block_size, scheduler, use_kv_events, ..Default::default() };
+        let endpoint = endpoint.inner.clone();
+        block_on(py, async move {
+            let client = endpoint.client().await?;
+            let component = endpoint.component();
+            let router = KvRouter::new(config);
+            if use_kv_events {
+                router.follow_events(component.subscribe(KV_EVENTS_SUBJECT).await?);
+            }
+            router.follow_metrics(component.subscribe(LOAD_METRICS_SUBJECT).await?);
+            Ok::<_, dynamo_runtime::Error>(PyKvRouter { router, client })
+        })
+        .map_err(to_py)
+    }
+
+    /// Awaitable: the instance id to send a prompt of `token_ids` to. Raises
+    /// `NoInstancesError` without instances, `DynamoError` when all are busy.
+    fn schedule(&self, py: Python<'_>, token_ids: Vec<u32>) -> PyResult<Py<PyAny>> {
+        let chosen = self.choose(&token_ids).and_then(|(worker, _)| Ok(worker.into_pyobject(py)?.into_any().unbind()));
+        ready(py, chosen)
+    }
+
+    /// Awaitable: `(instance id, cached prefix blocks it holds)` for `token_ids`.
+    fn best_worker(&self, py: Python<'_>, token_ids: Vec<u32>) -> PyResult<Py<PyAny>> {
+        let chosen = self.choose(&token_ids).and_then(|pair| Ok(pair.into_pyobject(py)?.into_any().unbind()));
+        ready(py, chosen)
+    }
+
+    /// Tokens per block.
+    #[getter]
+    fn block_size(&self) -> u32 {
+        self.router.config().block_size
+    }
+}
 
 fn lab_error(e: LabError) -> PyErr {
     match e {
@@ -75,6 +164,7 @@ pub fn run_routing_lab<'py>(
 
 /// Add this module's functions and classes to `m`.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyKvRouter>()?;
     m.add_function(wrap_pyfunction!(run_routing_lab, m)?)?;
     Ok(())
 }

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from typing import Final
 
-from dynamo._core import register_llm, run_dynamo_run
+from dynamo._core import KvRouter, register_llm, run_dynamo_run
 
-__all__ = ["ModelType", "register_llm", "run_dynamo_run"]
+__all__ = ["KvRouter", "ModelType", "register_llm", "run_dynamo_run"]
 
 
 class ModelType:

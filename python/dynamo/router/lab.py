@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -80,17 +81,20 @@ def format_table(reports: Sequence[dict[str, Any]]) -> str:
     rows = [[title for title, _, _ in COLUMNS]]
     rows += [[fmt.format(r[key]) for _, key, fmt in COLUMNS] for r in reports]
     widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
-    return "\n".join("  ".join(cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths)))
-                     for row in rows)
+    lines = []
+    for row in rows:
+        cells = [cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths, strict=True))]
+        lines.append("  ".join(cells))
+    return "\n".join(lines)
 
 
 def plot_ttft_cdfs(reports: Sequence[dict[str, Any]], path: Path, title: str) -> bool:
     """Write the TTFT CDF of each report to `path`; False (with a message) without matplotlib."""
     try:
-        import matplotlib
+        import matplotlib  # type: ignore[import-not-found]
 
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # type: ignore[import-not-found]
     except ImportError:
         print("matplotlib is not installed: no plot written (pip install matplotlib, or pass --no-plot)",
               file=sys.stderr)
@@ -128,8 +132,6 @@ def limited_trace(trace: Path, limit: int | None, scratch: Path) -> Path:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     engine_args = args.engine_args.read_text() if args.engine_args else None
-    import tempfile
-
     with tempfile.TemporaryDirectory() as tmp:
         trace = limited_trace(args.trace, args.limit, Path(tmp) / "trace.jsonl")
         reports = []

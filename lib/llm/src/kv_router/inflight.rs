@@ -83,7 +83,7 @@ impl Drop for InflightGuard {
         let mut load = self.tracker.load.lock();
         load.finish_request(self.worker, self.blocks);
         if let Some(sent) = self.sent {
-            load.forget_sent(self.worker, sent);
+            load.forget_sent(self.worker, sent, self.blocks, Instant::now());
         }
     }
 }

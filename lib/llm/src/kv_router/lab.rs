@@ -258,8 +258,8 @@ fn percentile(sorted: &[f64], q: f64) -> f64 {
 #[derive(Debug, Clone, Copy)]
 struct Stream {
     worker: usize,
-    /// The router's id of the request's counted blocks.
-    sent: Option<u64>,
+    /// The router's id of the request's counted blocks, and their number.
+    sent: Option<(u64, u64)>,
     arrival: f64,
     last: Option<f64>,
 }
@@ -326,7 +326,9 @@ pub fn run(trace: &[TraceRequest], policy: Policy, config: &LabConfig) -> Result
                     Policy::RoundRobin => Ok((i % n, None)),
                     Policy::Random => Ok((rng.random_range(0..n), None)),
                     Policy::Kv | Policy::Approx => {
-                        router.route_with(&tokens, &ids, at(t), &mut rng).map(|d| (d.worker as usize, Some(d.sent)))
+                        router.route_with(&tokens, &ids, at(t), &mut rng).map(|d| {
+                            (d.worker as usize, Some((d.sent, d.request_blocks as u64 + 1)))
+                        })
                     }
                 };
                 let (w, sent) = match chosen {
@@ -337,8 +339,8 @@ pub fn run(trace: &[TraceRequest], policy: Policy, config: &LabConfig) -> Result
                     }
                 };
                 if workers[w].add(i as u64, tokens, trace[i].output_length.max(1)).is_err() {
-                    if let Some(sent) = sent {
-                        router.load().lock().forget_sent(ids[w], sent);
+                    if let Some((sent, _)) = sent {
+                        router.load().lock().forget_sent(ids[w], sent, 0, at(t));
                     }
                     rejected += 1;
                     continue;
@@ -381,8 +383,8 @@ pub fn run(trace: &[TraceRequest], policy: Policy, config: &LabConfig) -> Result
                         } else {
                             rejected += 1;
                         }
-                        if let Some(sent) = stream.sent {
-                            router.load().lock().forget_sent(ids[stream.worker], sent);
+                        if let Some((sent, blocks)) = stream.sent {
+                            router.load().lock().forget_sent(ids[stream.worker], sent, blocks, at(t));
                         }
                         streams.remove(&out.request);
                     }

@@ -4,7 +4,8 @@
 //! mocker does), the KV blocks its last metrics report in use plus the blocks of the
 //! requests this router (or a replica sharing its decisions) sent it since — kept
 //! until metrics received [`METRICS_LAG`] after the send must include them, or until the
-//! request's stream ends (its blocks are no longer in use). Without
+//! request's stream ends; and minus the blocks of requests that ended since metrics that
+//! still counted them (until metrics received [`METRICS_LAG`] after the end). Without
 //! metrics (or when they are older than [`METRICS_STALE`]), it is the blocks of the
 //! requests the router has in flight there.
 //!
@@ -130,6 +131,8 @@ struct WorkerLoad {
     reported: Option<Reported>,
     /// Requests sent since the metrics that include them.
     pending: VecDeque<Pending>,
+    /// (time ended, blocks) of requests that ended since the metrics that include them.
+    released: VecDeque<(Instant, u64)>,
     inflight_requests: u64,
     inflight_blocks: u64,
     /// Seconds per streamed item after the first.
@@ -145,7 +148,11 @@ impl WorkerLoad {
 
     fn decode_blocks(&self, now: Instant) -> f64 {
         match self.fresh(now) {
-            Some(r) => (r.active_blocks + self.pending.iter().map(|p| p.blocks).sum::<u64>()) as f64,
+            Some(r) => {
+                let sent: u64 = self.pending.iter().map(|p| p.blocks).sum();
+                let ended: u64 = self.released.iter().map(|(_, b)| b).sum();
+                (r.active_blocks + sent).saturating_sub(ended) as f64
+            }
             None => self.inflight_blocks as f64,
         }
     }
@@ -204,6 +211,9 @@ impl LoadTracker {
         while load.pending.front().is_some_and(|p| now.saturating_duration_since(p.sent) >= METRICS_LAG) {
             load.pending.pop_front();
         }
+        while load.released.front().is_some_and(|(ended, _)| now.saturating_duration_since(*ended) >= METRICS_LAG) {
+            load.released.pop_front();
+        }
     }
 
     /// A request of `blocks` KV blocks was sent to `worker` at `now` (by this router or
@@ -216,11 +226,19 @@ impl LoadTracker {
         id
     }
 
-    /// The request `id` of [`Self::record_sent`] on `worker` ended: its blocks no longer
-    /// count, whether or not metrics have caught up.
-    pub fn forget_sent(&mut self, worker: u64, id: u64) {
+    /// The request `id` of [`Self::record_sent`] (of `blocks` blocks) on `worker` ended
+    /// at `now`: its blocks no longer count, whether or not metrics have caught up with
+    /// its start (it is dropped from those sent) or its end (metrics that still count it
+    /// are corrected until metrics received [`METRICS_LAG`] after `now`).
+    pub fn forget_sent(&mut self, worker: u64, id: u64, blocks: u64, now: Instant) {
         if let Some(load) = self.workers.get_mut(&worker) {
-            load.pending.retain(|p| p.id != id);
+            match load.pending.iter().position(|p| p.id == id) {
+                Some(i) => {
+                    load.pending.remove(i);
+                }
+                None if load.reported.is_some() => load.released.push_back((now, blocks)),
+                None => {}
+            }
         }
     }
 
@@ -428,11 +446,21 @@ mod tests {
         let a = tracker.record_sent(1, 10, t0);
         let b = tracker.record_sent(1, 4, t0);
         assert_eq!(tracker.decode_blocks(1, t0), 14.0);
-        tracker.forget_sent(1, a);
+        tracker.forget_sent(1, a, 10, t0);
         assert_eq!(tracker.decode_blocks(1, t0), 4.0);
-        tracker.forget_sent(1, a);
-        tracker.forget_sent(2, b);
+        tracker.forget_sent(2, b, 4, t0);
         assert_eq!(tracker.decode_blocks(1, t0), 4.0, "only the request's own entry goes");
+        // Metrics that include b arrive; b ends before the next metrics: they still count
+        // it, the router does not.
+        let t1 = t0 + METRICS_LAG;
+        tracker.update_metrics(1, &metrics(4, 1000), t1);
+        assert_eq!(tracker.decode_blocks(1, t1), 4.0);
+        tracker.forget_sent(1, b, 4, t1);
+        assert_eq!(tracker.decode_blocks(1, t1), 0.0);
+        tracker.update_metrics(1, &metrics(4, 1000), t1 + Duration::from_millis(10));
+        assert_eq!(tracker.decode_blocks(1, t1), 0.0, "metrics taken just after the end are corrected");
+        tracker.update_metrics(1, &metrics(3, 1000), t1 + METRICS_LAG);
+        assert_eq!(tracker.decode_blocks(1, t1 + METRICS_LAG), 3.0, "later metrics are the truth");
     }
 
     #[test]
