@@ -11,8 +11,9 @@
 //!
 //! Streams routed through the router report their timing (first item, gaps between
 //! items); a worker whose time per item is [`SchedulerConfig::straggler_threshold`]
-//! times the fleet's (the lower median over the workers with enough samples) or more
-//! is a straggler: its cost is multiplied by that ratio (see [`super::selector`]).
+//! times the fleet's (the lower median over the workers with enough samples) or more,
+//! and at least [`STRAGGLER_MIN_EXCESS`] more, is a straggler: its cost is multiplied
+//! by that ratio (see [`super::selector`]).
 //!
 //! With a busy threshold, a worker whose predicted KV usage is at or above it is busy;
 //! when every candidate is busy the router refuses ([`ScheduleError::AllBusy`]; the
@@ -36,6 +37,9 @@ pub const METRICS_STALE: Duration = Duration::from_secs(5);
 pub const DEFAULT_STRAGGLER_THRESHOLD: f64 = 2.0;
 /// Samples of a worker's timing needed before it is compared with the fleet.
 pub const STRAGGLER_MIN_SAMPLES: u64 = 8;
+/// A straggler's time per item also exceeds the fleet's by this much: differences of
+/// fractions of a millisecond are network jitter, not a slow engine.
+pub const STRAGGLER_MIN_EXCESS: Duration = Duration::from_millis(2);
 /// Weight of a new sample in the moving averages of timing.
 const EWMA_ALPHA: f64 = 0.1;
 /// Cap on the cost multiplier of a straggler.
@@ -306,8 +310,9 @@ impl LoadTracker {
         workers
             .iter()
             .map(|w| {
-                let ratio = timed.iter().find(|(t, _)| t == w).map_or(1.0, |(_, v)| v / fleet);
-                if ratio >= self.config.straggler_threshold {
+                let own = timed.iter().find(|(t, _)| t == w).map_or(fleet, |(_, v)| *v);
+                let ratio = own / fleet;
+                if ratio >= self.config.straggler_threshold && own - fleet >= STRAGGLER_MIN_EXCESS.as_secs_f64() {
                     ratio.min(MAX_SLOWNESS)
                 } else {
                     1.0
@@ -500,6 +505,13 @@ mod tests {
             off.record_itl(1, Duration::from_millis(10));
         }
         assert_eq!(off.schedule(&[(1, 0), (2, 0), (3, 16)], 16, t0, &mut rng()).unwrap().worker, 3);
+        // Tiny times (jitter) are no judgement either.
+        let mut fast = LoadTracker::new(SchedulerConfig::default());
+        for _ in 0..20 {
+            fast.record_itl(1, Duration::from_micros(100));
+            fast.record_itl(2, Duration::from_micros(900));
+        }
+        assert_eq!(fast.slowness(&[1, 2]), vec![1.0, 1.0]);
         // Too few samples: no judgement.
         let mut young = LoadTracker::new(SchedulerConfig::default());
         young.record_itl(1, Duration::from_millis(10));
