@@ -231,17 +231,15 @@ impl LoadTracker {
     }
 
     /// The request `id` of [`Self::record_sent`] (of `blocks` blocks) on `worker` ended
-    /// at `now`: its blocks no longer count, whether or not metrics have caught up with
-    /// its start (it is dropped from those sent) or its end (metrics that still count it
-    /// are corrected until metrics received [`METRICS_LAG`] after `now`).
+    /// at `now`: it is dropped from those sent, and its blocks are taken off the metrics
+    /// received until [`METRICS_LAG`] after `now` (which may have been taken while it
+    /// ran; the estimate is clamped at 0).
     pub fn forget_sent(&mut self, worker: u64, id: u64, blocks: u64, now: Instant) {
         if let Some(load) = self.workers.get_mut(&worker) {
-            match load.pending.iter().position(|p| p.id == id) {
-                Some(i) => {
-                    load.pending.remove(i);
-                }
-                None if load.reported.is_some() => load.released.push_back((now, blocks)),
-                None => {}
+            load.pending.retain(|p| p.id != id);
+            // Metrics taken while it ran may still arrive (or have arrived) and count it.
+            if load.reported.is_some() {
+                load.released.push_back((now, blocks));
             }
         }
     }
@@ -452,9 +450,12 @@ mod tests {
         let b = tracker.record_sent(1, 4, t0);
         assert_eq!(tracker.decode_blocks(1, t0), 14.0);
         tracker.forget_sent(1, a, 10, t0);
-        assert_eq!(tracker.decode_blocks(1, t0), 4.0);
+        assert_eq!(tracker.decode_blocks(1, t0), 0.0, "a's entry goes, and is taken off the metrics (clamped)");
         tracker.forget_sent(2, b, 4, t0);
-        assert_eq!(tracker.decode_blocks(1, t0), 4.0, "only the request's own entry goes");
+        assert_eq!(tracker.decode_blocks(1, t0), 0.0, "only the request's own entry goes");
+        // Metrics taken while a ran arrive late: still corrected.
+        tracker.update_metrics(1, &metrics(10, 1000), t0 + Duration::from_millis(5));
+        assert_eq!(tracker.decode_blocks(1, t0), 4.0, "10 reported + 4 sent (b) - 10 ended (a)");
         // Metrics that include b arrive; b ends before the next metrics: they still count
         // it, the router does not.
         let t1 = t0 + METRICS_LAG;
