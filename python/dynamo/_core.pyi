@@ -355,15 +355,15 @@ class KvRouter:
         DynamoError: subscribing or discovery failed.
     """
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         endpoint: Endpoint,
         block_size: int = 16,
         overlap_weight: float = 1.0,
         temperature: float = 0.0,
         busy_threshold: float | None = None,
         use_kv_events: bool = True,
-    ) -> None: ...
+    ) -> KvRouter: ...
     @property
     def block_size(self) -> int:
         """Tokens per block."""
