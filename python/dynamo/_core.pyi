@@ -22,15 +22,21 @@ __all__ = [
     "HandlerError",
     "InstanceNotFoundError",
     "KeyValueStore",
+    "KvEventPublisher",
+    "KvIndexer",
     "KvRouter",
     "Namespace",
     "NoInstancesError",
+    "OverlapScores",
     "PayloadTooLargeError",
+    "RadixTree",
     "RequestContext",
     "ResponseStream",
     "StreamDisconnectedError",
     "Subscription",
+    "WorkerMetricsPublisher",
     "__version__",
+    "compute_block_hash_for_seq",
     "register_llm",
     "run_dynamo_run",
     "run_routing_lab",
@@ -332,6 +338,157 @@ def run_dynamo_run(argv: list[str]) -> int:
         The exit status: 0 on success, 2 for a bad command line, 1 for other errors
         (printed to stderr as ``dynamo-run: error: ...``).
     """
+
+# KV-aware routing: the index of the fleet's caches and what engines publish to it.
+# Formats: docs/kv-routing.md.
+
+def compute_block_hash_for_seq(tokens: list[int], block_size: int, lora_name: str | None = None) -> list[int]:
+    """The tokens hash of every full block of ``tokens``: xxh3-64 (seed 1337) over the
+    block's token ids as little-endian u32. A partial last block gets none.
+
+    Arguments:
+        tokens: token ids (each 0 to 2**32-1).
+        block_size: tokens per block, at least 1.
+        lora_name: the LoRA adapter the blocks belong to; its name salts the hashes so
+            that blocks of different adapters never match.
+
+    Returns:
+        One hash per full block: what ``RadixTree.find_matches`` takes.
+
+    Raises:
+        ValueError: ``block_size`` is 0.
+        OverflowError: a token id is negative or does not fit 32 bits.
+    """
+
+@final
+class OverlapScores:
+    """How many leading blocks of a request each worker holds."""
+
+    @property
+    def scores(self) -> dict[int, int]:
+        """Worker id → matched leading blocks; workers matching none are absent."""
+
+@final
+class RadixTree:
+    """The fleet's KV cache index: a radix tree of block hashes whose nodes list the
+    workers holding them, fed by hand with KV events."""
+
+    def __new__(cls) -> RadixTree: ...
+    def apply_event(self, worker_id: int, event: bytes | str) -> None:
+        """Apply one KV event of ``worker_id``. Events that cannot apply exactly (an
+        unknown ``parent_hash``, a removal of a block the worker does not hold) are
+        counted in ``stats()`` and otherwise ignored.
+
+        Arguments:
+            worker_id: the worker's instance id.
+            event: JSON: ``{"event_id": 7, "data": {"stored": {"parent_hash": null,
+                "blocks": [{"block_hash": 111, "tokens_hash": 57569...}]}}}``,
+                ``{"event_id": 8, "data": {"removed": {"block_hashes": [111]}}}`` or
+                ``{"event_id": 9, "data": "cleared"}``.
+
+        Raises:
+            ValueError: ``event`` is not such JSON.
+        """
+    def find_matches(self, hashes: list[int]) -> OverlapScores:
+        """How many leading blocks of ``hashes`` (tokens hashes, as
+        ``compute_block_hash_for_seq`` gives) each worker holds."""
+    def remove_worker(self, worker_id: int) -> None:
+        """Forget everything ``worker_id`` holds."""
+    def dump_tree_as_events(self) -> list[str]:
+        """The index as ``stored`` events, JSON strings ``{"worker_id": 1, "event":
+        {...}}``, parents first: applying each ``event`` for its ``worker_id`` to an
+        empty tree rebuilds this one."""
+    def stats(self) -> dict[str, int]:
+        """Counters: ``events``, ``unknown_parents``, ``unknown_removals``,
+        ``event_id_gaps``, ``expired``."""
+
+@final
+class KvIndexer:
+    """A ``RadixTree`` that follows the KV events of a component's workers (its
+    ``kv_events`` subject) and forgets a worker once its instance leaves discovery."""
+
+    def __new__(cls, component: Component, kv_block_size: int) -> KvIndexer:
+        """Subscribe and start following.
+
+        Raises:
+            ValueError: ``kv_block_size`` is 0.
+            DynamoError: the subscription failed.
+        """
+    def block_size(self) -> int:
+        """Tokens per block."""
+    def find_matches_for_request(self, token_ids: list[int], lora_name: str | None = None) -> Awaitable[OverlapScores]:
+        """Awaitable: how many leading full blocks of ``token_ids`` each worker holds."""
+    def find_matches(self, hashes: list[int]) -> OverlapScores:
+        """How many leading blocks of ``hashes`` (tokens hashes) each worker holds."""
+    def remove_worker(self, worker_id: int) -> None:
+        """Forget a worker now."""
+    def dump_tree_as_events(self) -> list[str]:
+        """The index as ``stored`` events (see ``RadixTree.dump_tree_as_events``)."""
+    def stats(self) -> dict[str, int]:
+        """Counters (see ``RadixTree.stats``)."""
+
+@final
+class KvEventPublisher:
+    """An engine's KV events, published on its component's ``kv_events`` subject for
+    routers and ``KvIndexer``s. The ``publish_*`` calls never block: events are queued
+    (4096 at most) for a background task; each returns False when the queue was full and
+    the event was dropped."""
+
+    def __new__(cls, component: Component, worker_id: int | None = None, kv_block_size: int = 16) -> KvEventPublisher:
+        """Arguments:
+            component: the engine's component.
+            worker_id: the id routers know the engine by; default this process's
+                instance id (that of the endpoints it serves).
+            kv_block_size: tokens per block, at least 1.
+        """
+    @property
+    def worker_id(self) -> int:
+        """The worker id the events carry."""
+    def publish_stored(
+        self,
+        event_id: int,
+        token_ids: list[int],
+        num_block_tokens: list[int],
+        block_hashes: list[int],
+        lora_name: str | None = None,
+        parent_hash: int | None = None,
+    ) -> bool:
+        """Blocks entered the cache: ``token_ids`` split into blocks of
+        ``num_block_tokens[i]`` tokens named ``block_hashes[i]`` by the engine, the first
+        following the engine's block ``parent_hash`` (``None`` at a sequence's start).
+        The first block that is not full ends the event. Block ids may be signed or
+        unsigned 64-bit integers.
+
+        Raises:
+            ValueError: the lists disagree in length, or ask for more tokens than given.
+        """
+    def publish_removed(self, event_id: int, block_hashes: list[int]) -> bool:
+        """Blocks (the engine's ids) left the cache."""
+    def publish_cleared(self, event_id: int) -> bool:
+        """The whole cache was dropped."""
+
+@final
+class WorkerMetricsPublisher:
+    """An engine's load, published on its component's ``load_metrics`` subject when it
+    changes (at most every 100 ms) and at least every second, until dropped."""
+
+    def __new__(cls, component: Component, worker_id: int | None = None) -> WorkerMetricsPublisher:
+        """``worker_id`` defaults to this process's instance id."""
+    @property
+    def worker_id(self) -> int:
+        """The worker id the metrics carry."""
+    def publish(
+        self,
+        request_active_slots: int,
+        request_total_slots: int,
+        kv_active_blocks: int,
+        kv_total_blocks: int,
+        num_requests_waiting: int,
+        gpu_cache_usage_perc: float,
+        gpu_prefix_cache_hit_rate: float,
+        data_parallel_rank: int | None = None,
+    ) -> None:
+        """Replace the published load (the percentages are fractions, 0 to 1)."""
 
 @final
 class KvRouter:

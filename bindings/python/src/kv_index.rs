@@ -11,9 +11,10 @@ use dynamo_llm::kv_router::protocols::{
 };
 use dynamo_llm::kv_router::{self, RadixTree};
 use parking_lot::Mutex;
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyOverflowError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyString};
+use pyo3::types::{PyBytes, PyList, PyString};
+use pyo3::ffi;
 
 use crate::bridge::{block_on, ready, tokio};
 use crate::errors::to_py;
@@ -33,6 +34,39 @@ fn block_ids(objs: &[Bound<'_, PyAny>]) -> PyResult<Vec<u64>> {
     objs.iter().map(block_id).collect()
 }
 
+/// The ints of a list, read straight through the C API (hashing an 8k-token prompt is
+/// dominated by this conversion otherwise); `None` when `obj` is not a list.
+fn list_ints<T: TryFrom<u64>>(obj: &Bound<'_, PyAny>) -> Option<PyResult<Vec<T>>> {
+    let list = obj.cast::<PyList>().ok()?;
+    let py = obj.py();
+    let mut out = Vec::with_capacity(list.len());
+    for i in 0..list.len() {
+        // SAFETY: `list` is a list and `i` is within its length, which cannot change while
+        // we hold the GIL and call no Python code; the item is borrowed for this iteration.
+        let v = unsafe { ffi::PyLong_AsUnsignedLongLong(ffi::PyList_GetItem(list.as_ptr(), i as ffi::Py_ssize_t)) };
+        if v == u64::MAX {
+            if let Some(err) = PyErr::take(py) {
+                return Some(Err(err));
+            }
+        }
+        match T::try_from(v) {
+            Ok(v) => out.push(v),
+            Err(_) => return Some(Err(PyOverflowError::new_err(format!("{v} is out of range")))),
+        }
+    }
+    Some(Ok(out))
+}
+
+/// Token ids from a list (fast) or any sequence of ints.
+fn token_list(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+    list_ints(obj).unwrap_or_else(|| obj.extract())
+}
+
+/// Block hashes from a list (fast) or any sequence of ints.
+fn hash_list(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
+    list_ints(obj).unwrap_or_else(|| obj.extract())
+}
+
 fn nonzero_block_size(block_size: usize) -> PyResult<usize> {
     if block_size == 0 {
         return Err(PyValueError::new_err("block_size must be at least 1"));
@@ -44,8 +78,9 @@ fn nonzero_block_size(block_size: usize) -> PyResult<usize> {
 /// token ids as little-endian u32; salted when `lora_name` is given).
 #[pyfunction]
 #[pyo3(signature = (tokens, block_size, lora_name=None))]
-fn compute_block_hash_for_seq(tokens: Vec<u32>, block_size: usize, lora_name: Option<&str>) -> PyResult<Vec<u64>> {
-    Ok(compute_block_hash_for_seq_salted(&tokens, nonzero_block_size(block_size)?, lora_name))
+fn compute_block_hash_for_seq(tokens: &Bound<'_, PyAny>, block_size: usize, lora_name: Option<&str>) -> PyResult<Vec<u64>> {
+    let block_size = nonzero_block_size(block_size)?;
+    Ok(compute_block_hash_for_seq_salted(&token_list(tokens)?, block_size, lora_name))
 }
 
 /// How many leading blocks of a request each worker holds.
@@ -125,8 +160,9 @@ impl PyRadixTree {
     }
 
     /// Leading blocks (by tokens hash, as `compute_block_hash_for_seq` gives) each worker holds.
-    fn find_matches(&self, hashes: Vec<u64>) -> PyOverlapScores {
-        self.tree.lock().find_matches(&hashes).into()
+    fn find_matches(&self, hashes: &Bound<'_, PyAny>) -> PyResult<PyOverlapScores> {
+        let hashes = hash_list(hashes)?;
+        Ok(self.tree.lock().find_matches(&hashes).into())
     }
 
     /// Forget a worker.
@@ -169,14 +205,19 @@ impl PyKvIndexer {
 
     /// Awaitable: leading full blocks of `token_ids` each worker holds.
     #[pyo3(signature = (token_ids, lora_name=None))]
-    fn find_matches_for_request(&self, py: Python<'_>, token_ids: Vec<u32>, lora_name: Option<&str>) -> PyResult<Py<PyAny>> {
-        let scores = PyOverlapScores::from(self.inner.find_matches_for_request(&token_ids, lora_name));
+    fn find_matches_for_request(
+        &self,
+        py: Python<'_>,
+        token_ids: &Bound<'_, PyAny>,
+        lora_name: Option<&str>,
+    ) -> PyResult<Py<PyAny>> {
+        let scores = PyOverlapScores::from(self.inner.find_matches_for_request(&token_list(token_ids)?, lora_name));
         ready(py, Ok(Py::new(py, scores)?.into_any()))
     }
 
     /// Leading blocks (by tokens hash) each worker holds.
-    fn find_matches(&self, hashes: Vec<u64>) -> PyOverlapScores {
-        self.inner.find_matches(&hashes).into()
+    fn find_matches(&self, hashes: &Bound<'_, PyAny>) -> PyResult<PyOverlapScores> {
+        Ok(self.inner.find_matches(&hash_list(hashes)?).into())
     }
 
     /// Forget a worker (workers that leave discovery are forgotten by themselves).

@@ -71,17 +71,22 @@ fn bench(c: &mut Criterion) {
     let shared = compute_block_hash_for_seq(&tokens_8k, BLOCK_SIZE);
 
     let mut group = c.benchmark_group("kv_index");
-    let events: Vec<KvCacheEvent> = (0..64u64)
-        .flat_map(|s| stored_events(&compute_block_hash_for_seq(&prompt(s, 8192), BLOCK_SIZE), s << 32))
+    // 64 sequences of 8k tokens (32 events each), spread over the workers.
+    let events: Vec<(u64, KvCacheEvent)> = (0..64u64)
+        .flat_map(|s| {
+            let hashes = compute_block_hash_for_seq(&prompt(s, 8192), BLOCK_SIZE);
+            stored_events(&hashes, s << 32).into_iter().map(move |e| (s % WORKERS, e))
+        })
         .collect();
     group.throughput(Throughput::Elements(events.len() as u64));
     group.bench_function("apply_stored_events_16_blocks", |b| {
         b.iter_batched(
             RadixTree::new,
             |mut tree| {
-                for (i, event) in events.iter().enumerate() {
-                    tree.apply_event(i as u64 % WORKERS, event);
+                for (worker, event) in &events {
+                    tree.apply_event(*worker, event);
                 }
+                assert_eq!(tree.stats().unknown_parents, 0);
                 tree
             },
             BatchSize::LargeInput,

@@ -1,5 +1,9 @@
 """LLM serving from Python: register a model served on an endpoint so that frontends
-(``dynamo-run in=http out=dyn``) discover it, and run the ``dynamo-run`` command line.
+(``dynamo-run in=http out=dyn``) discover it, run the ``dynamo-run`` command line, and
+KV-aware routing's building blocks: the index of the fleet's caches (``RadixTree``,
+``KvIndexer``, ``compute_block_hash_for_seq``) and what engines publish to it
+(``KvEventPublisher``, ``WorkerMetricsPublisher``, ``ZmqKvEventPublisher`` for vLLM's
+ZMQ events). See docs/kv-routing.md.
 
 ```python
 @dynamo_worker()
@@ -15,9 +19,33 @@ from __future__ import annotations
 
 from typing import Final
 
-from dynamo._core import KvRouter, register_llm, run_dynamo_run
+from dynamo._core import (
+    KvEventPublisher,
+    KvIndexer,
+    KvRouter,
+    OverlapScores,
+    RadixTree,
+    WorkerMetricsPublisher,
+    compute_block_hash_for_seq,
+    register_llm,
+    run_dynamo_run,
+)
+from dynamo.llm.zmq_kv import ZmqKvEventPublisher, ZmqKvEventPublisherConfig
 
-__all__ = ["KvRouter", "ModelType", "register_llm", "run_dynamo_run"]
+__all__ = [
+    "KvEventPublisher",
+    "KvIndexer",
+    "KvRouter",
+    "ModelType",
+    "OverlapScores",
+    "RadixTree",
+    "WorkerMetricsPublisher",
+    "ZmqKvEventPublisher",
+    "ZmqKvEventPublisherConfig",
+    "compute_block_hash_for_seq",
+    "register_llm",
+    "run_dynamo_run",
+]
 
 
 class ModelType:

@@ -92,12 +92,18 @@ async fn forget_departed_workers(component: Component, tree: Arc<Mutex<RadixTree
             _ = tick.tick() => {}
         }
         let live: HashSet<WorkerId> = match component.list_instances().await {
-            Ok(instances) => instances.iter().map(|i| i.instance_id).collect(),
+            Ok(instances) => {
+                tracing::trace!(n = instances.len(), "listed instances");
+                instances.iter().map(|i| i.instance_id).collect()
+            }
             Err(e) => {
                 tracing::debug!(error = %e, "cannot list instances; keeping the index as it is");
                 continue;
             }
         };
+        if live != seen {
+            tracing::debug!(component = component.name(), instances = ?live, "instances of the indexed component");
+        }
         let departed: Vec<WorkerId> = seen.difference(&live).copied().collect();
         if !departed.is_empty() {
             let mut tree = tree.lock();

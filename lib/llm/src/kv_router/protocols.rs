@@ -45,6 +45,15 @@ pub fn salted_seed(adapter: Option<&str>) -> u64 {
     }
 }
 
+#[cfg(target_endian = "little")]
+fn tokens_hash_with(_buf: &mut Vec<u8>, tokens: &[u32], seed: u64) -> u64 {
+    // SAFETY: u32 has no padding and u8 alignment is 1: the tokens' memory, read as
+    // bytes, is their little-endian encoding on this target.
+    let bytes = unsafe { std::slice::from_raw_parts(tokens.as_ptr().cast::<u8>(), std::mem::size_of_val(tokens)) };
+    xxh3_64_with_seed(bytes, seed)
+}
+
+#[cfg(not(target_endian = "little"))]
 fn tokens_hash_with(buf: &mut Vec<u8>, tokens: &[u32], seed: u64) -> u64 {
     buf.clear();
     for t in tokens {
@@ -119,8 +128,10 @@ pub fn chain_block_hashes(tokens_hashes: &[u64]) -> Vec<BlockHash> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KvCacheStoredBlockData {
     /// The engine's identity of the block (what `parent_hash` and `removed` refer to).
+    #[serde(deserialize_with = "hash64::one")]
     pub block_hash: u64,
     /// xxh3-64 (seed 1337) of the block's tokens alone ([`compute_block_hash_for_seq`]).
+    #[serde(deserialize_with = "hash64::one")]
     pub tokens_hash: u64,
 }
 
@@ -128,6 +139,7 @@ pub struct KvCacheStoredBlockData {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KvCacheStoreData {
     /// The block before the first one (`null` when the first block starts a sequence).
+    #[serde(deserialize_with = "hash64::optional")]
     pub parent_hash: Option<u64>,
     /// The stored blocks.
     pub blocks: Vec<KvCacheStoredBlockData>,
@@ -137,6 +149,7 @@ pub struct KvCacheStoreData {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KvCacheRemoveData {
     /// Block hashes of the evicted blocks.
+    #[serde(deserialize_with = "hash64::many")]
     pub block_hashes: Vec<u64>,
 }
 
@@ -150,6 +163,62 @@ pub enum KvCacheEventData {
     Removed(KvCacheRemoveData),
     /// `"cleared"`: everything was dropped.
     Cleared,
+}
+
+/// Hashes in events are u64; engines with signed 64-bit ids may send those, taken bitwise.
+mod hash64 {
+    use std::fmt;
+
+    use serde::de::{Deserializer, Error, SeqAccess, Visitor};
+    use serde::Deserialize;
+
+    /// A u64 that also accepts an i64 (bitwise).
+    struct Hash(u64);
+
+    impl<'de> Deserialize<'de> for Hash {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            struct V;
+            impl Visitor<'_> for V {
+                type Value = Hash;
+                fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                    f.write_str("a 64-bit integer")
+                }
+                fn visit_u64<E: Error>(self, v: u64) -> Result<Hash, E> {
+                    Ok(Hash(v))
+                }
+                fn visit_i64<E: Error>(self, v: i64) -> Result<Hash, E> {
+                    Ok(Hash(v as u64))
+                }
+            }
+            d.deserialize_u64(V)
+        }
+    }
+
+    pub fn one<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+        Hash::deserialize(d).map(|h| h.0)
+    }
+
+    pub fn optional<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+        Ok(Option::<Hash>::deserialize(d)?.map(|h| h.0))
+    }
+
+    pub fn many<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u64>, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Vec<u64>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a list of 64-bit integers")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<u64>, A::Error> {
+                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0));
+                while let Some(Hash(h)) = seq.next_element()? {
+                    out.push(h);
+                }
+                Ok(out)
+            }
+        }
+        d.deserialize_seq(V)
+    }
 }
 
 /// One numbered event of one worker.
@@ -293,6 +362,18 @@ mod tests {
         )
         .unwrap();
         assert_eq!(issue.event_id, 7);
+        // Signed ids (some engines') are taken bitwise; anything else is refused.
+        let signed: KvCacheEvent = serde_json::from_str(
+            r#"{"event_id": 1, "data": {"stored": {"parent_hash": -1, "blocks": [{"block_hash": -2, "tokens_hash": 3}]}}}"#,
+        )
+        .unwrap();
+        let KvCacheEventData::Stored(s) = signed.data else { panic!("not stored") };
+        assert_eq!((s.parent_hash, s.blocks[0].block_hash), (Some(u64::MAX), u64::MAX - 1));
+        let removed: KvCacheEvent =
+            serde_json::from_str(r#"{"event_id": 2, "data": {"removed": {"block_hashes": [-1, 5]}}}"#).unwrap();
+        assert_eq!(removed.data, KvCacheEventData::Removed(KvCacheRemoveData { block_hashes: vec![u64::MAX, 5] }));
+        assert!(serde_json::from_str::<KvCacheEvent>(r#"{"event_id": 2, "data": {"removed": {"block_hashes": [1.5]}}}"#).is_err());
+        assert!(serde_json::from_str::<KvCacheEvent>(r#"{"event_id": 2, "data": {"removed": {"block_hashes": ["a"]}}}"#).is_err());
     }
 
     #[test]

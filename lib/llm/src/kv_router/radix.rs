@@ -62,6 +62,9 @@ struct Node {
     tokens_hash: u64,
     /// The workers holding this block, each with how many of its block ids name it.
     workers: SmallVec<[(WorkerId, u32); 4]>,
+    /// Bit `s` set: the worker in slot `s` (< 64) holds this block. Lets
+    /// `find_matches` intersect worker sets with one AND while the fleet has ≤ 64 workers.
+    mask: u64,
 }
 
 /// One block id of a worker.
@@ -74,6 +77,8 @@ struct Held {
 
 #[derive(Debug, Default)]
 struct WorkerState {
+    /// Dense index of the worker (see [`RadixTree::slots`]).
+    slot: u32,
     blocks: FxHashMap<u64, Held>,
     /// Predicted entries in the order they were last touched: `(expiry, block id)`.
     /// An entry is stale (skipped) when the block's `expires` no longer equals it.
@@ -92,6 +97,11 @@ pub struct RadixTree {
     /// `(parent node or ROOT, tokens_hash)` → child node.
     edges: FxHashMap<(u32, u64), u32>,
     workers: FxHashMap<WorkerId, WorkerState>,
+    /// Slot → worker id (stale for free slots); workers get the lowest free slot.
+    slots: Vec<WorkerId>,
+    free_slots: Vec<u32>,
+    /// Live workers whose slot is 64 or more (then `find_matches` compares lists).
+    big_slots: usize,
     ttl: Duration,
     max_predicted_per_worker: usize,
     stats: IndexStats,
@@ -118,6 +128,9 @@ impl RadixTree {
             free: Vec::new(),
             edges: FxHashMap::default(),
             workers: FxHashMap::default(),
+            slots: Vec::new(),
+            free_slots: Vec::new(),
+            big_slots: 0,
             ttl,
             max_predicted_per_worker: max_predicted_per_worker.max(1),
             stats: IndexStats::default(),
@@ -127,11 +140,12 @@ impl RadixTree {
     /// Apply one KV event of `worker`. Never fails: what cannot be applied is counted.
     pub fn apply_event(&mut self, worker: WorkerId, event: &KvCacheEvent) {
         self.stats.events += 1;
-        let state = self.workers.entry(worker).or_default();
-        if state.last_event_id.is_some_and(|last| last.wrapping_add(1) != event.event_id) {
+        let state = self.worker_state(worker);
+        let gap = state.last_event_id.is_some_and(|last| last.wrapping_add(1) != event.event_id);
+        state.last_event_id = Some(event.event_id);
+        if gap {
             self.stats.event_id_gaps += 1;
         }
-        state.last_event_id = Some(event.event_id);
         match &event.data {
             KvCacheEventData::Stored(stored) => self.store(worker, stored, None),
             KvCacheEventData::Removed(removed) => self.remove_blocks(worker, &removed.block_hashes),
@@ -153,6 +167,7 @@ impl RadixTree {
             .into_iter()
             .map(|h| KvCacheStoredBlockData { block_hash: h.block_hash, tokens_hash: h.tokens_hash })
             .collect();
+        self.worker_state(worker);
         self.store(worker, &KvCacheStoreData { parent_hash: None, blocks }, Some(now + self.ttl));
         self.expire_worker(worker, now);
     }
@@ -169,6 +184,9 @@ impl RadixTree {
     /// [`super::compute_block_hash_for_seq`] gives) each worker holds. Walks the tree
     /// once, carrying the set of workers that held every block so far.
     pub fn find_matches(&self, tokens_hashes: &[u64]) -> OverlapScores {
+        if self.big_slots == 0 {
+            return self.find_matches_by_mask(tokens_hashes);
+        }
         let mut scores = HashMap::new();
         let mut active: SmallVec<[WorkerId; 16]> = SmallVec::new();
         let mut parent = ROOT;
@@ -199,10 +217,66 @@ impl RadixTree {
         OverlapScores { scores }
     }
 
+    /// [`Self::find_matches`] for fleets whose slots all fit a `u64` mask.
+    fn find_matches_by_mask(&self, tokens_hashes: &[u64]) -> OverlapScores {
+        let mut scores = HashMap::new();
+        let mut active = 0u64;
+        let mut parent = ROOT;
+        let mut matched = 0u32;
+        for &hash in tokens_hashes {
+            let Some(&node) = self.edges.get(&(parent, hash)) else { break };
+            let mask = self.nodes[node as usize].mask;
+            if matched == 0 {
+                active = mask;
+            } else {
+                let mut dropped = active & !mask;
+                while dropped != 0 {
+                    scores.insert(self.slots[dropped.trailing_zeros() as usize], matched);
+                    dropped &= dropped - 1;
+                }
+                active &= mask;
+            }
+            if active == 0 {
+                break;
+            }
+            matched += 1;
+            parent = node;
+        }
+        while active != 0 {
+            scores.insert(self.slots[active.trailing_zeros() as usize], matched);
+            active &= active - 1;
+        }
+        OverlapScores { scores }
+    }
+
     /// Forget `worker` (it left discovery).
     pub fn remove_worker(&mut self, worker: WorkerId) {
         self.clear_worker(worker);
-        self.workers.remove(&worker);
+        if let Some(state) = self.workers.remove(&worker) {
+            self.free_slots.push(state.slot);
+            if state.slot >= 64 {
+                self.big_slots -= 1;
+            }
+        }
+    }
+
+    fn worker_state(&mut self, worker: WorkerId) -> &mut WorkerState {
+        let RadixTree { workers, slots, free_slots, big_slots, .. } = self;
+        workers.entry(worker).or_insert_with(|| {
+            // Lowest free slot first, so that masks stay usable as long as possible.
+            let slot = match free_slots.iter().enumerate().min_by_key(|(_, s)| **s) {
+                Some((i, _)) => free_slots.swap_remove(i),
+                None => {
+                    slots.push(worker);
+                    (slots.len() - 1) as u32
+                }
+            };
+            slots[slot as usize] = worker;
+            if slot >= 64 {
+                *big_slots += 1;
+            }
+            WorkerState { slot, ..Default::default() }
+        })
     }
 
     /// Forget every worker not in `live`.
@@ -273,7 +347,8 @@ impl RadixTree {
 
     fn store(&mut self, worker: WorkerId, stored: &KvCacheStoreData, expires: Option<Instant>) {
         let RadixTree { nodes, free, edges, workers, stats, .. } = self;
-        let state = workers.entry(worker).or_default();
+        let Some(state) = workers.get_mut(&worker) else { return };
+        let slot = state.slot;
         let mut parent = match stored.parent_hash {
             None => ROOT,
             Some(id) => match state.blocks.get(&id) {
@@ -289,8 +364,14 @@ impl RadixTree {
                 Entry::Occupied(e) => *e.get(),
                 Entry::Vacant(e) => {
                     let depth = if parent == ROOT { 0 } else { nodes[parent as usize].depth + 1 };
-                    let fresh =
-                        Node { parent, depth, children: 0, tokens_hash: block.tokens_hash, workers: SmallVec::new() };
+                    let fresh = Node {
+                        parent,
+                        depth,
+                        children: 0,
+                        tokens_hash: block.tokens_hash,
+                        workers: SmallVec::new(),
+                        mask: 0,
+                    };
                     let index = match free.pop() {
                         Some(slot) => {
                             nodes[slot as usize] = fresh;
@@ -319,8 +400,8 @@ impl RadixTree {
                         if expires.is_some() {
                             state.predicted += 1;
                         }
-                        add_holder(nodes, node, worker);
-                        release(nodes, free, edges, old, worker);
+                        add_holder(nodes, node, worker, slot);
+                        release(nodes, free, edges, old, worker, slot);
                     } else if held.expires.is_some() {
                         // Confirm, or refresh the prediction; a confirmed block stays confirmed.
                         if expires.is_none() {
@@ -334,7 +415,7 @@ impl RadixTree {
                     if expires.is_some() {
                         state.predicted += 1;
                     }
-                    add_holder(nodes, node, worker);
+                    add_holder(nodes, node, worker, slot);
                 }
             }
             if let Some(at) = expires {
@@ -350,13 +431,14 @@ impl RadixTree {
             stats.unknown_removals += ids.len() as u64;
             return;
         };
+        let slot = state.slot;
         for id in ids {
             match state.blocks.remove(id) {
                 Some(held) => {
                     if held.expires.is_some() {
                         state.predicted -= 1;
                     }
-                    release(nodes, free, edges, held.node, worker);
+                    release(nodes, free, edges, held.node, worker, slot);
                 }
                 None => stats.unknown_removals += 1,
             }
@@ -366,8 +448,9 @@ impl RadixTree {
     fn clear_worker(&mut self, worker: WorkerId) {
         let RadixTree { nodes, free, edges, workers, .. } = self;
         let Some(state) = workers.get_mut(&worker) else { return };
+        let slot = state.slot;
         for (_, held) in state.blocks.drain() {
-            release(nodes, free, edges, held.node, worker);
+            release(nodes, free, edges, held.node, worker, slot);
         }
         state.predicted = 0;
         state.predicted_order.clear();
@@ -376,6 +459,7 @@ impl RadixTree {
     fn expire_worker(&mut self, worker: WorkerId, now: Instant) {
         let RadixTree { nodes, free, edges, workers, stats, max_predicted_per_worker, .. } = self;
         let Some(state) = workers.get_mut(&worker) else { return };
+        let slot = state.slot;
         while let Some(&(at, id)) = state.predicted_order.front() {
             let over_cap = state.predicted > *max_predicted_per_worker;
             if at > now && !over_cap {
@@ -387,29 +471,48 @@ impl RadixTree {
                 if let Some(held) = state.blocks.remove(&id) {
                     state.predicted -= 1;
                     stats.expired += 1;
-                    release(nodes, free, edges, held.node, worker);
+                    release(nodes, free, edges, held.node, worker, slot);
                 }
             }
         }
     }
 }
 
-fn add_holder(nodes: &mut [Node], node: u32, worker: WorkerId) {
-    let holders = &mut nodes[node as usize].workers;
-    match holders.iter_mut().find(|(w, _)| *w == worker) {
+fn slot_bit(slot: u32) -> u64 {
+    if slot < 64 {
+        1 << slot
+    } else {
+        0
+    }
+}
+
+fn add_holder(nodes: &mut [Node], node: u32, worker: WorkerId, slot: u32) {
+    let n = &mut nodes[node as usize];
+    match n.workers.iter_mut().find(|(w, _)| *w == worker) {
         Some((_, refs)) => *refs += 1,
-        None => holders.push((worker, 1)),
+        None => {
+            n.workers.push((worker, 1));
+            n.mask |= slot_bit(slot);
+        }
     }
 }
 
 /// Drop one of `worker`'s references to `node`, then free the node, and its ancestors in
 /// turn, while they have neither workers nor children.
-fn release(nodes: &mut [Node], free: &mut Vec<u32>, edges: &mut FxHashMap<(u32, u64), u32>, node: u32, worker: WorkerId) {
-    let holders = &mut nodes[node as usize].workers;
-    if let Some(i) = holders.iter().position(|(w, _)| *w == worker) {
-        holders[i].1 -= 1;
-        if holders[i].1 == 0 {
-            holders.swap_remove(i);
+fn release(
+    nodes: &mut [Node],
+    free: &mut Vec<u32>,
+    edges: &mut FxHashMap<(u32, u64), u32>,
+    node: u32,
+    worker: WorkerId,
+    slot: u32,
+) {
+    let n = &mut nodes[node as usize];
+    if let Some(i) = n.workers.iter().position(|(w, _)| *w == worker) {
+        n.workers[i].1 -= 1;
+        if n.workers[i].1 == 0 {
+            n.workers.swap_remove(i);
+            n.mask &= !slot_bit(slot);
         }
     }
     let mut node = node;
@@ -547,6 +650,28 @@ mod tests {
         assert_eq!(tree.block_count(1), 3);
         assert_eq!(scores(&tree, &[0xA]), vec![]);
         assert_eq!(scores(&tree, &[0xC, 0xD]), vec![(1, 2)]);
+    }
+
+    #[test]
+    fn fleets_beyond_64_workers_match_the_same_way() {
+        let mut tree = RadixTree::new();
+        for w in 0..70u64 {
+            // Worker w holds the first w % 4 blocks of A B C.
+            let blocks: Vec<(u64, u64)> = [(1, 0xA), (2, 0xB), (3, 0xC)].into_iter().take((w % 4) as usize).collect();
+            tree.apply_event(w, &stored(0, None, &blocks));
+        }
+        let expected: Vec<(WorkerId, u32)> =
+            (0..70u64).filter(|w| w % 4 > 0).map(|w| (w, (w % 4) as u32)).collect();
+        assert_eq!(scores(&tree, &[0xA, 0xB, 0xC]), expected);
+        // With no worker left in a slot beyond 63, the mask path gives the same answers;
+        // freed slots are reused, lowest first.
+        for w in 60..70u64 {
+            tree.remove_worker(w);
+        }
+        assert_eq!(tree.slots.len(), 70);
+        assert_eq!(scores(&tree, &[0xA, 0xB, 0xC]), expected.iter().copied().filter(|(w, _)| *w < 60).collect::<Vec<_>>());
+        tree.apply_event(99, &stored(0, None, &[(1, 0xA)]));
+        assert_eq!(tree.workers[&99].slot, 60);
     }
 
     #[test]
