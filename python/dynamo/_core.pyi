@@ -25,6 +25,7 @@ __all__ = [
     "KeyValueStore",
     "KvEventPublisher",
     "KvIndexer",
+    "KvRouter",
     "Namespace",
     "NoInstancesError",
     "OpenAIPreprocessor",
@@ -41,6 +42,7 @@ __all__ = [
     "compute_block_hash_for_seq",
     "register_llm",
     "run_dynamo_run",
+    "run_routing_lab",
 ]
 
 class DynamoError(Exception):
@@ -561,3 +563,76 @@ class WorkerMetricsPublisher:
         data_parallel_rank: int | None = None,
     ) -> None:
         """Replace the published load (the percentages are fractions, 0 to 1)."""
+
+@final
+class KvRouter:
+    """Chooses, for a prompt's token ids, the instance of an endpoint to send it to, as
+    ``dynamo-run --router-mode kv`` does: the cached prefix each worker holds (from the
+    component's ``kv_events``, or predicted from earlier choices), its load (its
+    ``load_metrics`` plus what was chosen since), the temperature and the busy threshold.
+    See docs/kv-routing.md.
+
+    Arguments:
+        endpoint: the workers' endpoint; its live instances are the candidates.
+        block_size: tokens per KV block, as the workers hash them (at least 1).
+        overlap_weight: weight of a block to prefill against a block in use (>= 0).
+        temperature: softmax temperature over the normalised cost (0: cheapest wins).
+        busy_threshold: fraction (0, 1] of a worker's KV blocks in use from which it is
+            busy; ``None``: never.
+        use_kv_events: follow the workers' KV events (``False``: predictions only).
+
+    Raises:
+        ValueError: a setting is out of range.
+        DynamoError: subscribing or discovery failed.
+    """
+
+    def __new__(
+        cls,
+        endpoint: Endpoint,
+        block_size: int = 16,
+        overlap_weight: float = 1.0,
+        temperature: float = 0.0,
+        busy_threshold: float | None = None,
+        use_kv_events: bool = True,
+    ) -> KvRouter: ...
+    @property
+    def block_size(self) -> int:
+        """Tokens per block."""
+    def schedule(self, token_ids: list[int]) -> Awaitable[int]:
+        """The instance id to send a prompt of ``token_ids`` to (counted as sent there).
+
+        Raises:
+            NoInstancesError: the endpoint has no instance.
+            DynamoError: every instance is over the busy threshold.
+        """
+    def best_worker(self, token_ids: list[int]) -> Awaitable[tuple[int, int]]:
+        """``(instance id, leading blocks of the prompt it holds)``; as :meth:`schedule`."""
+
+def run_routing_lab(
+    trace_path: str | os.PathLike[str],
+    policy: str,
+    workers: int = 4,
+    trace_block_size: int = 512,
+    seed: int = 0,
+    slow_worker_factor: float = 1.0,
+    time_scale: float = 1.0,
+    overlap_weight: float = 1.0,
+    temperature: float = 0.0,
+    busy_threshold: float | None = None,
+    engine_args: str | None = None,
+) -> dict[str, Any]:
+    """Replay a Mooncake-format trace (JSON lines: ``timestamp`` ms, ``input_length``,
+    ``output_length``, ``hash_ids``) through ``workers`` simulated mocker engines on a
+    virtual clock, routing with ``policy`` (``kv``, ``approx``, ``round-robin``,
+    ``random``), without the GIL. ``python -m dynamo.router.lab`` is its command line.
+
+    Returns:
+        ``policy``, ``requests``, ``completed``, ``rejected``, ``hit_rate``,
+        ``ttft_p50_ms``, ``ttft_p99_ms``, ``itl_p50_ms``, ``throughput_tok_s``,
+        ``load_imbalance``, ``per_worker`` (requests each), ``simulated_s`` and
+        ``ttft_ms`` (every request's TTFT).
+
+    Raises:
+        OSError: the trace cannot be read.
+        ValueError: a line is not a request, or a setting is out of range.
+    """

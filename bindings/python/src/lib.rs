@@ -8,6 +8,7 @@ mod errors;
 mod events;
 mod kv;
 mod kv_index;
+mod kv_router;
 mod llm;
 mod poll_iter;
 mod preprocessor;
@@ -34,6 +35,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     llm::register(m)?;
     kv_index::register(m)?;
+    kv_router::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

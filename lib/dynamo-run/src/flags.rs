@@ -83,6 +83,31 @@ pub struct Flags {
     #[arg(long, value_enum, value_name = "MODE", default_value_t = RouterModeArg::RoundRobin)]
     pub router_mode: RouterModeArg,
 
+    /// `--router-mode kv`: weight of a KV block still to prefill (request blocks minus
+    /// the worker's cached prefix) against a block in use on the worker (decode load).
+    #[arg(long, value_name = "W", default_value_t = dynamo_llm::kv_router::DEFAULT_OVERLAP_WEIGHT)]
+    pub kv_overlap_weight: f64,
+
+    /// `--router-mode kv`: softmax temperature over the workers' normalised cost; 0
+    /// always picks the cheapest (ties at random), more spreads bursts.
+    #[arg(long, value_name = "T", default_value_t = dynamo_llm::kv_router::DEFAULT_TEMPERATURE)]
+    pub router_temperature: f64,
+
+    /// `--router-mode kv`: correct the router's predictions with the workers' KV events
+    /// (the default).
+    #[arg(long = "kv-events", overrides_with = "no_kv_events")]
+    pub kv_events: bool,
+
+    /// `--router-mode kv`: approximate mode, predictions from routing decisions only
+    /// (expiring after a TTL).
+    #[arg(long = "no-kv-events")]
+    pub no_kv_events: bool,
+
+    /// `--router-mode kv`: fraction (0–1] of a worker's KV blocks in use at which it is
+    /// busy; when every worker is, requests are answered 503 with Retry-After.
+    #[arg(long, value_name = "FRACTION")]
+    pub busy_threshold: Option<f64>,
+
     /// Override the model's context length (tokens).
     #[arg(long, value_name = "TOKENS", value_parser = clap::value_parser!(u32).range(1..))]
     pub context_length: Option<u32>,
@@ -290,6 +315,8 @@ pub struct RunConfig {
     pub dyn_endpoint: Option<EndpointId>,
     /// `--namespace` with `out=dyn`: serve only the models of this namespace.
     pub namespace: Option<String>,
+    /// Settings of `--router-mode kv` (the block size comes from each model).
+    pub kv_router: dynamo_llm::kv_router::KvRouterConfig,
     pub context_length: Option<u32>,
     pub kv_cache_block_size: Option<u32>,
     pub migration_limit: Option<u32>,
@@ -344,6 +371,31 @@ impl Flags {
             RouterModeArg::Random => RouterMode::Random,
             RouterModeArg::Kv => RouterMode::Kv,
         };
+        let kv_flags = [
+            ("--kv-overlap-weight", self.kv_overlap_weight != dynamo_llm::kv_router::DEFAULT_OVERLAP_WEIGHT),
+            ("--router-temperature", self.router_temperature != dynamo_llm::kv_router::DEFAULT_TEMPERATURE),
+            ("--kv-events", self.kv_events),
+            ("--no-kv-events", self.no_kv_events),
+            ("--busy-threshold", self.busy_threshold.is_some()),
+        ];
+        if router_mode != RouterMode::Kv || output != Output::Dyn {
+            if let Some((flag, _)) = kv_flags.iter().find(|(_, given)| *given) {
+                return usage(format!("{flag} applies to out=dyn with --router-mode kv"));
+            }
+        }
+        let kv_router = dynamo_llm::kv_router::KvRouterConfig {
+            scheduler: dynamo_llm::kv_router::SchedulerConfig {
+                weights: dynamo_llm::kv_router::SelectorWeights {
+                    overlap_weight: self.kv_overlap_weight,
+                    temperature: self.router_temperature,
+                },
+                busy_threshold: self.busy_threshold,
+                ..Default::default()
+            },
+            use_kv_events: !self.no_kv_events,
+            ..Default::default()
+        };
+        kv_router.scheduler.validate().map_err(RunError::Usage)?;
         if output == Output::Dyn {
             if matches!(input, Input::Endpoint(_)) {
                 return usage("in=dyn://… serves a local engine; it cannot be combined with out=dyn".to_string());
@@ -432,6 +484,7 @@ impl Flags {
             router_mode,
             dyn_endpoint,
             namespace: self.namespace,
+            kv_router,
             context_length: self.context_length,
             kv_cache_block_size: self.kv_cache_block_size,
             migration_limit: self.migration_limit,
@@ -491,6 +544,7 @@ mod tests {
         let c = config(&["in=http", "out=dyn", "--router-mode", "kv"]).unwrap();
         assert_eq!(c.router_mode, RouterMode::Kv);
         assert_eq!(c.dyn_endpoint, None);
+        assert_eq!(c.kv_router, dynamo_llm::kv_router::KvRouterConfig::default());
     }
 
     #[test]
@@ -504,6 +558,27 @@ mod tests {
         assert_eq!(c.namespace.as_deref(), Some("ns"));
         assert!(usage_error(&["in=http", "out=echo_full", "--namespace", "ns"]).contains("--namespace"));
         assert!(usage_error(&["in=http", "out=dyn://a.b.c", "--namespace", "x"]).contains("different namespaces"));
+    }
+
+    #[test]
+    fn kv_router_flags() {
+        let kv = ["in=http", "out=dyn", "--router-mode", "kv"];
+        let with = |extra: &[&str]| config(&[&kv[..], extra].concat());
+        let c = with(&["--kv-overlap-weight", "2.5", "--router-temperature", "0.3", "--busy-threshold", "0.9"]).unwrap();
+        let s = c.kv_router.scheduler;
+        assert_eq!((s.weights.overlap_weight, s.weights.temperature, s.busy_threshold), (2.5, 0.3, Some(0.9)));
+        assert!(c.kv_router.use_kv_events);
+        assert!(!with(&["--no-kv-events"]).unwrap().kv_router.use_kv_events);
+        assert!(with(&["--no-kv-events", "--kv-events"]).unwrap().kv_router.use_kv_events, "the last one wins");
+        let err = |extra: &[&str]| match with(extra) {
+            Err(RunError::Usage(m)) => m,
+            other => panic!("expected a usage error for {extra:?}, got {other:?}"),
+        };
+        assert!(err(&["--busy-threshold", "1.5"]).contains("busy threshold"));
+        assert!(err(&["--router-temperature=-1"]).contains("temperature"));
+        assert!(err(&["--kv-overlap-weight", "nan"]).contains("overlap weight"));
+        assert!(usage_error(&["in=http", "out=dyn", "--busy-threshold", "0.5"]).contains("--router-mode kv"));
+        assert!(usage_error(&["in=http", "--no-kv-events"]).contains("--router-mode kv"));
     }
 
     #[test]

@@ -39,6 +39,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--namespace", help="serve only the models registered in this namespace")
     parser.add_argument("--endpoint", help="serve only the models registered on this namespace.component.endpoint")
     parser.add_argument("--migration-limit", type=int, help="times a broken stream is continued on another worker")
+    kv = parser.add_argument_group("--router-mode kv (docs/kv-routing.md)")
+    kv.add_argument("--kv-overlap-weight", type=float, help="weight of a KV block still to prefill (default 1)")
+    kv.add_argument("--router-temperature", type=float, help="softmax temperature over the workers' cost (default 0)")
+    kv.add_argument("--kv-events", action=argparse.BooleanOptionalAction, default=None,
+                    help="follow the workers' KV events (default), or predict from routing decisions only")
+    kv.add_argument("--busy-threshold", type=float,
+                    help="KV usage fraction at which a worker is busy (503 when all are)")
     for flag, (variable, choices) in PLANE_FLAGS.items():
         parser.add_argument(f"--{flag.replace('_', '-')}", choices=choices, help=f"sets {variable}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="debug logs (-vv: trace)")
@@ -61,6 +68,11 @@ def dynamo_run_argv(args: argparse.Namespace) -> list[str]:
         argv += ["--namespace", args.namespace]
     if args.migration_limit is not None:
         argv += ["--migration-limit", str(args.migration_limit)]
+    for flag in ("kv_overlap_weight", "router_temperature", "busy_threshold"):
+        if getattr(args, flag) is not None:
+            argv += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
+    if args.kv_events is not None:
+        argv.append("--kv-events" if args.kv_events else "--no-kv-events")
     if args.verbose:
         argv.append("-" + "v" * min(args.verbose, 2))
     return argv

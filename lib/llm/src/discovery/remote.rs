@@ -22,7 +22,7 @@ use super::wire::{decode_error, decode_openai_item};
 use crate::engine::{
     ChatStream, CompletionStream, EngineError, OpenAIEngine, OpenAIStream, RequestContext, TokenEngine, TokenStream,
 };
-use crate::kv_router::{GuardedStream, KvRouter};
+use crate::kv_router::{GuardedStream, KvRouter, ScheduleError};
 use crate::protocols::common::{LLMEngineOutput, PreprocessedRequest};
 use crate::protocols::openai::{ChatCompletionRequest, CompletionRequest, FinishingChunk};
 
@@ -205,9 +205,14 @@ impl Sender {
             return Ok(Attempt { stream: worker_items(stream), instance: Some(instance) });
         }
         if let Some(router) = &self.kv {
-            if let Some(decision) = router.route(&request.token_ids, &candidates) {
+            let routed = match router.route(&request.token_ids, &candidates) {
+                Ok(decision) => Some(decision),
+                Err(e @ ScheduleError::AllBusy { .. }) => return Err(EngineError::Unavailable(e.to_string())),
+                Err(ScheduleError::NoWorkers) => None,
+            };
+            if let Some(decision) = routed {
                 request.estimated_prefix_hit_num_blocks = Some(u32::try_from(decision.overlap_blocks).unwrap_or(u32::MAX));
-                let guard = router.start_request(decision.worker);
+                let guard = router.start_decision(&decision);
                 let direct = dynamo_runtime::RouterMode::Direct(decision.worker);
                 match send_with(&self.client, direct, &request, ctx).await {
                     Ok(stream) => {

@@ -21,7 +21,7 @@ use super::remote::{RemoteOpenAIEngine, RemoteTokenEngine};
 use super::router_mode::RouterMode;
 use crate::engine::{OpenAIEngine, TokenEngine};
 use crate::kv_router::{KvRouter, KvRouterConfig};
-use crate::kv_router::KV_EVENTS_SUBJECT;
+use crate::kv_router::{KV_EVENTS_SUBJECT, LOAD_METRICS_SUBJECT};
 use crate::model_card::ModelKind;
 use crate::model_manager::{EngineKind, ModelManager, ReadyCheck};
 
@@ -45,6 +45,7 @@ pub struct ModelWatcher {
     endpoint: Option<EndpointId>,
     /// Only the models registered in this namespace, when set.
     namespace: Option<String>,
+    kv_config: KvRouterConfig,
     entries: HashMap<String, ModelEntry>,
     /// The endpoint each route of each model was built from.
     built: HashMap<(String, EngineKind), EndpointId>,
@@ -88,6 +89,7 @@ impl ModelWatcher {
             migration_limit: 0,
             endpoint: None,
             namespace: None,
+            kv_config: KvRouterConfig::default(),
             entries: HashMap::new(),
             built: HashMap::new(),
         }
@@ -116,6 +118,13 @@ impl ModelWatcher {
     /// Serve only the models registered in `namespace` (a frontend per namespace).
     pub fn with_namespace(mut self, namespace: String) -> Self {
         self.namespace = Some(namespace);
+        self
+    }
+
+    /// Settings of the KV routers of [`RouterMode::Kv`] (the block size comes from each
+    /// model's entry).
+    pub fn with_kv_config(mut self, config: KvRouterConfig) -> Self {
+        self.kv_config = config;
         self
     }
 
@@ -216,10 +225,14 @@ impl ModelWatcher {
                 let card = fetch_card(&self.runtime, entry, self.card_timeout).await?;
                 let remote = match self.router_mode {
                     RouterMode::Kv => {
-                        let config = KvRouterConfig::with_block_size(entry.kv_cache_block_size);
-                        let router = KvRouter::new(config);
+                        let block_size = KvRouterConfig::with_block_size(entry.kv_cache_block_size).block_size;
+                        let router = KvRouter::new(KvRouterConfig { block_size, ..self.kv_config });
+                        let component = endpoint.component();
                         // Workers that publish KV events (the mocker) correct the predictions.
-                        router.follow_events(endpoint.component().subscribe(KV_EVENTS_SUBJECT).await?);
+                        if self.kv_config.use_kv_events {
+                            router.follow_events(component.subscribe(KV_EVENTS_SUBJECT).await?);
+                        }
+                        router.follow_metrics(component.subscribe(LOAD_METRICS_SUBJECT).await?);
                         RemoteTokenEngine::with_kv_router(client, router)
                     }
                     mode => RemoteTokenEngine::new(client, mode),

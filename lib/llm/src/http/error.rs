@@ -69,8 +69,16 @@ impl From<EngineError> for ApiError {
 }
 
 impl IntoResponse for ApiError {
+    /// A 503 says when to come back (`Retry-After`): no worker can take the request now.
     fn into_response(self) -> Response {
-        (self.status, Json(self.body)).into_response()
+        let mut response = (self.status, Json(self.body)).into_response();
+        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from(super::limits::RETRY_AFTER_SECONDS),
+            );
+        }
+        response
     }
 }
 

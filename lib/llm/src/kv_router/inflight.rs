@@ -1,41 +1,51 @@
-//! Requests in flight per worker, as the router counts them: a [`InflightGuard`] is
+//! Requests in flight per worker, as the router counts them: an [`InflightGuard`] is
 //! taken when a request is sent and released when its response stream ends or is
-//! dropped ([`GuardedStream`]).
+//! dropped ([`GuardedStream`]), which also reports the stream's timing (first item,
+//! gaps between items) to the [`LoadTracker`] for the straggler penalty.
 
-use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Instant;
 
 use futures::Stream;
 use parking_lot::Mutex;
 
-/// In-flight request counts per worker. Cheap to clone; clones share the counts.
+use super::scheduler::LoadTracker;
+
+/// In-flight requests per worker, kept in a shared [`LoadTracker`]. Cheap to clone;
+/// clones share the counts.
 #[derive(Debug, Clone, Default)]
 pub struct InflightTracker {
-    counts: Arc<Mutex<HashMap<u64, usize>>>,
+    load: Arc<Mutex<LoadTracker>>,
 }
 
 impl InflightTracker {
-    /// Count one more request on `worker` until the returned guard is dropped.
+    /// Count in `load`.
+    pub fn new(load: Arc<Mutex<LoadTracker>>) -> Self {
+        InflightTracker { load }
+    }
+
+    /// The shared tracker.
+    pub fn load(&self) -> &Arc<Mutex<LoadTracker>> {
+        &self.load
+    }
+
+    /// Count one more request (of no blocks) on `worker` until the guard is dropped.
     pub fn start(&self, worker: u64) -> InflightGuard {
-        *self.counts.lock().entry(worker).or_default() += 1;
-        InflightGuard { tracker: self.clone(), worker }
+        self.start_with_blocks(worker, 0, None)
+    }
+
+    /// Count one more request of `blocks` KV blocks on `worker` until the guard is
+    /// dropped; then also forget its sent blocks `sent` ([`LoadTracker::forget_sent`]).
+    pub fn start_with_blocks(&self, worker: u64, blocks: u64, sent: Option<u64>) -> InflightGuard {
+        self.load.lock().start_request(worker, blocks);
+        InflightGuard { tracker: self.clone(), worker, blocks, sent, started: Instant::now(), last: None }
     }
 
     /// Requests in flight on `worker`.
     pub fn get(&self, worker: u64) -> usize {
-        self.counts.lock().get(&worker).copied().unwrap_or(0)
-    }
-
-    fn finish(&self, worker: u64) {
-        let mut counts = self.counts.lock();
-        if let Some(n) = counts.get_mut(&worker) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                counts.remove(&worker);
-            }
-        }
+        self.load.lock().inflight(worker) as usize
     }
 }
 
@@ -44,6 +54,10 @@ impl InflightTracker {
 pub struct InflightGuard {
     tracker: InflightTracker,
     worker: u64,
+    blocks: u64,
+    sent: Option<u64>,
+    started: Instant,
+    last: Option<Instant>,
 }
 
 impl InflightGuard {
@@ -51,15 +65,30 @@ impl InflightGuard {
     pub fn worker(&self) -> u64 {
         self.worker
     }
+
+    /// An item of the response arrived now.
+    fn observe_item(&mut self) {
+        let now = Instant::now();
+        let mut load = self.tracker.load.lock();
+        match self.last {
+            None => load.record_ttft(self.worker, now - self.started),
+            Some(last) => load.record_itl(self.worker, now - last),
+        }
+        self.last = Some(now);
+    }
 }
 
 impl Drop for InflightGuard {
     fn drop(&mut self) {
-        self.tracker.finish(self.worker);
+        let mut load = self.tracker.load.lock();
+        load.finish_request(self.worker, self.blocks);
+        if let Some(sent) = self.sent {
+            load.forget_sent(self.worker, sent, self.blocks, Instant::now());
+        }
     }
 }
 
-/// A stream that holds an [`InflightGuard`] until it ends or is dropped.
+/// A stream that holds an [`InflightGuard`] until it ends or is dropped, timing its items.
 pub struct GuardedStream<S> {
     inner: S,
     guard: Option<InflightGuard>,
@@ -77,8 +106,14 @@ impl<S: Stream + Unpin> Stream for GuardedStream<S> {
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let polled = Pin::new(&mut self.inner).poll_next(cx);
-        if let Poll::Ready(None) = polled {
-            self.guard = None;
+        match &polled {
+            Poll::Ready(None) => self.guard = None,
+            Poll::Ready(Some(_)) => {
+                if let Some(guard) = self.guard.as_mut() {
+                    guard.observe_item();
+                }
+            }
+            Poll::Pending => {}
         }
         polled
     }
@@ -117,5 +152,7 @@ mod tests {
         assert_eq!(tracker.get(7), 1);
         drop(dropped);
         assert_eq!(tracker.get(7), 0);
+        let timing = tracker.load().lock().timing(7).expect("items were timed");
+        assert_eq!(timing.samples, 1, "one gap between two items (the first is the TTFT)");
     }
 }

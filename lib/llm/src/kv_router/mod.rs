@@ -11,8 +11,11 @@
 //! - [`indexer`]: [`KvIndexer`], a radix tree that follows a component's KV events.
 //! - [`radix`]: the radix tree of every worker's cached blocks, fed by KV events and by
 //!   the router's own decisions (predictions that expire).
-//! - [`selector`]: the cost function and the tie-break.
+//! - [`selector`]: the cost function, the temperature and the tie-break.
+//! - [`scheduler`]: each worker's load (its metrics, what was sent since, its timing),
+//!   the straggler penalty and the busy threshold.
 //! - [`inflight`]: in-flight counts, released when a response stream ends.
+//! - [`lab`]: the routing lab, a trace replayed through simulated workers.
 //! - [`router`]: [`KvRouter`], which puts them together.
 //!
 //! Approximate where events are missing: without them, a worker's real cache may evict
@@ -23,7 +26,9 @@ pub mod inflight;
 pub mod protocols;
 pub mod publisher;
 pub mod radix;
+pub mod lab;
 pub mod router;
+pub mod scheduler;
 pub mod selector;
 
 pub use indexer::KvIndexer;
@@ -35,4 +40,5 @@ pub use protocols::{
 pub use publisher::{KvEventPublisher, WorkerMetricsPublisher};
 pub use radix::{IndexStats, OverlapScores, RadixTree, WorkerId};
 pub use router::{KvDecision, KvRouter, KvRouterConfig, DEFAULT_BLOCK_SIZE, DEFAULT_MAX_BLOCKS_PER_WORKER, DEFAULT_TTL};
-pub use selector::{Candidate, SelectorWeights, DEFAULT_LOAD_WEIGHT, DEFAULT_OVERLAP_WEIGHT};
+pub use scheduler::{Choice, LoadTracker, ScheduleError, SchedulerConfig, WorkerTiming, DEFAULT_STRAGGLER_THRESHOLD};
+pub use selector::{Candidate, SelectorWeights, DEFAULT_OVERLAP_WEIGHT, DEFAULT_TEMPERATURE};

@@ -1,8 +1,9 @@
-//! [`KvRouter`]: hashes a request's tokens into blocks, scores the live workers with
-//! the overlap the [`RadixTree`] finds and the in-flight counts, and records the
-//! choice as the chosen worker's predicted cache contents (expiring after a TTL); the
-//! workers' KV events, when followed, confirm and correct them (evicted blocks stop
-//! counting).
+//! [`KvRouter`]: hashes a request's tokens into blocks, finds each live worker's
+//! overlap in the [`RadixTree`], lets the [`LoadTracker`] choose from overlap and load
+//! (see [`super::scheduler`]), and records the choice as the chosen worker's predicted
+//! cache contents (expiring after a TTL); the workers' KV events, when followed, confirm
+//! and correct them (evicted blocks stop counting), and their load metrics, when
+//! followed, correct the load.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,9 +13,9 @@ use parking_lot::Mutex;
 use tokio::task::JoinHandle;
 
 use super::inflight::{InflightGuard, InflightTracker};
-use super::selector::{select, Candidate, SelectorWeights};
-use super::protocols::{compute_block_hash_for_seq, RouterEvent};
+use super::protocols::{compute_block_hash_for_seq, LoadMetricsEvent, RouterEvent};
 use super::radix::RadixTree;
+use super::scheduler::{LoadTracker, ScheduleError, SchedulerConfig};
 
 /// Default tokens per KV-cache block, when the model does not say.
 pub const DEFAULT_BLOCK_SIZE: u32 = 16;
@@ -28,8 +29,11 @@ pub const DEFAULT_MAX_BLOCKS_PER_WORKER: usize = 65_536;
 pub struct KvRouterConfig {
     /// Tokens per KV-cache block (the model's `kv_cache_block_size`); at least 1.
     pub block_size: u32,
-    /// The selector's weights.
-    pub weights: SelectorWeights,
+    /// The cost function, temperature, busy threshold and straggler penalty.
+    pub scheduler: SchedulerConfig,
+    /// Whether the workers' KV events correct the index (`false`: approximate mode,
+    /// predictions from routing decisions only).
+    pub use_kv_events: bool,
     /// How long a predicted block is trusted after its last use.
     pub ttl: Duration,
     /// Most predicted blocks kept per worker (least recently used go first).
@@ -40,7 +44,8 @@ impl Default for KvRouterConfig {
     fn default() -> Self {
         KvRouterConfig {
             block_size: DEFAULT_BLOCK_SIZE,
-            weights: SelectorWeights::default(),
+            scheduler: SchedulerConfig::default(),
+            use_kv_events: true,
             ttl: DEFAULT_TTL,
             max_blocks_per_worker: DEFAULT_MAX_BLOCKS_PER_WORKER,
         }
@@ -63,6 +68,8 @@ pub struct KvDecision {
     pub overlap_blocks: usize,
     /// Full blocks in the request.
     pub request_blocks: usize,
+    /// The id of its blocks in the load tracker's count of what was sent.
+    pub sent: u64,
 }
 
 /// An approximate KV-cache-aware router over a set of workers. Shared by every
@@ -72,13 +79,14 @@ pub struct KvRouter {
     config: KvRouterConfig,
     index: Mutex<RadixTree>,
     inflight: InflightTracker,
-    /// The task following the workers' KV events, if any (see [`KvRouter::follow_events`]).
-    events_task: Mutex<Option<JoinHandle<()>>>,
+    /// Tasks following the workers' KV events and load metrics (see
+    /// [`KvRouter::follow_events`], [`KvRouter::follow_metrics`]).
+    tasks: Mutex<Vec<JoinHandle<()>>>,
 }
 
 impl Drop for KvRouter {
     fn drop(&mut self) {
-        if let Some(task) = self.events_task.lock().take() {
+        for task in self.tasks.lock().drain(..) {
             task.abort();
         }
     }
@@ -91,8 +99,8 @@ impl KvRouter {
         Arc::new(KvRouter {
             config: KvRouterConfig { block_size, ..config },
             index: Mutex::new(RadixTree::with_prediction_limits(config.ttl, config.max_blocks_per_worker)),
-            inflight: InflightTracker::default(),
-            events_task: Mutex::new(None),
+            inflight: InflightTracker::new(Arc::new(Mutex::new(LoadTracker::new(config.scheduler)))),
+            tasks: Mutex::new(Vec::new()),
         })
     }
 
@@ -102,35 +110,82 @@ impl KvRouter {
     }
 
     /// Choose among `live` workers for a prompt of `token_ids`, and record its blocks as
-    /// held by the chosen worker. Workers not in `live` are forgotten. `None` when
-    /// `live` is empty.
-    pub fn route(&self, token_ids: &[u32], live: &[u64]) -> Option<KvDecision> {
+    /// held by the chosen worker. Workers not in `live` are forgotten. Fails when
+    /// `live` is empty or every worker is busy.
+    pub fn route(&self, token_ids: &[u32], live: &[u64]) -> Result<KvDecision, ScheduleError> {
         self.route_at(token_ids, live, Instant::now())
     }
 
     /// [`Self::route`] at time `now`.
-    pub fn route_at(&self, token_ids: &[u32], live: &[u64], now: Instant) -> Option<KvDecision> {
+    pub fn route_at(&self, token_ids: &[u32], live: &[u64], now: Instant) -> Result<KvDecision, ScheduleError> {
+        self.route_with(token_ids, live, now, &mut rand::rng())
+    }
+
+    /// [`Self::route`] at time `now`, drawing from `rng` (ties, temperature).
+    pub fn route_with(
+        &self,
+        token_ids: &[u32],
+        live: &[u64],
+        now: Instant,
+        rng: &mut impl rand::Rng,
+    ) -> Result<KvDecision, ScheduleError> {
         let hashes = compute_block_hash_for_seq(token_ids, self.config.block_size as usize);
         let mut index = self.index.lock();
         index.retain_workers(live);
         index.expire(now);
         let overlap = index.find_matches(&hashes);
-        let candidates: Vec<Candidate> = live
-            .iter()
-            .map(|&worker| Candidate {
-                worker,
-                overlap_blocks: overlap.scores.get(&worker).map_or(0, |&n| n as usize),
-                inflight: self.inflight.get(worker),
-            })
-            .collect();
-        let chosen = select(&candidates, hashes.len(), self.config.weights, &mut rand::rng())?;
+        let overlaps: Vec<(u64, usize)> =
+            live.iter().map(|&worker| (worker, overlap.scores.get(&worker).map_or(0, |&n| n as usize))).collect();
+        let chosen = {
+            let mut load = self.inflight.load().lock();
+            load.retain(live);
+            load.schedule(&overlaps, hashes.len(), now, rng)?
+        };
         index.record_prediction(chosen.worker, &hashes, now);
-        Some(KvDecision { worker: chosen.worker, overlap_blocks: chosen.overlap_blocks, request_blocks: hashes.len() })
+        Ok(KvDecision {
+            worker: chosen.worker,
+            overlap_blocks: chosen.overlap_blocks,
+            request_blocks: hashes.len(),
+            sent: chosen.sent,
+        })
     }
 
     /// Count a request in flight on `worker` until the guard is dropped.
     pub fn start_request(&self, worker: u64) -> InflightGuard {
         self.inflight.start(worker)
+    }
+
+    /// Count the request of `decision` in flight on its worker (with its blocks, the
+    /// load of a worker that publishes no metrics) until the guard is dropped, when its
+    /// blocks also stop counting in the worker's predicted load.
+    pub fn start_decision(&self, decision: &KvDecision) -> InflightGuard {
+        self.inflight.start_with_blocks(decision.worker, decision.request_blocks as u64 + 1, Some(decision.sent))
+    }
+
+    /// The load and timing the router tracks.
+    pub fn load(&self) -> &Arc<Mutex<LoadTracker>> {
+        self.inflight.load()
+    }
+
+    /// A worker's load metrics (as published on `load_metrics`).
+    pub fn apply_metrics(&self, event: &LoadMetricsEvent) {
+        self.inflight.load().lock().update_metrics(event.worker_id, &event.metrics, Instant::now());
+    }
+
+    /// Feed the load metrics of `subscription` (the workers' `load_metrics` subject)
+    /// into this router until it is dropped or the subscription ends.
+    pub fn follow_metrics(self: &Arc<Self>, mut subscription: Subscription) {
+        let weak = Arc::downgrade(self);
+        let task = tokio::spawn(async move {
+            while let Some(event) = subscription.next_event().await {
+                let Some(router) = weak.upgrade() else { return };
+                match serde_json::from_slice::<LoadMetricsEvent>(&event.payload) {
+                    Ok(event) => router.apply_metrics(&event),
+                    Err(e) => tracing::warn!(subject = event.subject, error = %e, "ignoring malformed load metrics"),
+                }
+            }
+        });
+        self.tasks.lock().push(task);
     }
 
     /// Requests in flight on `worker`.
@@ -161,14 +216,13 @@ impl KvRouter {
                 }
             }
         });
-        if let Some(old) = self.events_task.lock().replace(task) {
-            old.abort();
-        }
+        self.tasks.lock().push(task);
     }
 
     /// Forget what `worker` was predicted to hold (it is gone).
     pub fn remove_worker(&self, worker: u64) {
         self.index.lock().remove_worker(worker);
+        self.inflight.load().lock().remove_worker(worker);
     }
 
     /// Leading blocks of `token_ids` that `worker` is predicted to hold now.
@@ -213,7 +267,7 @@ mod tests {
     fn load_spreads_new_prefixes() {
         let router = router();
         let first = router.route(&prompt(0, 16), &[1, 2]).unwrap();
-        let _busy = router.start_request(first.worker);
+        let _busy = router.start_decision(&first);
         let second = router.route(&prompt(1000, 16), &[1, 2]).unwrap();
         assert_ne!(second.worker, first.worker);
     }
@@ -230,7 +284,7 @@ mod tests {
         assert_eq!(router.predicted_overlap(1, &a), 0);
         router.remove_worker(2);
         assert_eq!(router.predicted_overlap(2, &a), 0);
-        assert!(router.route(&a, &[]).is_none());
+        assert_eq!(router.route(&a, &[]).unwrap_err(), ScheduleError::NoWorkers);
     }
 
     #[test]

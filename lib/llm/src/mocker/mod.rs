@@ -23,8 +23,10 @@ mod kv_manager;
 mod publisher;
 mod scheduler;
 mod sequence;
+mod sim;
 mod timing;
 
 pub use args::{ArgsError, MockerArgs};
 pub use engine::{MockerEngine, DEFAULT_MAX_TOKENS};
 pub use publisher::{MockerPublisher, METRICS_MAX_INTERVAL, METRICS_MIN_INTERVAL};
+pub use sim::{SimOutput, SimWorker};

@@ -381,6 +381,11 @@ impl Scheduler {
         }
     }
 
+    /// Prompt blocks looked up in the prefix cache at admission, and those found.
+    pub(crate) fn prefix_counts(&self) -> (u64, u64) {
+        (self.prefix_blocks_queried, self.prefix_blocks_hit)
+    }
+
     /// The current load.
     pub(crate) fn metrics(&self) -> ForwardPassMetrics {
         let total = self.kv.capacity() as u64;

@@ -1,0 +1,543 @@
+//! The routing lab: replay a request trace through `N` simulated mocker engines
+//! ([`SimWorker`]) on a virtual clock, routing each arrival with one policy, and report
+//! what an operator compares policies by: prefix-cache hit rate, TTFT, ITL, throughput
+//! and load imbalance.
+//!
+//! The trace is in the Mooncake format, one JSON object per line:
+//! `{"timestamp": ms, "input_length": tokens, "output_length": tokens, "hash_ids": [...]}`
+//! where each hash id stands for one block of `trace_block_size` prompt tokens (equal
+//! ids, equal content). Each id becomes a deterministic run of token ids, so equal ids
+//! give equal blocks whatever the engine's block size; tokens past the last id are
+//! unique to the request.
+//!
+//! The loop is discrete-event: the next thing to happen is either the next arrival or
+//! the end of a worker's step, whichever is earlier; nothing sleeps. After each step
+//! the worker's KV events (policy `kv` only) and load metrics reach the router at once,
+//! and the router sees every streamed token's timing (the straggler penalty).
+//! The same trace, policy, configuration and seed give the same report.
+
+use std::collections::HashMap;
+use std::io::BufRead;
+use std::path::Path;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rand::{Rng, SeedableRng};
+use serde::Deserialize;
+
+use super::router::{KvRouter, KvRouterConfig};
+use super::scheduler::{ScheduleError, SchedulerConfig};
+use super::protocols::{KvCacheEvent, RouterEvent};
+use crate::mocker::{MockerArgs, SimOutput, SimWorker};
+
+/// Default tokens per trace block (the Mooncake traces' 512).
+pub const DEFAULT_TRACE_BLOCK_SIZE: usize = 512;
+
+/// One request of a trace.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct TraceRequest {
+    /// Arrival, in milliseconds from the start of the trace.
+    pub timestamp: f64,
+    /// Prompt tokens.
+    pub input_length: usize,
+    /// Tokens to generate.
+    pub output_length: usize,
+    /// The prompt's blocks, one id per `trace_block_size` tokens.
+    #[serde(default)]
+    pub hash_ids: Vec<u64>,
+}
+
+/// How the lab chooses a worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Policy {
+    /// The KV router, its index corrected by the workers' KV events.
+    Kv,
+    /// The KV router on its own predictions only (no KV events).
+    Approx,
+    /// Each worker in turn.
+    RoundRobin,
+    /// A worker at random.
+    Random,
+}
+
+impl Policy {
+    /// Its name on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Policy::Kv => "kv",
+            Policy::Approx => "approx",
+            Policy::RoundRobin => "round-robin",
+            Policy::Random => "random",
+        }
+    }
+}
+
+impl FromStr for Policy {
+    type Err = LabError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "kv" => Ok(Policy::Kv),
+            "approx" => Ok(Policy::Approx),
+            "round-robin" | "round_robin" => Ok(Policy::RoundRobin),
+            "random" => Ok(Policy::Random),
+            _ => Err(LabError::Invalid(format!("unknown policy '{s}': expected kv, approx, round-robin or random"))),
+        }
+    }
+}
+
+/// Why the lab could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum LabError {
+    /// The trace could not be read.
+    #[error("cannot read trace {path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// A line of the trace is not a request.
+    #[error("trace line {line}: {message}")]
+    Parse {
+        /// 1-based line number.
+        line: usize,
+        /// What is wrong.
+        message: String,
+    },
+    /// A setting is out of range.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// The lab's settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LabConfig {
+    /// Simulated workers (at least 1).
+    pub workers: usize,
+    /// Tokens per trace block.
+    pub trace_block_size: usize,
+    /// Every worker's engine (its `block_size` is also the router's).
+    pub engine: MockerArgs,
+    /// The KV router's cost, temperature, straggler penalty (policies `kv`, `approx`).
+    pub scheduler: SchedulerConfig,
+    /// Worker 0's steps take this many times longer (1: a uniform fleet).
+    pub slow_worker_factor: f64,
+    /// Arrival rate multiplier: timestamps are divided by it (2: twice as fast).
+    pub time_scale: f64,
+    /// Seed of the random choices (ties, temperature, `random`).
+    pub seed: u64,
+}
+
+impl Default for LabConfig {
+    fn default() -> Self {
+        LabConfig {
+            workers: 4,
+            trace_block_size: DEFAULT_TRACE_BLOCK_SIZE,
+            engine: MockerArgs::default(),
+            scheduler: SchedulerConfig::default(),
+            slow_worker_factor: 1.0,
+            time_scale: 1.0,
+            seed: 0,
+        }
+    }
+}
+
+impl LabConfig {
+    /// Check the ranges.
+    pub fn validate(&self) -> Result<(), LabError> {
+        let invalid = |m: String| Err(LabError::Invalid(m));
+        if self.workers == 0 {
+            return invalid("workers must be at least 1".into());
+        }
+        if self.trace_block_size == 0 {
+            return invalid("the trace block size must be at least 1".into());
+        }
+        if !(self.slow_worker_factor.is_finite() && self.slow_worker_factor >= 1.0) {
+            return invalid(format!("the slow worker factor must be >= 1, got {}", self.slow_worker_factor));
+        }
+        if !(self.time_scale.is_finite() && self.time_scale > 0.0) {
+            return invalid(format!("the time scale must be > 0, got {}", self.time_scale));
+        }
+        self.engine.validate().map_err(|e| LabError::Invalid(format!("engine arguments: {e}")))?;
+        self.scheduler.validate().map_err(LabError::Invalid)
+    }
+}
+
+/// What one policy did with a trace.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LabReport {
+    /// The policy.
+    pub policy: Policy,
+    /// Requests in the trace.
+    pub requests: usize,
+    /// Requests that produced all their tokens.
+    pub completed: usize,
+    /// Requests refused (a prompt larger than a worker's cache, or all workers busy).
+    pub rejected: usize,
+    /// Prompt blocks found in the workers' prefix caches / looked up.
+    pub hit_rate: f64,
+    /// Time to first token, milliseconds, of every request that produced one, in
+    /// arrival order.
+    pub ttft_ms: Vec<f64>,
+    /// Median time to first token (ms).
+    pub ttft_p50_ms: f64,
+    /// 99th percentile time to first token (ms).
+    pub ttft_p99_ms: f64,
+    /// Median gap between tokens of a stream (ms).
+    pub itl_p50_ms: f64,
+    /// Output tokens per simulated second, first arrival to last token.
+    pub throughput_tok_s: f64,
+    /// Largest worker's mean active KV blocks over the fleet's mean (1: perfectly even),
+    /// sampled at each arrival.
+    pub load_imbalance: f64,
+    /// Requests sent to each worker.
+    pub per_worker: Vec<u64>,
+    /// Simulated seconds from the first arrival to the last token.
+    pub simulated_s: f64,
+}
+
+/// Read a trace file (JSON lines; blank lines are skipped).
+pub fn read_trace(path: &Path) -> Result<Vec<TraceRequest>, LabError> {
+    let read_err = |source| LabError::Read { path: path.display().to_string(), source };
+    let file = std::fs::File::open(path).map_err(read_err)?;
+    let mut requests = Vec::new();
+    for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
+        let line = line.map_err(read_err)?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let request: TraceRequest =
+            serde_json::from_str(&line).map_err(|e| LabError::Parse { line: i + 1, message: e.to_string() })?;
+        if !(request.timestamp.is_finite() && request.timestamp >= 0.0) {
+            return Err(LabError::Parse { line: i + 1, message: format!("bad timestamp {}", request.timestamp) });
+        }
+        requests.push(request);
+    }
+    Ok(requests)
+}
+
+fn splitmix64(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+/// Token ids in a 32,000-word vocabulary.
+fn token(seed: u64, i: usize) -> u32 {
+    (splitmix64(seed ^ (i as u64).wrapping_mul(0xD6E8_FEB8_6659_FD93)) % 32_000) as u32 + 100
+}
+
+/// The prompt of `request` (the `index`-th of its trace): each hash id's block, then
+/// tokens unique to the request up to `input_length`.
+pub fn synthesize_tokens(request: &TraceRequest, index: usize, trace_block_size: usize) -> Vec<u32> {
+    let mut tokens = Vec::with_capacity(request.input_length);
+    for &id in &request.hash_ids {
+        let n = trace_block_size.min(request.input_length - tokens.len());
+        let seed = splitmix64(id);
+        tokens.extend((0..n).map(|i| token(seed, i)));
+        if tokens.len() == request.input_length {
+            return tokens;
+        }
+    }
+    let seed = splitmix64(!(index as u64));
+    let start = tokens.len();
+    tokens.extend((start..request.input_length).map(|i| token(seed, i)));
+    tokens
+}
+
+fn percentile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Stream {
+    worker: usize,
+    /// The router's id of the request's counted blocks, and their number.
+    sent: Option<(u64, u64)>,
+    arrival: f64,
+    last: Option<f64>,
+}
+
+/// Replay `trace` with `policy`.
+pub fn run(trace: &[TraceRequest], policy: Policy, config: &LabConfig) -> Result<LabReport, LabError> {
+    config.validate()?;
+    let n = config.workers;
+    let mut workers = (0..n)
+        .map(|w| {
+            let slowdown = if w == 0 { config.slow_worker_factor } else { 1.0 };
+            SimWorker::new(config.engine.clone(), slowdown).map_err(|e| LabError::Invalid(e.to_string()))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let router_config = KvRouterConfig {
+        block_size: config.engine.block_size as u32,
+        scheduler: config.scheduler,
+        use_kv_events: policy == Policy::Kv,
+        ..Default::default()
+    };
+    let router: Arc<KvRouter> = KvRouter::new(router_config);
+    let ids: Vec<u64> = (0..n as u64).collect();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(config.seed);
+    let base = Instant::now();
+    let at = |ms: f64| base + Duration::from_secs_f64(ms / 1000.0);
+
+    let mut order: Vec<usize> = (0..trace.len()).collect();
+    order.sort_by(|&a, &b| trace[a].timestamp.total_cmp(&trace[b].timestamp));
+    let arrival = |i: usize| trace[i].timestamp / config.time_scale;
+
+    let mut step_end: Vec<Option<f64>> = vec![None; n];
+    let mut streams: HashMap<u64, Stream> = HashMap::new();
+    let mut ttft = vec![f64::NAN; trace.len()];
+    let mut itl: Vec<f32> = Vec::new();
+    let mut outputs: Vec<SimOutput> = Vec::new();
+    let (mut completed, mut rejected, mut tokens_out) = (0usize, 0usize, 0u64);
+    let mut per_worker = vec![0u64; n];
+    let mut active_sum = vec![0f64; n];
+    let mut samples = 0u64;
+    let mut event_id = 0u64;
+    let (mut first_arrival, mut last_token) = (None::<f64>, 0f64);
+    let mut next = 0;
+    let uses_router = matches!(policy, Policy::Kv | Policy::Approx);
+
+    loop {
+        let next_arrival = order.get(next).map(|&i| arrival(i));
+        let next_step = step_end.iter().enumerate().filter_map(|(w, t)| t.map(|t| (w, t))).min_by(|a, b| a.1.total_cmp(&b.1));
+        match (next_arrival, next_step) {
+            (None, None) => break,
+            (Some(t), step) if step.is_none_or(|(_, s)| t <= s) => {
+                let i = order[next];
+                next += 1;
+                first_arrival.get_or_insert(t);
+                for (w, worker) in workers.iter().enumerate() {
+                    let metrics = worker.metrics();
+                    active_sum[w] += metrics.kv_active_blocks as f64;
+                    if uses_router {
+                        router.load().lock().update_metrics(ids[w], &metrics, at(t));
+                    }
+                }
+                samples += 1;
+                let tokens = synthesize_tokens(&trace[i], i, config.trace_block_size);
+                let chosen = match policy {
+                    Policy::RoundRobin => Ok((i % n, None)),
+                    Policy::Random => Ok((rng.random_range(0..n), None)),
+                    Policy::Kv | Policy::Approx => {
+                        router.route_with(&tokens, &ids, at(t), &mut rng).map(|d| {
+                            (d.worker as usize, Some((d.sent, d.request_blocks as u64 + 1)))
+                        })
+                    }
+                };
+                let (w, sent) = match chosen {
+                    Ok(w) => w,
+                    Err(ScheduleError::AllBusy { .. } | ScheduleError::NoWorkers) => {
+                        rejected += 1;
+                        continue;
+                    }
+                };
+                if workers[w].add(i as u64, tokens, trace[i].output_length.max(1)).is_err() {
+                    if let Some((sent, _)) = sent {
+                        router.load().lock().forget_sent(ids[w], sent, 0, at(t));
+                    }
+                    rejected += 1;
+                    continue;
+                }
+                per_worker[w] += 1;
+                streams.insert(i as u64, Stream { worker: w, sent, arrival: t, last: None });
+                if step_end[w].is_none() {
+                    step_end[w] = workers[w].start_step().map(|ms| t + ms);
+                }
+            }
+            (_, Some((w, t))) => {
+                outputs.clear();
+                workers[w].finish_step(&mut outputs);
+                for out in &outputs {
+                    let Some(stream) = streams.get_mut(&out.request) else { continue };
+                    if out.token {
+                        tokens_out += 1;
+                        last_token = last_token.max(t);
+                        match stream.last {
+                            None => {
+                                ttft[out.request as usize] = t - stream.arrival;
+                                if uses_router {
+                                    let elapsed = Duration::from_secs_f64((t - stream.arrival) / 1000.0);
+                                    router.load().lock().record_ttft(ids[stream.worker], elapsed);
+                                }
+                            }
+                            Some(last) => {
+                                itl.push((t - last) as f32);
+                                if uses_router {
+                                    let gap = Duration::from_secs_f64((t - last) / 1000.0);
+                                    router.load().lock().record_itl(ids[stream.worker], gap);
+                                }
+                            }
+                        }
+                        stream.last = Some(t);
+                    }
+                    if out.finished {
+                        if out.token || stream.last.is_some() {
+                            completed += 1;
+                        } else {
+                            rejected += 1;
+                        }
+                        if let Some((sent, blocks)) = stream.sent {
+                            router.load().lock().forget_sent(ids[stream.worker], sent, blocks, at(t));
+                        }
+                        streams.remove(&out.request);
+                    }
+                }
+                let events = workers[w].take_events();
+                if policy == Policy::Kv {
+                    for data in events {
+                        event_id += 1;
+                        let event = RouterEvent { worker_id: ids[w], event: KvCacheEvent { event_id, data } };
+                        router.apply_event(&event);
+                    }
+                }
+                if uses_router {
+                    router.load().lock().update_metrics(ids[w], &workers[w].metrics(), at(t));
+                }
+                step_end[w] = workers[w].start_step().map(|ms| t + ms);
+                if step_end[w].is_none() && workers[w].requests() > 0 {
+                    // Queued requests the engine cannot schedule now and never will
+                    // (cannot happen with validated prompts; guards the loop).
+                    return Err(LabError::Invalid(format!("worker {w} is stuck with {} requests", workers[w].requests())));
+                }
+            }
+            (Some(_), None) => unreachable!("an arrival with no step pending is handled above"),
+        }
+    }
+
+    let (queried, hit) = workers.iter().fold((0u64, 0u64), |(q, h), w| {
+        let (wq, wh) = w.prefix_blocks();
+        (q + wq, h + wh)
+    });
+    let ttft_ms: Vec<f64> = ttft.iter().copied().filter(|x| x.is_finite()).collect();
+    let mut sorted = ttft_ms.clone();
+    sorted.sort_by(f64::total_cmp);
+    itl.sort_by(f32::total_cmp);
+    let itl_p50 = itl.get(itl.len().saturating_sub(1) / 2).map_or(f64::NAN, |x| *x as f64);
+    let simulated_ms = first_arrival.map_or(0.0, |f| (last_token - f).max(0.0));
+    let means: Vec<f64> = active_sum.iter().map(|s| s / samples.max(1) as f64).collect();
+    let mean = means.iter().sum::<f64>() / n as f64;
+    let max = means.iter().copied().fold(0.0, f64::max);
+    Ok(LabReport {
+        policy,
+        requests: trace.len(),
+        completed,
+        rejected,
+        hit_rate: if queried == 0 { 0.0 } else { hit as f64 / queried as f64 },
+        ttft_p50_ms: percentile(&sorted, 0.5),
+        ttft_p99_ms: percentile(&sorted, 0.99),
+        ttft_ms,
+        itl_p50_ms: itl_p50,
+        throughput_tok_s: if simulated_ms > 0.0 { tokens_out as f64 / (simulated_ms / 1000.0) } else { 0.0 },
+        load_imbalance: if mean > 0.0 { max / mean } else { 1.0 },
+        per_worker,
+        simulated_s: simulated_ms / 1000.0,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Conversations: each session's turns extend its previous prompt (shared prefix),
+    /// every session starting with the same system block 0.
+    fn conversations(sessions: u64, turns: u64, gap_ms: f64) -> Vec<TraceRequest> {
+        let mut trace = Vec::new();
+        let mut next_id = 1;
+        let mut prompts: Vec<Vec<u64>> = vec![vec![0]; sessions as usize];
+        for turn in 0..turns {
+            for s in 0..sessions as usize {
+                prompts[s].extend([next_id, next_id + 1]);
+                next_id += 2;
+                let t = (turn * sessions + s as u64) as f64 * gap_ms;
+                let blocks = prompts[s].len();
+                trace.push(TraceRequest {
+                    timestamp: t,
+                    input_length: blocks * 64 - 10,
+                    output_length: 20,
+                    hash_ids: prompts[s].clone(),
+                });
+            }
+        }
+        trace
+    }
+
+    fn config() -> LabConfig {
+        LabConfig {
+            workers: 4,
+            trace_block_size: 64,
+            engine: MockerArgs { block_size: 16, num_gpu_blocks: 2048, ..Default::default() },
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn equal_hash_ids_give_equal_tokens() {
+        let a = TraceRequest { timestamp: 0.0, input_length: 100, output_length: 1, hash_ids: vec![5, 6] };
+        let b = TraceRequest { timestamp: 0.0, input_length: 130, output_length: 1, hash_ids: vec![5, 7] };
+        let (ta, tb) = (synthesize_tokens(&a, 0, 64), synthesize_tokens(&b, 1, 64));
+        assert_eq!((ta.len(), tb.len()), (100, 130));
+        assert_eq!(ta[..64], tb[..64]);
+        assert_ne!(ta[64..100], tb[64..100]);
+        // Past the hash ids, tokens are the request's own.
+        let c = TraceRequest { timestamp: 0.0, input_length: 100, output_length: 1, hash_ids: vec![5] };
+        let (t0, t1) = (synthesize_tokens(&c, 0, 64), synthesize_tokens(&c, 1, 64));
+        assert_eq!(t0[..64], t1[..64]);
+        assert_ne!(t0[64..], t1[64..]);
+    }
+
+    #[test]
+    fn kv_routing_beats_round_robin_on_hit_rate_and_is_deterministic() {
+        // 13 sessions: round-robin moves each session from worker to worker.
+        let trace = conversations(13, 6, 150.0);
+        let kv = run(&trace, Policy::Kv, &config()).unwrap();
+        let rr = run(&trace, Policy::RoundRobin, &config()).unwrap();
+        assert_eq!((kv.completed, rr.completed), (trace.len(), trace.len()));
+        assert_eq!((kv.rejected, rr.rejected), (0, 0));
+        assert!(kv.hit_rate > rr.hit_rate + 0.2, "kv {} vs round-robin {}", kv.hit_rate, rr.hit_rate);
+        assert!(kv.ttft_p50_ms > 0.0 && kv.itl_p50_ms > 0.0 && kv.throughput_tok_s > 0.0);
+        assert_eq!(kv.ttft_ms.len(), trace.len());
+        assert_eq!(run(&trace, Policy::Kv, &config()).unwrap(), kv, "same seed, same report");
+        let random = run(&trace, Policy::Random, &config()).unwrap();
+        assert_eq!(random.per_worker.iter().sum::<u64>(), trace.len() as u64);
+    }
+
+    #[test]
+    fn a_slow_worker_gets_less_with_the_straggler_penalty() {
+        let trace = conversations(16, 6, 20.0);
+        let slow = LabConfig { slow_worker_factor: 6.0, ..config() };
+        let penalised = run(&trace, Policy::Kv, &slow).unwrap();
+        let off = LabConfig {
+            scheduler: SchedulerConfig { straggler_threshold: f64::INFINITY, ..Default::default() },
+            ..slow.clone()
+        };
+        let unpenalised = run(&trace, Policy::Kv, &off).unwrap();
+        assert!(
+            penalised.per_worker[0] < unpenalised.per_worker[0],
+            "{:?} vs {:?}",
+            penalised.per_worker,
+            unpenalised.per_worker
+        );
+    }
+
+    #[test]
+    fn bad_input_is_a_clear_error() {
+        assert!("nope".parse::<Policy>().unwrap_err().to_string().contains("unknown policy"));
+        let err = run(&[], Policy::Kv, &LabConfig { workers: 0, ..config() }).unwrap_err();
+        assert!(err.to_string().contains("workers"));
+        let dir = std::env::temp_dir().join(format!("lab-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("bad.jsonl");
+        std::fs::write(&path, "{\"timestamp\": 0, \"input_length\": 5, \"output_length\": 1}\n\nnot json\n").unwrap();
+        let err = read_trace(&path).unwrap_err();
+        assert!(matches!(err, LabError::Parse { line: 3, .. }), "{err}");
+        assert!(read_trace(&dir.join("missing.jsonl")).unwrap_err().to_string().contains("missing.jsonl"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,548 @@
+//! The router's view of each worker's load, and the choice of a worker from it.
+//!
+//! A worker's decode load is, when it publishes load metrics (`load_metrics`, as the
+//! mocker does), the KV blocks its last metrics report in use plus the blocks of the
+//! requests this router (or a replica sharing its decisions) sent it since — kept
+//! until metrics received [`METRICS_LAG`] after the send must include them, or until the
+//! request's stream ends; and minus the blocks of requests that ended since metrics that
+//! still counted them (until metrics received [`METRICS_LAG`] after the end). Without
+//! metrics (or when they are older than [`METRICS_STALE`]), it is the blocks of the
+//! requests the router has in flight there.
+//!
+//! Streams routed through the router report their timing (first item, gaps between
+//! items); a worker whose time per item is [`SchedulerConfig::straggler_threshold`]
+//! times the fleet's (the lower median over the workers with enough samples) or more,
+//! and at least [`STRAGGLER_MIN_EXCESS`] more, is a straggler: its cost is multiplied
+//! by that ratio (see [`super::selector`]).
+//!
+//! With a busy threshold, a worker whose predicted KV usage is at or above it is busy;
+//! when every candidate is busy the router refuses ([`ScheduleError::AllBusy`]; the
+//! frontend answers 503 with `Retry-After`) instead of queueing more.
+//!
+//! Methods take the current time, so tests and the routing lab drive the clock.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use rand::Rng;
+
+use super::selector::{select, Candidate, SelectorWeights};
+use super::protocols::ForwardPassMetrics;
+
+/// Sent blocks stay counted until metrics received this long after the send.
+pub const METRICS_LAG: Duration = Duration::from_millis(250);
+/// Metrics older than this are ignored (the worker stopped publishing).
+pub const METRICS_STALE: Duration = Duration::from_secs(5);
+/// Default ratio to the fleet's time per item from which a worker is a straggler.
+pub const DEFAULT_STRAGGLER_THRESHOLD: f64 = 2.0;
+/// Samples of a worker's timing needed before it is compared with the fleet.
+pub const STRAGGLER_MIN_SAMPLES: u64 = 8;
+/// A straggler's time per item also exceeds the fleet's by this much: differences of
+/// fractions of a millisecond are network jitter, not a slow engine.
+pub const STRAGGLER_MIN_EXCESS: Duration = Duration::from_millis(2);
+/// Weight of a new sample in the moving averages of timing.
+const EWMA_ALPHA: f64 = 0.1;
+/// Cap on the cost multiplier of a straggler.
+const MAX_SLOWNESS: f64 = 100.0;
+
+/// Why no worker was chosen.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ScheduleError {
+    /// No live worker.
+    #[error("no worker instances")]
+    NoWorkers,
+    /// Every worker is at or above the busy threshold.
+    #[error("all {workers} workers are busy (KV cache usage at or above {threshold}); retry later")]
+    AllBusy {
+        /// Workers considered.
+        workers: usize,
+        /// The busy threshold.
+        threshold: String,
+    },
+}
+
+/// Settings of the scheduler.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SchedulerConfig {
+    /// The cost function's weight and the temperature.
+    pub weights: SelectorWeights,
+    /// Fraction of its KV blocks in use (0–1] at which a worker is busy; `None`: never.
+    pub busy_threshold: Option<f64>,
+    /// Ratio to the fleet's time per item from which a worker is penalised (≥ 1;
+    /// infinity turns the penalty off).
+    pub straggler_threshold: f64,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        SchedulerConfig {
+            weights: SelectorWeights::default(),
+            busy_threshold: None,
+            straggler_threshold: DEFAULT_STRAGGLER_THRESHOLD,
+        }
+    }
+}
+
+impl SchedulerConfig {
+    /// Check the ranges.
+    pub fn validate(&self) -> Result<(), String> {
+        self.weights.validate()?;
+        if let Some(t) = self.busy_threshold {
+            if !(t > 0.0 && t <= 1.0) {
+                return Err(format!("busy threshold must be in (0, 1], got {t}"));
+            }
+        }
+        if !(self.straggler_threshold >= 1.0) {
+            return Err(format!("straggler threshold must be >= 1, got {}", self.straggler_threshold));
+        }
+        Ok(())
+    }
+}
+
+/// A worker's load as its metrics last said.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Reported {
+    active_blocks: u64,
+    total_blocks: u64,
+    waiting: u64,
+    received: Instant,
+}
+
+/// An exponentially weighted moving average with a sample count.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct Ewma {
+    value: f64,
+    samples: u64,
+}
+
+impl Ewma {
+    fn add(&mut self, x: f64) {
+        self.value = if self.samples == 0 { x } else { self.value + EWMA_ALPHA * (x - self.value) };
+        self.samples += 1;
+    }
+}
+
+/// A request sent and not yet in the worker's metrics.
+#[derive(Debug, Clone, Copy)]
+struct Pending {
+    id: u64,
+    sent: Instant,
+    blocks: u64,
+}
+
+#[derive(Debug, Default)]
+struct WorkerLoad {
+    reported: Option<Reported>,
+    /// Requests sent since the metrics that include them.
+    pending: VecDeque<Pending>,
+    /// (time ended, blocks) of requests that ended since the metrics that include them.
+    released: VecDeque<(Instant, u64)>,
+    inflight_requests: u64,
+    inflight_blocks: u64,
+    /// Seconds per streamed item after the first.
+    itl: Ewma,
+    /// Seconds to the first item.
+    ttft: Ewma,
+}
+
+impl WorkerLoad {
+    fn fresh(&self, now: Instant) -> Option<&Reported> {
+        self.reported.as_ref().filter(|r| now.saturating_duration_since(r.received) <= METRICS_STALE)
+    }
+
+    fn decode_blocks(&self, now: Instant) -> f64 {
+        match self.fresh(now) {
+            Some(r) => {
+                let sent: u64 = self.pending.iter().map(|p| p.blocks).sum();
+                let ended: u64 = self.released.iter().map(|(_, b)| b).sum();
+                (r.active_blocks + sent).saturating_sub(ended) as f64
+            }
+            None => self.inflight_blocks as f64,
+        }
+    }
+}
+
+/// The worker [`LoadTracker::schedule`] chose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Choice {
+    /// Its instance id.
+    pub worker: u64,
+    /// Leading request blocks it was predicted to hold.
+    pub overlap_blocks: usize,
+    /// The id of the request's blocks counted on it ([`LoadTracker::forget_sent`]).
+    pub sent: u64,
+}
+
+/// What a worker's timing looks like to the router (for reports and tests).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct WorkerTiming {
+    /// Moving average of the seconds between streamed items.
+    pub itl_s: f64,
+    /// Moving average of the seconds to the first item.
+    pub ttft_s: f64,
+    /// Items timed.
+    pub samples: u64,
+}
+
+/// Load and timing of every worker the router knows, and the choice among them.
+#[derive(Debug, Default)]
+pub struct LoadTracker {
+    config: SchedulerConfig,
+    workers: HashMap<u64, WorkerLoad>,
+    next_sent: u64,
+}
+
+impl LoadTracker {
+    /// No workers known yet.
+    pub fn new(config: SchedulerConfig) -> Self {
+        LoadTracker { config, workers: HashMap::new(), next_sent: 0 }
+    }
+
+    /// Its settings.
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.config
+    }
+
+    /// A worker's load metrics arrived at `now`.
+    pub fn update_metrics(&mut self, worker: u64, metrics: &ForwardPassMetrics, now: Instant) {
+        let load = self.workers.entry(worker).or_default();
+        load.reported = Some(Reported {
+            active_blocks: metrics.kv_active_blocks,
+            total_blocks: metrics.kv_total_blocks,
+            waiting: metrics.num_requests_waiting,
+            received: now,
+        });
+        while load.pending.front().is_some_and(|p| now.saturating_duration_since(p.sent) >= METRICS_LAG) {
+            load.pending.pop_front();
+        }
+        while load.released.front().is_some_and(|(ended, _)| now.saturating_duration_since(*ended) >= METRICS_LAG) {
+            load.released.pop_front();
+        }
+    }
+
+    /// A request of `blocks` KV blocks was sent to `worker` at `now` (by this router or
+    /// a replica): counted until metrics include it or [`Self::forget_sent`]. Returns
+    /// its id for the latter.
+    pub fn record_sent(&mut self, worker: u64, blocks: u64, now: Instant) -> u64 {
+        self.next_sent += 1;
+        let id = self.next_sent;
+        self.workers.entry(worker).or_default().pending.push_back(Pending { id, sent: now, blocks });
+        id
+    }
+
+    /// The request `id` of [`Self::record_sent`] (of `blocks` blocks) on `worker` ended
+    /// at `now`: it is dropped from those sent, and its blocks are taken off the metrics
+    /// received until [`METRICS_LAG`] after `now` (which may have been taken while it
+    /// ran; the estimate is clamped at 0).
+    pub fn forget_sent(&mut self, worker: u64, id: u64, blocks: u64, now: Instant) {
+        if let Some(load) = self.workers.get_mut(&worker) {
+            load.pending.retain(|p| p.id != id);
+            // Metrics taken while it ran may still arrive (or have arrived) and count it.
+            if load.reported.is_some() {
+                load.released.push_back((now, blocks));
+            }
+        }
+    }
+
+    /// A request of `blocks` blocks is in flight on `worker` from this router.
+    pub fn start_request(&mut self, worker: u64, blocks: u64) {
+        let load = self.workers.entry(worker).or_default();
+        load.inflight_requests += 1;
+        load.inflight_blocks += blocks;
+    }
+
+    /// A request started with [`Self::start_request`] ended.
+    pub fn finish_request(&mut self, worker: u64, blocks: u64) {
+        if let Some(load) = self.workers.get_mut(&worker) {
+            load.inflight_requests = load.inflight_requests.saturating_sub(1);
+            load.inflight_blocks = load.inflight_blocks.saturating_sub(blocks);
+        }
+    }
+
+    /// The first item of a stream from `worker` came `elapsed` after the request.
+    pub fn record_ttft(&mut self, worker: u64, elapsed: Duration) {
+        self.workers.entry(worker).or_default().ttft.add(elapsed.as_secs_f64());
+    }
+
+    /// An item of a stream from `worker` came `gap` after the previous one.
+    pub fn record_itl(&mut self, worker: u64, gap: Duration) {
+        self.workers.entry(worker).or_default().itl.add(gap.as_secs_f64());
+    }
+
+    /// Requests in flight on `worker` from this router.
+    pub fn inflight(&self, worker: u64) -> u64 {
+        self.workers.get(&worker).map_or(0, |l| l.inflight_requests)
+    }
+
+    /// Predicted KV blocks in use on `worker` at `now`.
+    pub fn decode_blocks(&self, worker: u64, now: Instant) -> f64 {
+        self.workers.get(&worker).map_or(0.0, |l| l.decode_blocks(now))
+    }
+
+    /// Requests waiting on `worker` per its fresh metrics.
+    pub fn waiting(&self, worker: u64, now: Instant) -> Option<u64> {
+        self.workers.get(&worker).and_then(|l| l.fresh(now)).map(|r| r.waiting)
+    }
+
+    /// The timing observed for `worker`.
+    pub fn timing(&self, worker: u64) -> Option<WorkerTiming> {
+        let l = self.workers.get(&worker)?;
+        (l.itl.samples > 0 || l.ttft.samples > 0)
+            .then_some(WorkerTiming { itl_s: l.itl.value, ttft_s: l.ttft.value, samples: l.itl.samples })
+    }
+
+    /// The cost multiplier of each of `workers` (1 unless a straggler).
+    pub fn slowness(&self, workers: &[u64]) -> Vec<f64> {
+        let timed: Vec<(u64, f64)> = workers
+            .iter()
+            .filter_map(|w| self.workers.get(w).map(|l| (*w, l.itl)))
+            .filter(|(_, itl)| itl.samples >= STRAGGLER_MIN_SAMPLES && itl.value > 0.0)
+            .map(|(w, itl)| (w, itl.value))
+            .collect();
+        if timed.len() < 2 || !self.config.straggler_threshold.is_finite() {
+            return vec![1.0; workers.len()];
+        }
+        let mut values: Vec<f64> = timed.iter().map(|(_, v)| *v).collect();
+        values.sort_by(f64::total_cmp);
+        let fleet = values[(values.len() - 1) / 2];
+        workers
+            .iter()
+            .map(|w| {
+                let own = timed.iter().find(|(t, _)| t == w).map_or(fleet, |(_, v)| *v);
+                let ratio = own / fleet;
+                if ratio >= self.config.straggler_threshold && own - fleet >= STRAGGLER_MIN_EXCESS.as_secs_f64() {
+                    ratio.min(MAX_SLOWNESS)
+                } else {
+                    1.0
+                }
+            })
+            .collect()
+    }
+
+    /// Whether `worker`'s predicted KV usage is at or above the busy threshold (never
+    /// without a threshold or fresh metrics).
+    pub fn is_busy(&self, worker: u64, now: Instant) -> bool {
+        let (Some(threshold), Some(load)) = (self.config.busy_threshold, self.workers.get(&worker)) else {
+            return false;
+        };
+        match load.fresh(now) {
+            Some(r) if r.total_blocks > 0 => load.decode_blocks(now) / r.total_blocks as f64 >= threshold,
+            _ => false,
+        }
+    }
+
+    /// Forget workers not in `live`.
+    pub fn retain(&mut self, live: &[u64]) {
+        self.workers.retain(|w, _| live.contains(w));
+    }
+
+    /// Forget `worker`.
+    pub fn remove_worker(&mut self, worker: u64) {
+        self.workers.remove(&worker);
+    }
+
+    /// The candidates for a request of `request_blocks` full blocks, given each
+    /// worker's predicted overlap.
+    pub fn candidates(&self, overlaps: &[(u64, usize)], now: Instant) -> Vec<Candidate> {
+        let ids: Vec<u64> = overlaps.iter().map(|(w, _)| *w).collect();
+        let slowness = self.slowness(&ids);
+        overlaps
+            .iter()
+            .zip(slowness)
+            .map(|(&(worker, overlap_blocks), slowness)| Candidate {
+                worker,
+                overlap_blocks,
+                decode_blocks: self.decode_blocks(worker, now),
+                slowness,
+            })
+            .collect()
+    }
+
+    /// Choose among the workers of `overlaps` (each with its predicted overlap) for a
+    /// request of `request_blocks` full blocks, and count the request's blocks on it
+    /// (see [`Self::record_sent`]). Busy workers are left out.
+    pub fn schedule(
+        &mut self,
+        overlaps: &[(u64, usize)],
+        request_blocks: usize,
+        now: Instant,
+        rng: &mut impl Rng,
+    ) -> Result<Choice, ScheduleError> {
+        if overlaps.is_empty() {
+            return Err(ScheduleError::NoWorkers);
+        }
+        let open: Vec<(u64, usize)> = overlaps.iter().copied().filter(|(w, _)| !self.is_busy(*w, now)).collect();
+        if open.is_empty() {
+            let threshold = self.config.busy_threshold.map_or_else(String::new, |t| t.to_string());
+            return Err(ScheduleError::AllBusy { workers: overlaps.len(), threshold });
+        }
+        let candidates = self.candidates(&open, now);
+        let chosen = select(&candidates, request_blocks, self.config.weights, rng).ok_or(ScheduleError::NoWorkers)?;
+        let sent = self.record_sent(chosen.worker, request_blocks as u64 + 1, now);
+        Ok(Choice { worker: chosen.worker, overlap_blocks: chosen.overlap_blocks, sent })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rand::SeedableRng;
+
+    use super::*;
+
+    fn metrics(active: u64, total: u64) -> ForwardPassMetrics {
+        ForwardPassMetrics { kv_active_blocks: active, kv_total_blocks: total, ..Default::default() }
+    }
+
+    fn rng() -> rand::rngs::StdRng {
+        rand::rngs::StdRng::seed_from_u64(1)
+    }
+
+    #[test]
+    fn temperature_zero_repeats_the_same_choice() {
+        let t0 = Instant::now();
+        let mut a = LoadTracker::new(SchedulerConfig::default());
+        let mut b = LoadTracker::new(SchedulerConfig::default());
+        for (w, active) in [(1, 40), (2, 10), (3, 25)] {
+            a.update_metrics(w, &metrics(active, 100), t0);
+            b.update_metrics(w, &metrics(active, 100), t0);
+        }
+        let overlaps = [(1, 4), (2, 0), (3, 2)];
+        // Costs: 1: 0 + 40 + 4; 2: 4 + 10 + 4; 3: 2 + 25 + 4. Worker 2 takes it and its
+        // load grows by the request's blocks each time, until it is no longer cheapest.
+        let seq_a: Vec<u64> =
+            (0..6).map(|_| a.schedule(&overlaps, 4, t0, &mut rand::rng()).unwrap().worker).collect();
+        let seq_b: Vec<u64> = (0..6).map(|_| b.schedule(&overlaps, 4, t0, &mut rng()).unwrap().worker).collect();
+        assert_eq!(seq_a, seq_b, "no randomness without ties");
+        assert_eq!(&seq_a[..2], &[2, 2]);
+        assert_eq!(a.decode_blocks(2, t0), 10.0 + 5.0 * seq_a.iter().filter(|w| **w == 2).count() as f64);
+    }
+
+    #[test]
+    fn optimistic_accounting_spreads_a_burst_until_metrics_catch_up() {
+        let t0 = Instant::now();
+        let mut tracker = LoadTracker::new(SchedulerConfig::default());
+        for w in 1..=4 {
+            tracker.update_metrics(w, &metrics(0, 1000), t0);
+        }
+        let overlaps: Vec<(u64, usize)> = (1..=4).map(|w| (w, 0)).collect();
+        let mut per_worker = HashMap::new();
+        for _ in 0..40 {
+            let c = tracker.schedule(&overlaps, 10, t0, &mut rng()).unwrap();
+            *per_worker.entry(c.worker).or_insert(0) += 1;
+        }
+        assert_eq!(per_worker.values().copied().collect::<std::collections::BTreeSet<_>>(), [10].into());
+        // Metrics received long after the sends replace the optimistic counts.
+        let later = t0 + METRICS_LAG;
+        tracker.update_metrics(1, &metrics(7, 1000), later);
+        assert_eq!(tracker.decode_blocks(1, later), 7.0);
+        // Metrics received right after a send keep it counted.
+        tracker.record_sent(2, 11, later);
+        tracker.update_metrics(2, &metrics(3, 1000), later + Duration::from_millis(10));
+        assert_eq!(tracker.decode_blocks(2, later), 3.0 + 11.0);
+    }
+
+    #[test]
+    fn a_finished_request_stops_counting_before_metrics_catch_up() {
+        let t0 = Instant::now();
+        let mut tracker = LoadTracker::new(SchedulerConfig::default());
+        tracker.update_metrics(1, &metrics(0, 1000), t0);
+        let a = tracker.record_sent(1, 10, t0);
+        let b = tracker.record_sent(1, 4, t0);
+        assert_eq!(tracker.decode_blocks(1, t0), 14.0);
+        tracker.forget_sent(1, a, 10, t0);
+        assert_eq!(tracker.decode_blocks(1, t0), 0.0, "a's entry goes, and is taken off the metrics (clamped)");
+        tracker.forget_sent(2, b, 4, t0);
+        assert_eq!(tracker.decode_blocks(1, t0), 0.0, "only the request's own entry goes");
+        // Metrics taken while a ran arrive late: still corrected.
+        tracker.update_metrics(1, &metrics(10, 1000), t0 + Duration::from_millis(5));
+        assert_eq!(tracker.decode_blocks(1, t0), 4.0, "10 reported + 4 sent (b) - 10 ended (a)");
+        // Metrics that include b arrive; b ends before the next metrics: they still count
+        // it, the router does not.
+        let t1 = t0 + METRICS_LAG;
+        tracker.update_metrics(1, &metrics(4, 1000), t1);
+        assert_eq!(tracker.decode_blocks(1, t1), 4.0);
+        tracker.forget_sent(1, b, 4, t1);
+        assert_eq!(tracker.decode_blocks(1, t1), 0.0);
+        tracker.update_metrics(1, &metrics(4, 1000), t1 + Duration::from_millis(10));
+        assert_eq!(tracker.decode_blocks(1, t1), 0.0, "metrics taken just after the end are corrected");
+        tracker.update_metrics(1, &metrics(3, 1000), t1 + METRICS_LAG);
+        assert_eq!(tracker.decode_blocks(1, t1 + METRICS_LAG), 3.0, "later metrics are the truth");
+    }
+
+    #[test]
+    fn without_metrics_the_inflight_blocks_are_the_load() {
+        let t0 = Instant::now();
+        let mut tracker = LoadTracker::new(SchedulerConfig::default());
+        tracker.start_request(1, 20);
+        tracker.start_request(1, 5);
+        assert_eq!((tracker.decode_blocks(1, t0), tracker.inflight(1)), (25.0, 2));
+        tracker.finish_request(1, 20);
+        assert_eq!((tracker.decode_blocks(1, t0), tracker.inflight(1)), (5.0, 1));
+        // Stale metrics are ignored.
+        tracker.update_metrics(1, &metrics(500, 1000), t0);
+        assert_eq!(tracker.decode_blocks(1, t0), 500.0);
+        assert_eq!(tracker.decode_blocks(1, t0 + METRICS_STALE + Duration::from_secs(1)), 5.0);
+    }
+
+    #[test]
+    fn a_straggler_is_penalised() {
+        let t0 = Instant::now();
+        let mut tracker = LoadTracker::new(SchedulerConfig::default());
+        for _ in 0..20 {
+            tracker.record_itl(1, Duration::from_millis(10));
+            tracker.record_itl(2, Duration::from_millis(10));
+            tracker.record_itl(3, Duration::from_millis(50));
+        }
+        let slowness = tracker.slowness(&[1, 2, 3, 4]);
+        assert_eq!((slowness[0], slowness[1], slowness[3]), (1.0, 1.0, 1.0));
+        assert!((slowness[2] - 5.0).abs() < 1e-6, "{slowness:?}");
+        // Worker 3 holds the whole prefix, but at 5× it does not get the request.
+        let chosen = tracker.schedule(&[(1, 0), (2, 0), (3, 16)], 16, t0, &mut rng()).unwrap();
+        assert_ne!(chosen.worker, 3);
+        // Without the penalty it would.
+        let mut off = LoadTracker::new(SchedulerConfig { straggler_threshold: f64::INFINITY, ..Default::default() });
+        for _ in 0..20 {
+            off.record_itl(3, Duration::from_millis(50));
+            off.record_itl(1, Duration::from_millis(10));
+        }
+        assert_eq!(off.schedule(&[(1, 0), (2, 0), (3, 16)], 16, t0, &mut rng()).unwrap().worker, 3);
+        // Tiny times (jitter) are no judgement either.
+        let mut fast = LoadTracker::new(SchedulerConfig::default());
+        for _ in 0..20 {
+            fast.record_itl(1, Duration::from_micros(100));
+            fast.record_itl(2, Duration::from_micros(900));
+        }
+        assert_eq!(fast.slowness(&[1, 2]), vec![1.0, 1.0]);
+        // Too few samples: no judgement.
+        let mut young = LoadTracker::new(SchedulerConfig::default());
+        young.record_itl(1, Duration::from_millis(10));
+        young.record_itl(2, Duration::from_millis(100));
+        assert_eq!(young.slowness(&[1, 2]), vec![1.0, 1.0]);
+        let timing = tracker.timing(3).unwrap();
+        assert!((timing.itl_s - 0.05).abs() < 1e-9 && timing.samples == 20);
+    }
+
+    #[test]
+    fn busy_workers_are_skipped_and_all_busy_refuses() {
+        let t0 = Instant::now();
+        let config = SchedulerConfig { busy_threshold: Some(0.9), ..Default::default() };
+        let mut tracker = LoadTracker::new(config);
+        tracker.update_metrics(1, &metrics(95, 100), t0);
+        tracker.update_metrics(2, &metrics(50, 100), t0);
+        assert!(tracker.is_busy(1, t0) && !tracker.is_busy(2, t0));
+        // Worker 1 has the prefix but is busy.
+        assert_eq!(tracker.schedule(&[(1, 8), (2, 0)], 8, t0, &mut rng()).unwrap().worker, 2);
+        // Requests sent count toward busy: 50 + 9 × 5 = 95.
+        for _ in 0..4 {
+            tracker.schedule(&[(2, 0)], 8, t0, &mut rng()).unwrap();
+        }
+        let err = tracker.schedule(&[(1, 0), (2, 0)], 8, t0, &mut rng()).unwrap_err();
+        assert!(matches!(err, ScheduleError::AllBusy { workers: 2, .. }), "{err}");
+        assert!(err.to_string().contains("busy"));
+        // A worker without metrics is never busy.
+        assert_eq!(tracker.schedule(&[(1, 0), (2, 0), (3, 0)], 8, t0, &mut rng()).unwrap().worker, 3);
+        assert_eq!(tracker.schedule(&[], 8, t0, &mut rng()).unwrap_err(), ScheduleError::NoWorkers);
+        assert!(SchedulerConfig { busy_threshold: Some(0.0), ..Default::default() }.validate().is_err());
+        assert!(SchedulerConfig { straggler_threshold: 0.5, ..Default::default() }.validate().is_err());
+    }
+}

@@ -1,0 +1,257 @@
+"""KV-cache-aware routing end to end, on both backends: a frontend
+(`dynamo-run in=http out=dyn --router-mode kv`) in front of mocker worker processes.
+Repeated prefixes go to the worker that holds them (hit rates read from the workers' own
+load metrics, against round-robin as the control); the busy threshold answers 503 with
+Retry-After while every worker is full, and serves again once they are not. The Python
+`KvRouter` and the standalone router component (`python -m dynamo.router`) follow mocker
+workers in other processes. The routing lab (`python -m dynamo.router.lab`) runs on a
+small generated Mooncake-shaped trace."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import WorkerPool, bounded, collect, wait_for_instances
+from llm_helpers import HTTP_TIMEOUT, chat_body, start_frontend, start_mocker, write_json, write_model_dir
+
+pytestmark = pytest.mark.timeout(180)
+
+#: Tokens per KV block of the mockers here (small, so short prompts span many blocks).
+BLOCK = 4
+
+
+@pytest.fixture
+def model_dir(tmp_path: Path) -> Path:
+    return write_model_dir(tmp_path / "models")
+
+
+def prefix_prompt(prefix: int, repeat: int) -> str:
+    """80 words shared by every repeat of `prefix` (20 blocks), then one word of its own."""
+    words = [f"w{3 + (prefix * 80 + i) % 1000}" for i in range(80)]
+    return " ".join([*words, f"w{900 + repeat}"])
+
+
+async def latest_metrics(subscription: Any, workers: set[int], timeout: float) -> dict[int, dict[str, Any]]:
+    """The load metrics of each of `workers` once every one of them has reported itself
+    idle (no request running or waiting)."""
+    latest: dict[int, dict[str, Any]] = {}
+
+    async def collect() -> dict[int, dict[str, Any]]:
+        async for event in subscription:
+            data = event if isinstance(event, dict) else json.loads(event)
+            latest[data["worker_id"]] = data
+            idle = [
+                w for w in workers
+                if w in latest and latest[w]["request_active_slots"] == 0 and latest[w]["num_requests_waiting"] == 0
+            ]
+            if len(idle) == len(workers):
+                return latest
+        raise AssertionError("the subscription ended")
+
+    return await bounded(collect(), timeout, f"idle load metrics from all of {sorted(workers)} (got {latest})")
+
+
+@pytest.mark.parametrize("router_mode", ["kv", "round-robin"])
+async def test_repeated_prefixes_go_to_the_worker_that_holds_them(
+    runtime: Any, workers: WorkerPool, namespace: str, model_dir: Path, tmp_path: Path, router_mode: str
+) -> None:
+    fast = write_json(tmp_path / "fast.json", {"speedup_ratio": 50.0})
+    for i in range(3):
+        start_mocker(
+            workers, f"{namespace}.mocker.generate", model_dir, "--extra-engine-args", str(fast),
+            "--kv-cache-block-size", str(BLOCK), name=f"mocker-{i}",
+        )
+    component = runtime.namespace(namespace).component("mocker")
+    ids = set(await wait_for_instances(await component.endpoint("generate").client(), 3))
+    metrics = await component.subscribe("load_metrics")
+    frontend = await start_frontend(workers, "dyn", "--router-mode", router_mode)
+    await frontend.wait_models([model_dir.name])
+
+    # Three prefixes, six requests each, one after the other.
+    for prefix in range(3):
+        for repeat in range(6):
+            body = chat_body(model_dir.name, prefix_prompt(prefix, repeat), max_tokens=2)
+            response = await asyncio.to_thread(frontend.post, "/v1/chat/completions", body)
+            assert response.status == 200, response
+
+    rates = {w: m["gpu_prefix_cache_hit_rate"] for w, m in (await latest_metrics(metrics, ids, 20)).items()}
+    if router_mode == "kv":
+        # Each prefix is computed once, on the worker its requests then stay on: 5 of 6
+        # find its 20 blocks. (Two prefixes may share a worker, leaving one unused.)
+        used = [r for r in rates.values() if r > 0]
+        assert used and min(used) >= 0.75, rates
+    else:
+        # Round-robin computes each prefix on every worker.
+        assert max(rates.values()) < 0.6, rates
+
+
+async def test_busy_threshold_answers_503_while_every_worker_is_full(
+    workers: WorkerPool, namespace: str, model_dir: Path, tmp_path: Path
+) -> None:
+    # One slow worker (~0.1 s a token) with 128 blocks of 4 tokens; busy from 30% in use.
+    slow = write_json(tmp_path / "slow.json", {"speedup_ratio": 0.05, "num_gpu_blocks": 128})
+    start_mocker(
+        workers, f"{namespace}.mocker.generate", model_dir, "--extra-engine-args", str(slow),
+        "--kv-cache-block-size", str(BLOCK),
+    )
+    frontend = await start_frontend(workers, "dyn", "--router-mode", "kv", "--busy-threshold", "0.3")
+    await frontend.wait_models([model_dir.name])
+    small = chat_body(model_dir.name, "w5 w6", max_tokens=1)
+
+    # A request of ~41 blocks (growing by one every 4 tokens) holds the worker over the
+    # threshold for ~10 s.
+    big = chat_body(model_dir.name, prefix_prompt(0, 0) + " " + prefix_prompt(1, 0), max_tokens=100, stream=True)
+    body = json.dumps(big).encode()
+    sock = socket.create_connection(("127.0.0.1", frontend.port), timeout=HTTP_TIMEOUT)
+    try:
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode() + body
+        )
+        head = await asyncio.to_thread(sock.recv, 65536)
+        assert head.startswith(b"HTTP/1.1 200"), head[:200]
+
+        # Once the router knows the worker's size (its first metrics), requests are refused.
+        deadline = time.monotonic() + 15
+        response = await asyncio.to_thread(frontend.post, "/v1/chat/completions", small)
+        while response.status != 503 and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+            response = await asyncio.to_thread(frontend.post, "/v1/chat/completions", small)
+        assert response.status == 503, response
+        assert response.headers.get("retry-after") == "1", response.headers
+        error = response.json()["error"]
+        assert error["type"] == "service_unavailable" and "busy" in error["message"], error
+        started = time.monotonic()
+        again = await asyncio.to_thread(frontend.post, "/v1/chat/completions", small)
+        assert again.status == 503 and time.monotonic() - started < 2.0, "refused at once, not queued"
+    finally:
+        sock.close()
+
+    # The client went away: its blocks are freed and the worker serves again.
+    deadline = time.monotonic() + 15
+    response = await asyncio.to_thread(frontend.post, "/v1/chat/completions", small)
+    while response.status != 200 and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+        response = await asyncio.to_thread(frontend.post, "/v1/chat/completions", small)
+    assert response.status == 200, response
+
+
+async def test_python_kv_router_and_router_component_follow_the_workers(
+    runtime: Any, workers: WorkerPool, namespace: str, model_dir: Path, tmp_path: Path
+) -> None:
+    from dynamo.llm import KvRouter
+    from dynamo.runtime import NoInstancesError
+
+    fast = write_json(tmp_path / "fast.json", {"speedup_ratio": 50.0})
+    for i in range(2):
+        start_mocker(
+            workers, f"{namespace}.mocker.generate", model_dir, "--extra-engine-args", str(fast),
+            "--kv-cache-block-size", str(BLOCK), name=f"mocker-{i}",
+        )
+    mocker = runtime.namespace(namespace).component("mocker").endpoint("generate")
+    mocker_client = await mocker.client()
+    ids = set(await wait_for_instances(mocker_client, 2))
+    component = workers.command(
+        [sys.executable, "-m", "dynamo.router", "--workers", f"dyn://{namespace}.mocker.generate",
+         "--endpoint", f"dyn://{namespace}.router.generate", "--block-size", str(BLOCK)],
+        name="router",
+    )
+    await component.wait_for_line("routing for", 30)
+    router_client = await runtime.namespace(namespace).component("router").endpoint("generate").client()
+    await wait_for_instances(router_client, 1)
+    router = KvRouter(mocker, block_size=BLOCK)
+    assert router.block_size == BLOCK
+
+    prompt = list(range(100, 140))  # 10 blocks
+    # Nothing cached yet: any worker, no overlap.
+    [decision] = await collect(await router_client.generate({"token_ids": prompt}))
+    assert decision["worker_id"] in ids and decision["overlap_blocks"] == 0
+    holder = decision["worker_id"]
+    # The worker computes the prompt; its KV events reach both routers.
+    request = {"token_ids": prompt, "stop_conditions": {"max_tokens": 2}}
+    items = await collect(await mocker_client.direct(request, holder))
+    assert items and items[-1].get("finish_reason"), items
+
+    async def routed_to_holder() -> bool:
+        [d] = await collect(await router_client.generate({"token_ids": [*prompt, 7, 8, 9, 10]}))
+        worker, overlap = await router.best_worker([*prompt, 7, 8, 9, 10])
+        return d == {"worker_id": holder, "overlap_blocks": 10} and (worker, overlap) == (holder, 10)
+
+    deadline = time.monotonic() + 15
+    while not await routed_to_holder():
+        assert time.monotonic() < deadline, "the routers did not learn the holder's cached prefix"
+        await asyncio.sleep(0.2)
+    assert await router.schedule(prompt) == holder
+
+    # Bad requests are the handler's error; an endpoint without instances raises.
+    with pytest.raises(ValueError, match="token_ids"):
+        await collect(await router_client.generate({"tokens": prompt}))
+    empty = KvRouter(runtime.namespace(namespace).component("nobody").endpoint("generate"), block_size=BLOCK)
+    with pytest.raises(NoInstancesError):
+        await empty.schedule(prompt)
+    with pytest.raises(ValueError, match="temperature"):
+        KvRouter(mocker, temperature=-1.0)
+
+
+def write_conversation_trace(path: Path, sessions: int, turns: int, gap_ms: int) -> Path:
+    """A Mooncake-shaped trace of conversations: each turn extends its session's prompt by
+    two 512-token blocks; every session starts with the shared block 0."""
+    next_id = 1
+    prompts = [[0] for _ in range(sessions)]
+    lines = []
+    for turn in range(turns):
+        for s in range(sessions):
+            prompts[s] += [next_id, next_id + 1]
+            next_id += 2
+            lines.append({
+                "timestamp": (turn * sessions + s) * gap_ms,
+                "input_length": len(prompts[s]) * 512 - 100,
+                "output_length": 30,
+                "hash_ids": list(prompts[s]),
+            })
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def test_routing_lab_kv_beats_round_robin(tmp_path: Path) -> None:
+    # 13 sessions on 4 workers: round-robin moves each conversation from worker to worker.
+    trace = write_conversation_trace(tmp_path / "trace.jsonl", sessions=13, turns=5, gap_ms=300)
+    out = tmp_path / "report.json"
+    argv = [sys.executable, "-m", "dynamo.router.lab", str(trace), "--workers", "4",
+            "--policies", "kv,round-robin,random,approx", "--seed", "3", "--json", str(out), "--no-plot"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    reports = {r["policy"]: r for r in json.loads(out.read_text())}
+    assert set(reports) == {"kv", "round-robin", "random", "approx"}
+    for r in reports.values():
+        assert (r["completed"], r["rejected"]) == (65, 0), r
+        assert r["ttft_p50_ms"] > 0 and r["itl_p50_ms"] > 0 and r["throughput_tok_s"] > 0
+    assert reports["kv"]["hit_rate"] > reports["round-robin"]["hit_rate"] + 0.2, reports
+    assert reports["kv"]["ttft_p50_ms"] < reports["round-robin"]["ttft_p50_ms"], reports
+    # The table lists every policy.
+    table = done.stdout.splitlines()
+    assert table[0].split()[:3] == ["policy", "hit", "rate"] and len(table) == 5, done.stdout
+    # The same seed gives the same numbers.
+    again = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and json.loads(out.read_text())[0]["hit_rate"] == reports["kv"]["hit_rate"]
+
+
+def test_routing_lab_bad_input(tmp_path: Path) -> None:
+    lab = [sys.executable, "-m", "dynamo.router.lab"]
+    missing = subprocess.run([*lab, str(tmp_path / "nope.jsonl"), "--no-plot"], capture_output=True, text=True,
+                             timeout=60)
+    assert missing.returncode == 2 and "nope.jsonl" in missing.stderr, missing.stderr
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}\n{"timestamp": \n')
+    parsed = subprocess.run([*lab, str(bad), "--no-plot"], capture_output=True, text=True, timeout=60)
+    assert parsed.returncode == 2 and "line 2" in parsed.stderr, parsed.stderr
+    policy = subprocess.run([*lab, str(bad), "--policies", "kv,nope"], capture_output=True, text=True, timeout=60)
+    assert policy.returncode == 2 and "nope" in policy.stderr, policy.stderr
