@@ -93,6 +93,20 @@ def test_bad_flags_are_usage_errors(argv: list[str], message: str, capsys: pytes
     assert message in capsys.readouterr().err
 
 
+def test_visible_gpus_set_tensor_parallelism(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # dynamo serve gives a process with resources.gpu: 2 two devices.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    assert parse_args(["--model", "/m"]).engine_args.tensor_parallel_size == 2
+    assert parse_args(["--model", "/m", "--tensor-parallel-size", "1"]).engine_args.tensor_parallel_size == 1
+    with pytest.raises(SystemExit):
+        parse_args(["--model", "/m", "--tensor-parallel-size", "4"])
+    assert "needs more GPUs than CUDA_VISIBLE_DEVICES gives this process (2)" in capsys.readouterr().err
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert parse_args(["--model", "/m", "--tensor-parallel-size", "4"]).engine_args.tensor_parallel_size == 4
+
+
 def test_kv_events_configure_vllms_zmq_publisher_on_loopback() -> None:
     config = parse_args(["--model", "/m"])
     configure_kv_events(config, 45678)

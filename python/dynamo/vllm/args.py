@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -79,6 +80,32 @@ def parser() -> argparse.ArgumentParser:
     return AsyncEngineArgs.add_cli_args(p)
 
 
+def visible_gpus() -> int | None:
+    """GPUs this process may use per ``CUDA_VISIBLE_DEVICES`` (``dynamo serve`` sets it from
+    ``resources.gpu``); ``None`` when unset."""
+    value = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if value is None:
+        return None
+    return len([d for d in value.split(",") if d.strip() and d.strip() != "-1"])
+
+
+def tensor_parallel(ns: argparse.Namespace, argv: list[str], p: argparse.ArgumentParser) -> None:
+    """Keep tensor parallelism and the visible GPUs consistent: without
+    ``--tensor-parallel-size``, use every visible GPU (a graph's ``resources.gpu: 2`` means
+    TP 2); with it, the GPUs must be there."""
+    given = any(a in ("-tp", "--tensor-parallel-size") or a.startswith("--tensor-parallel-size=") for a in argv)
+    gpus = visible_gpus()
+    if gpus is None:
+        return
+    if not given and gpus > 1:
+        ns.tensor_parallel_size = gpus
+    elif given and ns.tensor_parallel_size * ns.pipeline_parallel_size > gpus:
+        p.error(
+            f"--tensor-parallel-size {ns.tensor_parallel_size} (x pipeline {ns.pipeline_parallel_size}) needs more "
+            f"GPUs than CUDA_VISIBLE_DEVICES gives this process ({gpus}); raise resources.gpu or lower it"
+        )
+
+
 def parse_args(argv: Sequence[str]) -> Config:
     """Parse ``argv``; usage errors exit with status 2, as argparse does."""
     from vllm.engine.arg_utils import AsyncEngineArgs
@@ -93,6 +120,7 @@ def parse_args(argv: Sequence[str]) -> Config:
         ns.max_model_len = ns.context_length
     if ns.migration_limit < 0:
         p.error("--migration-limit must be at least 0")
+    tensor_parallel(ns, list(argv), p)
     endpoint = ns.endpoint if ns.endpoint.startswith("dyn://") else f"dyn://{ns.endpoint}"
     if len(endpoint.removeprefix("dyn://").split(".")) != 3:
         p.error(f"--endpoint {ns.endpoint!r}: expected namespace.component.endpoint")
