@@ -246,6 +246,35 @@ def test_tokens_and_logprobs_of_a_step() -> None:
     assert "finish_reason" not in item
 
 
+# --- load metrics ---------------------------------------------------------------------
+
+
+def test_scheduler_stats_become_the_routers_load_metrics() -> None:
+    from vllm.config import CacheConfig, VllmConfig
+    from vllm.v1.metrics.stats import PrefixCacheStats, SchedulerStats
+
+    config = VllmConfig(cache_config=CacheConfig(block_size=16))
+    config.cache_config.num_gpu_blocks = 1000  # set by vLLM once it has profiled the GPU
+    published: list[dict[str, Any]] = []
+    logger = adapter.LoadStatLogger.factory(published.append)(config, 0)
+    stats = SchedulerStats(
+        num_running_reqs=12, num_waiting_reqs=3, kv_cache_usage=0.25,
+        prefix_cache_stats=PrefixCacheStats(requests=4, queries=400, hits=300),
+    )
+    logger.record(stats, None)
+    logger.record(None, None)  # iteration-only reports publish nothing
+    assert published == [{
+        "data_parallel_rank": None,
+        "request_active_slots": 12,
+        "request_total_slots": config.scheduler_config.max_num_seqs,
+        "kv_active_blocks": 250,
+        "kv_total_blocks": 1000,
+        "num_requests_waiting": 3,
+        "gpu_cache_usage_perc": 0.25,
+        "gpu_prefix_cache_hit_rate": 0.75,
+    }]
+
+
 # --- the request handler, with vLLM's own output objects --------------------------------
 
 

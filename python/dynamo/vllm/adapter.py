@@ -1,6 +1,7 @@
 """The one module that knows vLLM's request and response objects: a ``PreprocessedRequest``
 dict (what the frontend sends a token-level worker) becomes a ``TokensPrompt`` and
-``SamplingParams``; each ``RequestOutput`` vLLM yields becomes an ``LLMEngineOutput`` dict.
+``SamplingParams``; each ``RequestOutput`` vLLM yields becomes an ``LLMEngineOutput`` dict;
+vLLM's scheduler stats become the load metrics a KV-aware router reads.
 
 Everything else in ``dynamo.vllm`` is engine-agnostic plumbing (flags, registration,
 serving, events) exercised in CI without vLLM; this module is tested against the real
@@ -9,12 +10,15 @@ serving, events) exercised in CI without vLLM; this module is tested against the
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from vllm import SamplingParams, TokensPrompt
+from vllm.config import VllmConfig
 from vllm.outputs import RequestOutput
 from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+from vllm.v1.metrics.loggers import StatLoggerBase
+from vllm.v1.metrics.stats import SchedulerStats
 
 #: ``sampling_options`` keys passed to vLLM unchanged (same name, same meaning).
 _SAME_NAME = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "seed")
@@ -138,3 +142,54 @@ def _logprobs(
         ranked = sorted(candidates.items(), key=lambda kv: (kv[1].rank if kv[1].rank is not None else 1 << 30))
         top.append([{"token_id": int(t), "logprob": float(lp.logprob)} for t, lp in ranked[:top_n]])
     return log_probs, top
+
+
+def load_metrics(
+    scheduler_stats: SchedulerStats, vllm_config: VllmConfig, engine_index: int = 0
+) -> dict[str, Any]:
+    """The load metrics a KV-aware router reads (``ForwardPassMetrics``, the mocker's
+    shape) from one of vLLM's scheduler reports."""
+    total_blocks = vllm_config.cache_config.num_gpu_blocks or 0
+    usage = float(scheduler_stats.kv_cache_usage)
+    prefix = scheduler_stats.prefix_cache_stats
+    hit_rate = prefix.hits / prefix.queries if prefix is not None and prefix.queries else 0.0
+    return {
+        "data_parallel_rank": engine_index if vllm_config.parallel_config.data_parallel_size > 1 else None,
+        "request_active_slots": scheduler_stats.num_running_reqs,
+        "request_total_slots": vllm_config.scheduler_config.max_num_seqs,
+        "kv_active_blocks": round(usage * total_blocks),
+        "kv_total_blocks": total_blocks,
+        "num_requests_waiting": scheduler_stats.num_waiting_reqs,
+        "gpu_cache_usage_perc": usage,
+        "gpu_prefix_cache_hit_rate": hit_rate,
+    }
+
+
+class LoadStatLogger(StatLoggerBase):
+    """A vLLM stat logger that hands each scheduler report, as load metrics, to
+    ``publish`` (called on vLLM's output-handler task, so it must not block)."""
+
+    def __init__(
+        self, vllm_config: VllmConfig, engine_index: int = 0, publish: Callable[[dict[str, Any]], None] | None = None
+    ) -> None:
+        self.vllm_config = vllm_config
+        self.engine_index = engine_index
+        self.publish = publish
+
+    @classmethod
+    def factory(cls, publish: Callable[[dict[str, Any]], None]) -> Callable[[VllmConfig, int], LoadStatLogger]:
+        """What ``AsyncLLM.from_engine_args(stat_loggers=[...])`` takes."""
+        return lambda vllm_config, engine_index: cls(vllm_config, engine_index, publish)
+
+    def record(
+        self,
+        scheduler_stats: SchedulerStats | None,
+        iteration_stats: Any = None,
+        mm_cache_stats: Any = None,
+        engine_idx: int = 0,
+    ) -> None:
+        if scheduler_stats is not None and self.publish is not None:
+            self.publish(load_metrics(scheduler_stats, self.vllm_config, engine_idx))
+
+    def log_engine_initialized(self) -> None:
+        pass
