@@ -167,7 +167,8 @@ def launch_frontend(pool: WorkerPool, out: str, *args: str, env: dict[str, str] 
     """Start `dynamo-run in=http out=<out>` on a free port (without waiting)."""
     port = free_port()
     argv = [*DYNAMO_RUN, "in=http", f"out={out}", "--http-port", str(port), *args]
-    return Frontend(pool.command(argv, name=f"frontend-{out}", env=env), port)
+    name = "frontend-" + out.replace("://", "-").replace("/", "_")  # a file name for its logs
+    return Frontend(pool.command(argv, name=name, env=env), port)
 
 
 async def start_frontend(pool: WorkerPool, out: str, *args: str, env: dict[str, str] | None = None) -> Frontend:

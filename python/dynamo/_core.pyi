@@ -12,6 +12,7 @@ from typing import Any, final
 __version__: str
 __all__ = [
     "Annotated",
+    "ChunkStream",
     "Client",
     "Component",
     "ConfigError",
@@ -24,7 +25,9 @@ __all__ = [
     "KeyValueStore",
     "Namespace",
     "NoInstancesError",
+    "OpenAIPreprocessor",
     "PayloadTooLargeError",
+    "PreprocessedRequest",
     "RequestContext",
     "ResponseStream",
     "StreamDisconnectedError",
@@ -283,9 +286,8 @@ def register_llm(
     model entry under ``v1/models/{ns}/{component}/{endpoint}/{instance}``, bound to this
     process's lease (it disappears when the process dies or shuts down).
 
-    Start serving the endpoint first (``asyncio.create_task(endpoint.serve_endpoint(h))``)
-    and register right after: frontends list the model once an instance of the endpoint
-    is discoverable, not before.
+    Registering before or after the endpoint starts serving both work: frontends list
+    (and route to) the model only once an instance of the endpoint is discoverable.
 
     Arguments:
         endpoint: the endpoint whose handler serves the model.
@@ -314,6 +316,78 @@ def register_llm(
             plane carries.
         DynamoError: discovery failed (e.g. the runtime is shutting down).
     """
+
+@final
+class OpenAIPreprocessor:
+    """Tokenizes OpenAI requests with one model card and turns a worker's token stream
+    back into OpenAI chunks (the Rust preprocessor, detokenizer and chunk builder), for a
+    processor that picks the worker itself between the two steps."""
+
+    def __new__(
+        cls,
+        model_path: str | os.PathLike[str] | None = None,
+        model_name: str | None = None,
+        context_length: int | None = None,
+        kv_cache_block_size: int | None = None,
+    ) -> OpenAIPreprocessor:
+        """Load the card of ``model_path`` (a HuggingFace folder), or the built-in card
+        (byte-level tokenizer) named ``model_name`` when no path is given.
+
+        Raises:
+            ConfigError: the folder is missing or its tokenizer does not load.
+        """
+    @property
+    def model_name(self) -> str:
+        """The model's public name."""
+    @property
+    def kv_cache_block_size(self) -> int:
+        """Tokens per KV block of the card."""
+    def preprocess(self, request: Any) -> PreprocessedRequest:
+        """Template and tokenize an OpenAI request: a chat request (it has ``messages``)
+        or a completions request (a dict, or a JSON string).
+
+        Raises:
+            ValueError: the request is invalid or longer than the context.
+        """
+    def generate(
+        self,
+        request: PreprocessedRequest,
+        client: Client,
+        instance_id: int | None = None,
+        context: RequestContext | None = None,
+    ) -> Coroutine[Any, Any, ChunkStream]:
+        """Send ``request`` to a worker of ``client``'s endpoint (``instance_id`` when given,
+        else round-robin) and stream the OpenAI items a chat model's worker yields to a
+        frontend: ``{"data": chunk, ...}``. ``context`` (the handler's) carries cancellation.
+
+        Raises:
+            NoInstancesError: the endpoint has no instance.
+            ValueError: the worker rejected the request.
+        """
+
+@final
+class PreprocessedRequest:
+    """A tokenized OpenAI request (from :meth:`OpenAIPreprocessor.preprocess`)."""
+
+    @property
+    def token_ids(self) -> list[int]:
+        """The prompt's token ids."""
+    @property
+    def request(self) -> dict[str, Any]:
+        """The token-level request a worker receives."""
+    @property
+    def prompt(self) -> str:
+        """The rendered prompt (empty for a token-id prompt)."""
+    @property
+    def kind(self) -> str:
+        """``"chat"`` or ``"completion"``."""
+
+@final
+class ChunkStream:
+    """The OpenAI items of one generated request."""
+
+    def __aiter__(self) -> ChunkStream: ...
+    def __anext__(self) -> Awaitable[Any]: ...
 
 def run_dynamo_run(argv: list[str]) -> int:
     """Run the ``dynamo-run`` command line in this process until it ends (an HTTP or

@@ -9,6 +9,7 @@ mod events;
 mod kv;
 mod llm;
 mod poll_iter;
+mod preprocessor;
 mod runtime;
 mod serving;
 
@@ -26,6 +27,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<serving::PyRequestContext>()?;
     m.add_class::<events::PySubscription>()?;
     m.add_class::<kv::PyKeyValueStore>()?;
+    m.add_class::<preprocessor::PyOpenAIPreprocessor>()?;
+    m.add_class::<preprocessor::PyPreprocessed>()?;
+    m.add_class::<preprocessor::PyChunkStream>()?;
     errors::register(m)?;
     llm::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

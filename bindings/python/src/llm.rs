@@ -24,7 +24,7 @@ fn parse_kind<K: serde::de::DeserializeOwned>(kind: &str) -> PyResult<K> {
     })
 }
 
-fn card_error(e: CardError) -> PyErr {
+pub(crate) fn card_error(e: CardError) -> PyErr {
     ConfigError::new_err(format!("model card: {e}"))
 }
 
@@ -38,20 +38,32 @@ fn discovery_error(e: ModelDiscoveryError) -> PyErr {
 }
 
 /// The settings of one `register_llm` call.
-struct CardRequest {
-    model_path: Option<PathBuf>,
-    model_name: Option<String>,
-    kind: String,
-    context_length: Option<u32>,
-    kv_cache_block_size: Option<u32>,
-    migration_limit: Option<u32>,
+pub(crate) struct CardRequest {
+    pub model_path: Option<PathBuf>,
+    pub model_name: Option<String>,
+    pub kind: String,
+    pub context_length: Option<u32>,
+    pub kv_cache_block_size: Option<u32>,
+    pub migration_limit: Option<u32>,
 }
 
 impl CardRequest {
     /// Build the card (reading the model folder) and the registration.
     fn build(self) -> PyResult<(ModelRegistration, Option<serde_json::Value>)> {
-        let card_kind = parse_kind(&self.kind)?;
         let entry_kind = parse_kind(&self.kind)?;
+        let card = self.card()?;
+        let mut registration = ModelRegistration::new(card.display_name.clone(), entry_kind);
+        registration.card_checksum = Some(card.checksum());
+        registration.context_length = Some(card.context_length);
+        registration.kv_cache_block_size = Some(card.kv_cache_block_size);
+        registration.migration_limit = self.migration_limit;
+        let json = serde_json::to_value(&card).map_err(|e| DynamoError::new_err(format!("cannot serialize the card: {e}")))?;
+        Ok((registration, Some(json)))
+    }
+
+    /// Build the model card (reading the model folder): blocking work.
+    pub fn card(&self) -> PyResult<ModelDeploymentCard> {
+        let card_kind = parse_kind(&self.kind)?;
         let mut card = match &self.model_path {
             Some(path) => {
                 if !path.is_dir() {
@@ -75,13 +87,7 @@ impl CardRequest {
         if self.kind == "backend" {
             card.tokenizer().map_err(card_error)?;
         }
-        let mut registration = ModelRegistration::new(card.display_name.clone(), entry_kind);
-        registration.card_checksum = Some(card.checksum());
-        registration.context_length = Some(card.context_length);
-        registration.kv_cache_block_size = Some(card.kv_cache_block_size);
-        registration.migration_limit = self.migration_limit;
-        let json = serde_json::to_value(&card).map_err(|e| DynamoError::new_err(format!("cannot serialize the card: {e}")))?;
-        Ok((registration, Some(json)))
+        Ok(card)
     }
 }
 

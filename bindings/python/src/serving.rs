@@ -150,6 +150,11 @@ pub struct PyRequestContext {
 }
 
 impl PyRequestContext {
+    /// The runtime's context of the request (to pass on to calls made for it).
+    pub(crate) fn context(&self) -> RequestContext {
+        self.shared.context.clone()
+    }
+
     fn new(context: RequestContext, bridge: Arc<LoopBridge>) -> Self {
         let shared = Arc::new(ContextShared {
             context: context.clone(),

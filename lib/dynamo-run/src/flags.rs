@@ -97,6 +97,10 @@ pub struct Flags {
     #[arg(long, value_name = "N")]
     pub migration_limit: Option<u32>,
 
+    /// With `out=dyn`: serve only the models registered in this namespace.
+    #[arg(long, value_name = "NAMESPACE")]
+    pub namespace: Option<String>,
+
     /// JSON file of engine arguments (`out=mocker`: see docs/mocker.md).
     #[arg(long, value_name = "FILE")]
     pub extra_engine_args: Option<PathBuf>,
@@ -203,9 +207,6 @@ impl FromStr for Output {
             "mocker" => Ok(Output::Mocker),
             "dyn" => Ok(Output::Dyn),
             "vllm" => Ok(Output::Vllm),
-            _ if s.starts_with("dyn://") => {
-                Err(format!("out={s}: write out=dyn (workers are found through discovery)"))
-            }
             _ => Err(format!("unknown output 'out={s}': expected echo_full, echo_core, mocker, dyn or vllm")),
         }
     }
@@ -240,6 +241,10 @@ pub struct RunConfig {
     /// `--cors-origin`, each.
     pub cors_origins: Vec<String>,
     pub router_mode: RouterMode,
+    /// `out=dyn://ns.comp.ep`: serve only the models registered on this endpoint.
+    pub dyn_endpoint: Option<EndpointId>,
+    /// `--namespace` with `out=dyn`: serve only the models of this namespace.
+    pub namespace: Option<String>,
     pub context_length: Option<u32>,
     pub kv_cache_block_size: Option<u32>,
     pub migration_limit: Option<u32>,
@@ -253,13 +258,22 @@ impl Flags {
     pub fn into_config(self, stdin_is_terminal: bool) -> Result<RunConfig, RunError> {
         let usage = |m: String| Err(RunError::Usage(m));
         let (mut input, mut output) = (None, None);
+        let mut dyn_endpoint = None;
         for arg in &self.io {
             if let Some(value) = arg.strip_prefix("in=") {
                 if input.replace(value.parse::<Input>().map_err(RunError::Usage)?).is_some() {
                     return usage("in= is given twice".to_string());
                 }
             } else if let Some(value) = arg.strip_prefix("out=") {
-                if output.replace(value.parse::<Output>().map_err(RunError::Usage)?).is_some() {
+                // `out=dyn://ns.comp.ep`: a frontend bound to the models of one endpoint.
+                let parsed = if value.starts_with("dyn://") {
+                    let id = EndpointId::parse(value).map_err(|e| RunError::Usage(format!("out={value}: {}", e.message())))?;
+                    dyn_endpoint = Some(id);
+                    Output::Dyn
+                } else {
+                    value.parse::<Output>().map_err(RunError::Usage)?
+                };
+                if output.replace(parsed).is_some() {
                     return usage("out= is given twice".to_string());
                 }
             } else {
@@ -292,6 +306,14 @@ impl Flags {
                 if given {
                     return usage(format!("{flag} cannot be used with out=dyn: the workers' model cards decide"));
                 }
+            }
+        }
+        if self.namespace.is_some() && output != Output::Dyn {
+            return usage("--namespace applies to out=dyn (a frontend)".to_string());
+        }
+        if let (Some(ns), Some(ep)) = (&self.namespace, &dyn_endpoint) {
+            if *ns != ep.namespace {
+                return usage(format!("--namespace {ns} and out=dyn://{ep} name different namespaces"));
             }
         }
         if self.migration_limit.is_some() && !(output == Output::Dyn || matches!(input, Input::Endpoint(_))) {
@@ -334,6 +356,8 @@ impl Flags {
             api_key: self.api_key,
             cors_origins: self.cors_origins,
             router_mode,
+            dyn_endpoint,
+            namespace: self.namespace,
             context_length: self.context_length,
             kv_cache_block_size: self.kv_cache_block_size,
             migration_limit: self.migration_limit,
@@ -389,6 +413,20 @@ mod tests {
         assert_eq!(c.router_mode, RouterMode::Random);
         let c = config(&["in=http", "out=dyn", "--router-mode", "kv"]).unwrap();
         assert_eq!(c.router_mode, RouterMode::Kv);
+        assert_eq!(c.dyn_endpoint, None);
+    }
+
+    #[test]
+    fn out_dyn_endpoint_binds_the_frontend_to_one_endpoint() {
+        let c = config(&["in=http", "out=dyn://ns.Processor.chat"]).unwrap();
+        assert_eq!(c.output, Output::Dyn);
+        assert_eq!(c.dyn_endpoint, Some(EndpointId::parse("ns.Processor.chat").unwrap()));
+        assert!(usage_error(&["in=http", "out=dyn://ns.only"]).contains("namespace.component.endpoint"));
+        assert!(usage_error(&["in=dyn://a.b.c", "out=dyn://a.b.d"]).contains("out=dyn"));
+        let c = config(&["in=http", "out=dyn", "--namespace", "ns"]).unwrap();
+        assert_eq!(c.namespace.as_deref(), Some("ns"));
+        assert!(usage_error(&["in=http", "out=echo_full", "--namespace", "ns"]).contains("--namespace"));
+        assert!(usage_error(&["in=http", "out=dyn://a.b.c", "--namespace", "x"]).contains("different namespaces"));
     }
 
     #[test]

@@ -39,9 +39,15 @@ impl Models {
         let manager = Arc::new(ModelManager::new());
         let source = if config.output == Output::Dyn {
             let runtime = DistributedRuntime::from_env().await?;
-            let watcher = ModelWatcher::new(runtime.clone(), manager.clone(), config.router_mode, Pipeline::factory())
-                .with_migration_limit(config.migration_limit.unwrap_or(0))
-                .start(runtime.child_token())
+            let mut watcher = ModelWatcher::new(runtime.clone(), manager.clone(), config.router_mode, Pipeline::factory())
+                .with_migration_limit(config.migration_limit.unwrap_or(0));
+            if let Some(endpoint) = &config.dyn_endpoint {
+                watcher = watcher.with_endpoint(endpoint.clone());
+            }
+            if let Some(namespace) = &config.namespace {
+                watcher = watcher.with_namespace(namespace.clone());
+            }
+            let watcher = watcher.start(runtime.child_token())
                 .await;
             match watcher {
                 Ok(watcher) => Source::Discovered { runtime, watcher },

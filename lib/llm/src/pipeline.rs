@@ -181,6 +181,34 @@ impl OpenAIEngine for Pipeline {
         let preprocessor = self.preprocessor.clone();
         let (pre, request) =
             blocking::run(bytes, move || preprocessor.preprocess_chat(&request).map(|pre| (pre, request))).await?;
+        self.chat_preprocessed(request, pre, ctx).await
+    }
+
+    async fn completion(
+        &self,
+        request: CompletionRequest,
+        ctx: RequestContext,
+    ) -> Result<CompletionStream, EngineError> {
+        let bytes = completion_input_bytes(&request);
+        self.preprocessor.check_prompt_bytes(bytes)?;
+        let preprocessor = self.preprocessor.clone();
+        let (pre, request) =
+            blocking::run(bytes, move || preprocessor.preprocess_completion(&request).map(|pre| (pre, request)))
+                .await?;
+        self.completion_preprocessed(request, pre, ctx).await
+    }
+}
+
+impl Pipeline {
+    /// The chat chunks of `request`, already preprocessed into `pre` (by this
+    /// pipeline's preprocessor): run the engine, detokenize, build the chunks. A
+    /// processor that routes on the token ids itself preprocesses first, then calls this.
+    pub async fn chat_preprocessed(
+        &self,
+        request: ChatCompletionRequest,
+        pre: Preprocessed,
+        ctx: RequestContext,
+    ) -> Result<ChatStream, EngineError> {
         let stream = self.generate(&pre, ctx).await?;
         let id = format!("chatcmpl-{}", uuid::Uuid::new_v4());
         let model = request.model;
@@ -204,17 +232,14 @@ impl OpenAIEngine for Pipeline {
         Ok(chunks.boxed())
     }
 
-    async fn completion(
+    /// The completion chunks of `request`, already preprocessed into `pre` (see
+    /// [`Self::chat_preprocessed`]).
+    pub async fn completion_preprocessed(
         &self,
         request: CompletionRequest,
+        pre: Preprocessed,
         ctx: RequestContext,
     ) -> Result<CompletionStream, EngineError> {
-        let bytes = completion_input_bytes(&request);
-        self.preprocessor.check_prompt_bytes(bytes)?;
-        let preprocessor = self.preprocessor.clone();
-        let (pre, request) =
-            blocking::run(bytes, move || preprocessor.preprocess_completion(&request).map(|pre| (pre, request)))
-                .await?;
         let stream = self.generate(&pre, ctx).await?;
         let id = format!("cmpl-{}", uuid::Uuid::new_v4());
         let model = request.model;

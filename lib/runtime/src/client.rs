@@ -63,7 +63,10 @@ impl std::fmt::Debug for Client {
 impl Client {
     pub(crate) async fn new(runtime: DistributedRuntime, endpoint: EndpointId) -> Result<Self> {
         let watcher = runtime.instance_watcher(&endpoint).await?;
-        Ok(Client { runtime, endpoint, watcher, counter: Arc::new(AtomicUsize::new(0)) })
+        // A random start, so that one-shot clients (a fresh client per request) spread
+        // over the instances instead of all picking the first.
+        let start = rand::random::<u32>() as usize;
+        Ok(Client { runtime, endpoint, watcher, counter: Arc::new(AtomicUsize::new(start)) })
     }
 
     /// The endpoint this client calls.

@@ -42,11 +42,13 @@ pub struct EndpointId {
 }
 
 impl EndpointId {
-    /// Parse `ns.comp.ep` (or `dyn://ns.comp.ep`, or with `/` separators).
+    /// Parse `ns.comp.ep` (or `dyn://ns.comp.ep`, or `ns/comp/ep`). With `.` separators
+    /// the endpoint name may contain `/` (`dynamo.Processor.chat/completions`).
     pub fn parse(s: &str) -> Result<EndpointId> {
         let s = s.strip_prefix("dyn://").unwrap_or(s);
-        let parts: Vec<&str> = s.split(['.', '/']).collect();
-        if parts.len() != 3 || parts.iter().any(|p| p.is_empty()) {
+        let parts: Vec<&str> = if s.contains('.') { s.splitn(3, '.').collect() } else { s.split('/').collect() };
+        let bad_head = parts.iter().take(2).any(|p| p.contains('/'));
+        if parts.len() != 3 || parts.iter().any(|p| p.is_empty()) || bad_head || parts[2].contains('.') {
             return Err(Error::new(ErrorKind::Config, format!("'{s}' is not an endpoint path: expected namespace.component.endpoint")));
         }
         Ok(EndpointId { namespace: parts[0].into(), component: parts[1].into(), name: parts[2].into() })
@@ -299,6 +301,10 @@ mod tests {
         assert_eq!(EndpointId::parse("a/b/c").unwrap(), EndpointId::parse("a.b.c").unwrap());
         assert!(EndpointId::parse("a.b").is_err());
         assert!(EndpointId::parse("a..c").is_err());
+        let slashed = EndpointId::parse("dynamo.Processor.chat/completions").unwrap();
+        assert_eq!((slashed.component.as_str(), slashed.name.as_str()), ("Processor", "chat/completions"));
+        assert!(EndpointId::parse("a.b/c.d").is_err());
+        assert!(EndpointId::parse("a/b/c/d").is_err());
     }
 
     #[test]

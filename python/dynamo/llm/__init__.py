@@ -13,11 +13,20 @@ async def worker(runtime: DistributedRuntime) -> None:
 
 from __future__ import annotations
 
-from typing import Final
+from collections.abc import Coroutine
+from typing import Any, Final
 
-from dynamo._core import register_llm, run_dynamo_run
+from dynamo._core import ChunkStream, Endpoint, OpenAIPreprocessor, PreprocessedRequest, run_dynamo_run
+from dynamo._core import register_llm as _register_llm
 
-__all__ = ["ModelType", "register_llm", "run_dynamo_run"]
+__all__ = [
+    "ChunkStream",
+    "ModelType",
+    "OpenAIPreprocessor",
+    "PreprocessedRequest",
+    "register_llm",
+    "run_dynamo_run",
+]
 
 
 class ModelType:
@@ -28,6 +37,8 @@ class ModelType:
     Chat: Final = "chat"
     #: OpenAI completions requests in, completion chunks out.
     Completions: Final = "completions"
+    #: The reference's spelling of :attr:`Completions`.
+    Completion: Final = "completions"
     #: Token level: a ``PreprocessedRequest`` dict in (``token_ids``, ``stop_conditions``,
     #: ``sampling_options``, ...), ``{"token_ids": [...]}`` dicts out, the last with a
     #: ``finish_reason``. The frontend tokenizes and detokenizes with the model card.
@@ -35,3 +46,29 @@ class ModelType:
 
     #: Every kind, for validation and help texts.
     ALL: Final = (Chat, Completions, Backend)
+
+
+def register_llm(*args: Any, **kwargs: Any) -> Coroutine[Any, Any, None]:
+    """Register the model served on an endpoint so that frontends discover it.
+
+    Two call shapes are accepted::
+
+        await register_llm(endpoint, model_path, model_name, kind=ModelType.Backend, ...)
+        await register_llm(ModelType.Backend, endpoint, model_path, model_name, ...)  # the reference's order
+
+    Registering before the endpoint serves is fine: frontends list (and route to) the
+    model only once an instance of the endpoint is serving. See ``_core.register_llm``
+    for the other keyword arguments (``context_length``, ``kv_cache_block_size``,
+    ``migration_limit``).
+    """
+    if args and isinstance(args[0], str):
+        if len(args) < 2 or not isinstance(args[1], Endpoint):
+            raise TypeError(
+                "register_llm(model_type, endpoint, model_path, model_name): the second argument must be an Endpoint"
+            )
+        if "kind" in kwargs:
+            raise TypeError("register_llm: the model type is given twice (positionally and as kind=)")
+        kind, *rest = args
+        kwargs["kind"] = kind
+        args = tuple(rest)
+    return _register_llm(*args, **kwargs)

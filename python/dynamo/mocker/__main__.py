@@ -32,7 +32,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         prog="python -m dynamo.mocker",
         description="Serve simulated LLM engines (the mocker) on a Dynamo endpoint and register the model.",
     )
-    parser.add_argument("--model-path", required=True, help="HuggingFace model folder (tokenizer.json, config.json)")
+    parser.add_argument(
+        "--model-path",
+        help="HuggingFace model folder (tokenizer.json, config.json); default: the built-in byte-level card",
+    )
     parser.add_argument("--model-name", help="public model name (default: the folder's name)")
     parser.add_argument("--endpoint", default=DEFAULT_ENDPOINT, help=f"where to serve (default {DEFAULT_ENDPOINT})")
     parser.add_argument("--num-workers", type=int, default=1, help="worker processes (default 1)")
@@ -76,7 +79,9 @@ def engine_settings(args: argparse.Namespace) -> dict[str, object] | None:
 
 def dynamo_run_argv(args: argparse.Namespace, engine_args_file: str | None) -> list[str]:
     """The ``dynamo-run`` arguments of one worker."""
-    argv = [f"in={args.endpoint}", "out=mocker", "--model-path", args.model_path]
+    argv = [f"in={args.endpoint}", "out=mocker"]
+    if args.model_path:
+        argv += ["--model-path", args.model_path]
     if args.model_name:
         argv += ["--model-name", args.model_name]
     if engine_args_file:

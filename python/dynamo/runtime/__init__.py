@@ -39,6 +39,7 @@ from dynamo._core import (
     StreamDisconnectedError,
     Subscription,
 )
+from dynamo.runtime.kv_cache import EtcdKvCache
 
 __all__ = [
     "Annotated",
@@ -49,6 +50,7 @@ __all__ = [
     "DynamoError",
     "DynamoTimeoutError",
     "Endpoint",
+    "EtcdKvCache",
     "HandlerError",
     "InstanceNotFoundError",
     "KeyValueStore",
@@ -109,7 +111,9 @@ def dynamo_endpoint(
     request_model: type | None = None, response_model: type | None = None
 ) -> Callable[[F], F]:
     """Validate requests into ``request_model`` (a pydantic model) before the handler
-    sees them, and items against ``response_model`` before they are sent.
+    sees them, and items against ``response_model`` before they are sent. An item that is
+    already JSON text (``Response(...).model_dump_json()``, as the reference's examples
+    yield) is checked against ``response_model`` and sent unchanged.
 
     Works on functions and methods whose last positional argument before an optional
     context is the request.
@@ -126,7 +130,9 @@ def dynamo_endpoint(
                 args_list[index] = _parse(request_model, args_list[index])
             async for item in func(*args_list):
                 validate = response_model is not None and issubclass(response_model, BaseModel)
-                if validate and not isinstance(item, response_model):
+                if validate and isinstance(item, (str, bytes)):
+                    response_model.model_validate_json(item)
+                elif validate and not isinstance(item, response_model):
                     item = response_model.model_validate(item)
                 yield item
 

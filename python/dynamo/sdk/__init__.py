@@ -23,19 +23,15 @@ class Frontend:
 
 from __future__ import annotations
 
-import os
-
 from dynamo.sdk.context import dynamo_context
 from dynamo.sdk.dependency import depends
 from dynamo.sdk.deployment import BaseDeployment
 from dynamo.sdk.endpoint import AbstractService, abstract_endpoint, api, dynamo_endpoint, endpoint
 from dynamo.sdk.hooks import async_on_shutdown, async_on_start, liveness, on_shutdown, readiness
 from dynamo.sdk.lib.args import DynamoArgumentParser
+from dynamo.sdk.lib.image import DYNAMO_IMAGE
 from dynamo.sdk.service import DynamoService, service
 from dynamo.sdk.standalone import run_component
-
-#: The container image services default to (``DYNAMO_IMAGE``).
-DYNAMO_IMAGE = os.environ.get("DYNAMO_IMAGE", "dynamo:latest")
 
 __all__ = [
     "DYNAMO_IMAGE",

@@ -141,6 +141,8 @@ struct Sender {
     client: Client,
     mode: RouterMode,
     kv: Option<Arc<KvRouter>>,
+    /// The one instance every request goes to, when pinned.
+    pinned: Option<u64>,
     /// Round-robin position among instances when a continuation must avoid some.
     next: AtomicUsize,
 }
@@ -149,16 +151,24 @@ impl RemoteTokenEngine {
     /// Forward to the instances of `client`'s endpoint, picked by `mode` (`Kv` here is
     /// round-robin: use [`Self::with_kv_router`]).
     pub fn new(client: Client, mode: RouterMode) -> Self {
-        Self::build(client, mode, None)
+        Self::build(client, mode, None, None)
     }
 
     /// Forward to the instances of `client`'s endpoint that `router` picks.
     pub fn with_kv_router(client: Client, router: Arc<KvRouter>) -> Self {
-        Self::build(client, RouterMode::Kv, Some(router))
+        Self::build(client, RouterMode::Kv, Some(router), None)
     }
 
-    fn build(client: Client, mode: RouterMode, kv: Option<Arc<KvRouter>>) -> Self {
-        let inner = Arc::new(Sender { client, mode, kv, next: AtomicUsize::new(rand::random::<u32>() as usize) });
+    /// Send every request to `instance` of `client`'s endpoint (a caller that picked the
+    /// worker itself, like a processor asking a router service); an instance that is
+    /// gone is an error, not a reroute.
+    pub fn to_instance(client: Client, instance: u64) -> Self {
+        Self::build(client, RouterMode::RoundRobin, None, Some(instance))
+    }
+
+    fn build(client: Client, mode: RouterMode, kv: Option<Arc<KvRouter>>, pinned: Option<u64>) -> Self {
+        let next = AtomicUsize::new(rand::random::<u32>() as usize);
+        let inner = Arc::new(Sender { client, mode, kv, pinned, next });
         RemoteTokenEngine { inner, migration: MigrationPolicy::default() }
     }
 
@@ -189,6 +199,11 @@ impl Sender {
         let live: Vec<u64> = self.client.routable_instance_ids();
         let candidates: Vec<u64> = live.iter().copied().filter(|id| !avoid.contains(id)).collect();
         let candidates = if candidates.is_empty() { live } else { candidates };
+        if let Some(instance) = self.pinned {
+            let direct = dynamo_runtime::RouterMode::Direct(instance);
+            let stream = send_with(&self.client, direct, &request, ctx).await.map_err(decode_error)?;
+            return Ok(Attempt { stream: worker_items(stream), instance: Some(instance) });
+        }
         if let Some(router) = &self.kv {
             if let Some(decision) = router.route(&request.token_ids, &candidates) {
                 request.estimated_prefix_hit_num_blocks = Some(u32::try_from(decision.overlap_blocks).unwrap_or(u32::MAX));

@@ -41,6 +41,10 @@ pub struct ModelWatcher {
     factory: EngineFactory,
     card_timeout: Duration,
     migration_limit: u32,
+    /// Only the models registered on this endpoint, when set.
+    endpoint: Option<EndpointId>,
+    /// Only the models registered in this namespace, when set.
+    namespace: Option<String>,
     entries: HashMap<String, ModelEntry>,
     /// The endpoint each route of each model was built from.
     built: HashMap<(String, EngineKind), EndpointId>,
@@ -82,6 +86,8 @@ impl ModelWatcher {
             factory,
             card_timeout: DEFAULT_CARD_TIMEOUT,
             migration_limit: 0,
+            endpoint: None,
+            namespace: None,
             entries: HashMap::new(),
             built: HashMap::new(),
         }
@@ -97,6 +103,19 @@ impl ModelWatcher {
     /// the model's entry does not say (default 0).
     pub fn with_migration_limit(mut self, limit: u32) -> Self {
         self.migration_limit = limit;
+        self
+    }
+
+    /// Serve only the models registered on `endpoint` (`dynamo-run out=dyn://ns.comp.ep`);
+    /// entries of other endpoints are ignored.
+    pub fn with_endpoint(mut self, endpoint: EndpointId) -> Self {
+        self.endpoint = Some(endpoint);
+        self
+    }
+
+    /// Serve only the models registered in `namespace` (a frontend per namespace).
+    pub fn with_namespace(mut self, namespace: String) -> Self {
+        self.namespace = Some(namespace);
         self
     }
 
@@ -149,6 +168,11 @@ impl ModelWatcher {
                 return;
             }
         };
+        let other_endpoint = self.endpoint.as_ref().is_some_and(|wanted| *wanted != entry.endpoint);
+        let other_namespace = self.namespace.as_ref().is_some_and(|wanted| *wanted != entry.endpoint.namespace);
+        if other_endpoint || other_namespace {
+            return;
+        }
         if let Some(old) = self.entries.get(&kv.key) {
             if *old == entry {
                 return;

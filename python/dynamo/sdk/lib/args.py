@@ -55,7 +55,9 @@ def load_component_config(
     config = load_from_env()
     if config_file:
         config = deep_merge(config, load_config_file(config_file))
-    overrides, leftover = parse_overrides(argv, default_service=service_name, known_services=known_services)
+    # `--Self.key=value` names this component itself, even when it knows no graph.
+    known = [service_name, *(s for s in known_services if s != service_name)]
+    overrides, leftover = parse_overrides(argv, default_service=service_name, known_services=known)
     if leftover:
         raise SystemExit(f"{service_name}: unexpected arguments {leftover}")
     config = deep_merge(config, overrides)

@@ -16,9 +16,11 @@ overrides into one JSON object and hands it to each process in the
 
 from __future__ import annotations
 
+import functools
 import json
 import os
-from typing import Any, ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar, Generic, TypeVar
 
 #: The environment variable that carries the merged configuration.
 CONFIG_ENV = "DYNAMO_SERVICE_CONFIG"
@@ -28,6 +30,22 @@ COMMON_SECTION = "Common"
 COMMON_KEYS = "common-configs"
 #: The per-service section that overrides the ``@service`` decorator.
 SERVICE_ARGS = "ServiceArgs"
+
+
+R = TypeVar("R")
+
+
+class _on_instance_or_class(Generic[R]):
+    """A method callable on an instance, or on the class for the process's instance
+    (``ServiceConfig.get_parsed_config("Frontend")``, as the reference's components call it)."""
+
+    def __init__(self, func: Callable[..., R]) -> None:
+        self.func = func
+        functools.update_wrapper(self, func)  # type: ignore[arg-type]
+
+    def __get__(self, instance: Any, owner: type) -> Callable[..., R]:
+        target = instance if instance is not None else owner.get_instance()
+        return functools.partial(self.func, target)
 
 
 class ServiceConfigError(ValueError):
@@ -67,9 +85,12 @@ class ServiceConfig(dict[str, Any]):
             )
         return section[key]
 
+    @_on_instance_or_class
     def get_parsed_config(self, service_name: str) -> dict[str, Any]:
-        """The service's own keys: its section without ``ServiceArgs`` and ``common-configs``,
-        plus the ``Common`` keys it subscribes to (its own value wins)."""
+        """The service's own keys: its section without ``ServiceArgs`` and
+        ``common-configs``, plus the ``Common`` keys it subscribes to (its own value wins).
+        Callable on the class too (``ServiceConfig.get_parsed_config("Frontend")``), for
+        this process's configuration."""
         section = self.get(service_name) or {}
         if not isinstance(section, dict):
             raise ServiceConfigError(f"the configuration of {service_name} must be a mapping, got {section!r}")

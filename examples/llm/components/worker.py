@@ -1,0 +1,67 @@
+"""The Worker: an LLM engine serving token-level requests on ``{namespace}.Worker.generate``.
+
+The engine is chosen by configuration (``engine: mocker``); every other key of the
+Worker's configuration becomes a flag of that engine's own argument parser, through
+``ServiceConfig.as_args("Worker")`` (``speedup-ratio: 10`` → ``--speedup-ratio 10``).
+The engine registers the model (kind ``backend``) so that the Processor and frontends
+find its card.
+
+    python -m components.worker -f configs/agg.yaml          # alone (from examples/llm)
+    python -m components.worker --engine mocker --speedup-ratio 10
+    dynamo serve graphs.agg:Frontend -f configs/agg.yaml     # started as `python -m components.worker`
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from dynamo.sdk import BaseDeployment, DynamoArgumentParser
+from dynamo.sdk.lib.config import ServiceConfig
+
+#: Engines the Worker can run; ``vllm`` is reserved for the vLLM integration.
+ENGINES = ("mocker", "vllm")
+DEFAULT_ENGINE = "mocker"
+
+
+class Worker(BaseDeployment):
+    namespace = "dynamo"
+    endpoints = ["generate"]
+    resources = {"cpu": "1"}
+
+
+def engine_argv(service_name: str, config: ServiceConfig) -> list[str]:
+    """The service's configuration as the engine's flags (``engine`` itself left out)."""
+    section = dict(config.get(service_name) or {})
+    section.pop("engine", None)
+    return ServiceConfig({**config, service_name: section}).as_args(service_name)
+
+
+def parse_args(argv: Sequence[str] | None = None, service_name: str = Worker.name) -> tuple[str, list[str]]:
+    """(engine, the engine's own flags) from the configuration and the command line."""
+    parser = DynamoArgumentParser(
+        service_name,
+        prog="python -m components.worker",
+        description="LLM worker; flags other than --engine and -f go to the engine's parser.",
+    )
+    parser.add_argument("--engine", choices=ENGINES, default=DEFAULT_ENGINE, help="the engine (default mocker)")
+    args = parser.parse_args(argv)
+    return args.engine, engine_argv(service_name, ServiceConfig.get_instance())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Serve the configured engine until SIGINT/SIGTERM; returns the exit status."""
+    engine, flags = parse_args(argv)
+    deploy = Worker()
+    endpoint = f"dyn://{deploy.namespace}.{deploy.name}.generate"
+    if engine == "mocker":
+        from dynamo.mocker.__main__ import main as mocker_main
+
+        # The mocker's parser validates the engine flags (an unknown key is a clear error).
+        return mocker_main(["--endpoint", endpoint, *flags])
+    print(f"{deploy.name}: engine '{engine}' is not available in this build (use engine: mocker)", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The LLM graphs: which path through the components each one takes (``.link()``)."""

@@ -1,0 +1,87 @@
+"""``python -m dynamo.frontend``: the OpenAI HTTP frontend over discovered models.
+
+    python -m dynamo.frontend --http-port 8000 --router-mode round-robin
+    python -m dynamo.frontend --endpoint dynamo.Processor.chat     # only that endpoint's models
+    python -m dynamo.frontend --store-kv etcd --request-plane nats # distributed planes
+
+The flags map onto ``dynamo-run in=http out=dyn …`` and the plane environment variables
+(``DYN_DISCOVERY_BACKEND``, ``DYN_REQUEST_PLANE``, ``DYN_EVENT_PLANE``), which the
+frontend runs in this process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from collections.abc import Sequence
+
+DEFAULT_PORT = 8080
+ROUTER_MODES = ("round-robin", "random", "kv")
+#: ``--store-kv`` / ``--request-plane`` / ``--event-plane`` → the variable each sets.
+PLANE_FLAGS = {
+    "store_kv": ("DYN_DISCOVERY_BACKEND", ("etcd", "file", "mem")),
+    "request_plane": ("DYN_REQUEST_PLANE", ("tcp", "nats")),
+    "event_plane": ("DYN_EVENT_PLANE", ("nats", "tcp")),
+}
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """The command line of ``python -m dynamo.frontend``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m dynamo.frontend", description="OpenAI-compatible HTTP frontend for the models workers register."
+    )
+    parser.add_argument("--http-host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
+    parser.add_argument("--http-port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
+    parser.add_argument("--router-mode", choices=ROUTER_MODES, default="round-robin",
+                        help="how a request picks a worker instance (default round-robin)")
+    parser.add_argument("--namespace", help="serve only the models registered in this namespace")
+    parser.add_argument("--endpoint", help="serve only the models registered on this namespace.component.endpoint")
+    parser.add_argument("--migration-limit", type=int, help="times a broken stream is continued on another worker")
+    for flag, (variable, choices) in PLANE_FLAGS.items():
+        parser.add_argument(f"--{flag.replace('_', '-')}", choices=choices, help=f"sets {variable}")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="debug logs (-vv: trace)")
+    args = parser.parse_args(argv)
+    if not 0 <= args.http_port <= 65535:
+        parser.error(f"--http-port must be a port number, got {args.http_port}")
+    if args.endpoint is not None:
+        args.endpoint = args.endpoint.removeprefix("dyn://")
+        if len(args.endpoint.split(".")) != 3:
+            parser.error(f"--endpoint must be namespace.component.endpoint, got {args.endpoint!r}")
+    return args
+
+
+def dynamo_run_argv(args: argparse.Namespace) -> list[str]:
+    """The ``dynamo-run`` arguments of this frontend."""
+    out = f"out=dyn://{args.endpoint}" if args.endpoint else "out=dyn"
+    argv = ["in=http", out, "--http-host", args.http_host, "--http-port", str(args.http_port),
+            "--router-mode", args.router_mode]
+    if args.namespace:
+        argv += ["--namespace", args.namespace]
+    if args.migration_limit is not None:
+        argv += ["--migration-limit", str(args.migration_limit)]
+    if args.verbose:
+        argv.append("-" + "v" * min(args.verbose, 2))
+    return argv
+
+
+def plane_environment(args: argparse.Namespace) -> dict[str, str]:
+    """The plane variables the flags set (flags win over the environment)."""
+    return {variable: getattr(args, flag) for flag, (variable, _) in PLANE_FLAGS.items() if getattr(args, flag)}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the frontend until SIGINT/SIGTERM; returns the exit status."""
+    from dynamo.llm import run_dynamo_run
+
+    args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    os.environ.update(plane_environment(args))
+    # dynamo-run handles SIGINT/SIGTERM itself (graceful shutdown); Python's handler would
+    # raise KeyboardInterrupt once the call returns.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    return run_dynamo_run(dynamo_run_argv(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

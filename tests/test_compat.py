@@ -1,0 +1,185 @@
+"""The reference's spellings and module paths, each accepted here (issue 10's
+compatibility gaps): uvloop as a dependency, `register_llm` in the reference's positional
+order and before serving, `ModelType.Completion`, `ServiceConfig.get_parsed_config` on
+the class, a frontend bound to one endpoint (`dynamo-run out=dyn://ns.comp.ep`),
+`dynamo.runtime.logging`, `dynamo.sdk.lib.image`, `EtcdKvCache`, and fresh clients
+spreading over the instances."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+from pathlib import Path
+
+import pytest
+import tomllib
+from helpers import REPO_ROOT, collect, data_of, wait_for_instances
+from llm_helpers import chat_body, start_frontend, start_mocker, streamed_content, write_json, write_model_dir
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_uvloop_is_a_dependency() -> None:
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    assert any(dep.split(">")[0].split("=")[0].strip() == "uvloop" for dep in project["dependencies"])
+    import uvloop
+
+    loop = uvloop.new_event_loop()
+    try:
+        assert loop.run_until_complete(asyncio.sleep(0, result=7)) == 7
+    finally:
+        loop.close()
+
+
+def test_model_type_spellings() -> None:
+    from dynamo.llm import ModelType
+
+    assert ModelType.Completion == ModelType.Completions == "completions"
+    assert ModelType.Backend == "backend" and ModelType.Chat == "chat"
+
+
+def test_get_parsed_config_on_the_class(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dynamo.sdk.lib.config import ServiceConfig
+
+    config = {"Common": {"block-size": 64}, "Frontend": {"port": 8000, "common-configs": ["block-size"],
+                                                         "ServiceArgs": {"workers": 2}}}
+    monkeypatch.setenv("DYNAMO_SERVICE_CONFIG", json.dumps(config))
+    ServiceConfig.reset()
+    try:
+        assert ServiceConfig.get_parsed_config("Frontend") == {"block-size": 64, "port": 8000}
+        assert ServiceConfig.get_instance().get_parsed_config("Frontend") == {"block-size": 64, "port": 8000}
+        assert ServiceConfig.get_parsed_config("Absent") == {}
+    finally:
+        ServiceConfig.reset()
+
+
+def test_reference_module_paths(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from dynamo.runtime import EtcdKvCache
+    from dynamo.runtime.logging import configure_dynamo_logging
+    from dynamo.sdk import DYNAMO_IMAGE as from_sdk
+    from dynamo.sdk.lib.image import DYNAMO_IMAGE
+
+    assert isinstance(DYNAMO_IMAGE, str) and DYNAMO_IMAGE and from_sdk == DYNAMO_IMAGE
+    assert hasattr(EtcdKvCache, "create")
+
+    monkeypatch.setenv("DYN_LOG", "warn")
+    root = logging.getLogger()
+    saved = (list(root.handlers), root.level)
+    try:
+        configure_dynamo_logging(service_name="Processor", worker_id=3)
+        configure_dynamo_logging(service_name="Processor", worker_id=3)  # idempotent: one handler
+        logging.getLogger("compat").info("hidden at warn")
+        logging.getLogger("compat").warning("shown")
+        err = capsys.readouterr().err
+        assert err.count("shown") == 1 and "[Processor:3] compat: shown" in err
+        assert "hidden" not in err
+    finally:
+        root.handlers[:], root.level = saved
+
+
+async def test_etcd_kv_cache(runtime, namespace: str) -> None:
+    from dynamo.runtime import EtcdKvCache
+
+    prefix = f"/{namespace}/processor/"
+    with pytest.raises(TypeError):
+        EtcdKvCache(runtime.etcd_client(), prefix)
+    cache = await EtcdKvCache.create(runtime.etcd_client(), prefix, {"router": "round-robin", "n": b"1"})
+    assert await cache.get("router") == b"round-robin"
+    # A second creator keeps what is there (first writer wins).
+    again = await EtcdKvCache.create(runtime.etcd_client(), prefix, {"router": "kv"})
+    assert await again.get("router") == b"round-robin"
+    await cache.put("router", "kv")
+    assert await again.get("router") == b"kv"
+    assert await cache.get_all() == {"router": b"kv", "n": b"1"}
+    await cache.delete("n")
+    assert await cache.get("n") is None
+    await cache.clear_all()
+    assert await cache.get_all() == {}
+
+
+async def test_fresh_clients_spread(workers, runtime, namespace: str) -> None:
+    """A fresh client per request (one-shot clients) must not always pick the same instance."""
+    for _ in range(2):
+        await workers.start("stream_worker.py", "--namespace", namespace)
+    path = f"{namespace}.backend.generate"
+    await wait_for_instances(await runtime.endpoint(path).client(), 2)
+    seen = set()
+    for _ in range(16):
+        client = await runtime.endpoint(path).client()
+        await wait_for_instances(client, 2)
+        items = await collect(await client.generate({"count": 1}))
+        seen.add(data_of(items[0])["instance_id"])
+    assert len(seen) == 2
+
+
+REFERENCE_ORDER = """
+import asyncio, sys
+from dynamo.llm import ModelType, register_llm
+from dynamo.runtime import DistributedRuntime, dynamo_worker
+
+async def generate(request):
+    for token in request["token_ids"][:3]:
+        yield {"token_ids": [token]}
+    yield {"token_ids": [], "finish_reason": "stop"}
+
+@dynamo_worker()
+async def worker(runtime: DistributedRuntime):
+    component = runtime.namespace(sys.argv[1]).component("backend")
+    await component.create_service()
+    endpoint = component.endpoint("generate")
+    # The reference's order, and registration before the endpoint serves.
+    await register_llm(ModelType.Backend, endpoint, None, "early-bird")
+    print("REGISTERED", flush=True)
+    await asyncio.sleep(float(sys.argv[2]))
+    print("SERVING", flush=True)
+    await endpoint.serve_endpoint(generate)
+
+asyncio.run(worker())
+"""
+
+
+async def test_register_llm_reference_order_before_serving(workers, namespace: str, tmp_path: Path) -> None:
+    script = tmp_path / "reference_order.py"
+    script.write_text(REFERENCE_ORDER)
+    frontend = await start_frontend(workers, "dyn")
+    worker = workers.command([sys.executable, str(script), namespace, "3"], name="early")
+    await worker.wait_for_line("REGISTERED", 30)
+    # Registered, not serving: the model is not listed (nor routed to) yet.
+    await asyncio.sleep(1.0)
+    if not worker.find_lines("SERVING"):
+        assert "early-bird" not in frontend.models()
+    await worker.wait_for_line("SERVING", 30)
+    await frontend.wait_models(["early-bird"])
+    response = frontend.post("/v1/chat/completions", chat_body("early-bird", "hi", stream=True))
+    assert response.status == 200, response.body
+    content, chunks = streamed_content(response.body)
+    assert content and chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+async def test_register_llm_argument_errors(runtime, namespace: str) -> None:
+    from dynamo.llm import ModelType, register_llm
+
+    endpoint = runtime.namespace(namespace).component("backend").endpoint("generate")
+    with pytest.raises(TypeError, match="second argument must be an Endpoint"):
+        await register_llm(ModelType.Backend, "not-an-endpoint", None, "x")
+    with pytest.raises(TypeError, match="given twice"):
+        await register_llm(ModelType.Backend, endpoint, None, "x", kind=ModelType.Chat)
+
+
+async def test_frontend_bound_to_one_endpoint(workers, namespace: str, tmp_path: Path) -> None:
+    model_dir = write_model_dir(tmp_path / "models")
+    fast = write_json(tmp_path / "fast.json", {"speedup_ratio": 20.0})
+    for name in ("alpha", "beta"):
+        start_mocker(workers, f"{namespace}.{name}.generate", model_dir, "--model-name", name,
+                     "--extra-engine-args", str(fast), name=name)
+    everything = await start_frontend(workers, "dyn")
+    await everything.wait_models(["alpha", "beta"])
+    bound = await start_frontend(workers, f"dyn://{namespace}.beta.generate")
+    await bound.wait_models(["beta"])
+    assert bound.models() == ["beta"]
+    assert bound.post("/v1/chat/completions", chat_body("alpha", "w3")).status == 404
+    answer = bound.post("/v1/chat/completions", chat_body("beta", "w3 w4", max_tokens=4))
+    assert answer.status == 200, answer.body
+    assert answer.json()["usage"]["completion_tokens"] == 4

@@ -1,0 +1,164 @@
+"""The LLM graphs of examples/llm under `dynamo serve`, for real: `agg` (Frontend →
+Processor → Worker, on both backends) and `agg_router` (… → Router → Worker) with mocker
+workers, the official `openai` client streaming through each, and every component run
+alone with `python -m components.<name>` joining a graph that `dynamo serve` started."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import openai
+import pytest
+from helpers import EXAMPLES_DIR, free_port, wait_for_instances
+
+LLM = EXAMPLES_DIR / "llm"
+#: The services of each graph, and of each component run alone (what it depends on, unlinked).
+GRAPHS = {"agg": ("Frontend", "Processor", "Worker"), "agg_router": ("Frontend", "Processor", "Router", "Worker")}
+ALONE = {"Worker": ("Worker",), "Router": ("Router", "Worker"), "Processor": ("Processor", "Router", "Worker"),
+         "Frontend": ("Frontend", "Processor", "Router", "Worker")}
+#: Bound on one streamed completion through the graph.
+REQUEST_TIMEOUT = 30.0
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def serve(workers, graph: str, config: str, namespace: str, port: int, *extra: str):
+    """`dynamo serve graphs.<graph>:Frontend -f configs/<config>.yaml` in this test's namespace."""
+    argv = [sys.executable, "-m", "dynamo.sdk.cli.main", "serve", f"graphs.{graph}:Frontend",
+            "-f", f"configs/{config}.yaml", f"--Frontend.port={port}",
+            *[f"--{s}.ServiceArgs.dynamo.namespace={namespace}" for s in GRAPHS[graph]], *extra]
+    return workers.command(argv, name=f"serve-{graph}", cwd=LLM)
+
+
+def component(workers, name: str, config: str, namespace: str, *extra: str):
+    """`python -m components.<name> -f configs/<config>.yaml` alone, in this test's namespace."""
+    argv = [sys.executable, "-m", f"components.{name.lower()}", "-f", f"configs/{config}.yaml",
+            *[f"--{s}.ServiceArgs.dynamo.namespace={namespace}" for s in ALONE[name]], *extra]
+    return workers.command(argv, name=f"{name.lower()}-alone", cwd=LLM)
+
+
+def openai_client(port: int) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0,
+                              timeout=REQUEST_TIMEOUT)
+
+
+async def wait_model(client: openai.AsyncOpenAI, model: str, timeout: float = 60.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        try:
+            if model in [m.id async for m in client.models.list()]:
+                return
+        except openai.APIConnectionError:
+            pass
+        if asyncio.get_running_loop().time() > deadline:
+            pytest.fail(f"model {model} not listed within {timeout:.0f}s")
+        await asyncio.sleep(0.2)
+
+
+async def stream_chat(client: openai.AsyncOpenAI, content: str, max_tokens: int = 8) -> tuple[int, str | None]:
+    """Stream one chat completion; (content chunks, finish reason)."""
+    stream = await client.chat.completions.create(
+        model="mock-llm", messages=[{"role": "user", "content": content}], max_tokens=max_tokens, stream=True,
+    )
+    chunks, finish = 0, None
+    async for chunk in stream:
+        if chunk.choices:
+            chunks += bool(chunk.choices[0].delta.content)
+            finish = chunk.choices[0].finish_reason or finish
+    return chunks, finish
+
+
+async def check_streams(port: int) -> None:
+    client = openai_client(port)
+    await wait_model(client, "mock-llm")
+    results = await asyncio.wait_for(
+        asyncio.gather(*(stream_chat(client, f"hello number {i}") for i in range(6))), REQUEST_TIMEOUT
+    )
+    for chunks, finish in results:
+        assert finish == "length" and chunks >= 1, results
+    completion = await client.completions.create(model="mock-llm", prompt="once upon", max_tokens=5)
+    assert completion.usage is not None and completion.usage.completion_tokens == 5
+    with pytest.raises(openai.BadRequestError):
+        await client.chat.completions.create(model="mock-llm", messages=[], max_tokens=0)
+
+
+async def test_agg_graph(backend, workers, runtime, namespace) -> None:
+    port = free_port()
+    served = serve(workers, "agg", "agg", namespace, port)
+    await served.wait_for_line("Frontend[0] | Frontend ready", 90)
+    # Two mocker workers (ServiceArgs.workers: 2), one Processor.
+    assert len(await wait_for_instances(await runtime.endpoint(f"{namespace}.Worker.generate").client(), 2)) == 2
+    await check_streams(port)
+
+
+async def test_agg_router_graph(workers, runtime, namespace) -> None:
+    port = free_port()
+    served = serve(workers, "agg_router", "agg_router", namespace, port)
+    await served.wait_for_line("Frontend[0] | Frontend ready", 90)
+    router = await runtime.endpoint(f"{namespace}.Router.generate").client()
+    await wait_for_instances(router, 1)
+    worker_ids = await wait_for_instances(await runtime.endpoint(f"{namespace}.Worker.generate").client(), 2)
+    await check_streams(port)
+    # The Router answers token ids → a Worker instance; one prefix goes to one worker.
+    picks = set()
+    for _ in range(4):
+        stream = await router.generate({"token_ids": list(range(40))})
+        answer = [item.data() async for item in stream]
+        picks.add(answer[0]["worker_id"])
+    assert len(picks) == 1 and picks <= set(worker_ids)
+    with pytest.raises(Exception, match="token_ids"):
+        stream = await router.generate({"tokens": [1]})
+        [item async for item in stream]
+
+
+async def test_components_alone_join_the_graph(workers, runtime, namespace) -> None:
+    port = free_port()
+    served = serve(workers, "agg_router", "agg_router", namespace, port, "--Worker.ServiceArgs.workers=1")
+    await served.wait_for_line("Frontend[0] | Frontend ready", 90)
+    for name in ("Worker", "Router", "Processor"):
+        client = await runtime.endpoint(
+            f"{namespace}.{name}.{'chat/completions' if name == 'Processor' else 'generate'}"
+        ).client()
+        assert len(await wait_for_instances(client, 1)) == 1
+        component(workers, name, "agg_router", namespace)
+        assert len(await wait_for_instances(client, 2, timeout=60)) == 2, name
+    # A second Frontend, alone, on its own port, serves the same graph.
+    second = free_port()
+    component(workers, "Frontend", "agg_router", namespace, f"--Frontend.port={second}")
+    await check_streams(second)
+    await check_streams(port)
+
+
+def test_worker_engine_flags_come_from_the_config(tmp_path: Path) -> None:
+    """YAML keys → ServiceConfig.as_args → the engine's own parser (the mocker's)."""
+    import subprocess
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("Worker:\n  engine: mocker\n  no-such-flag: 3\n")
+    result = subprocess.run([sys.executable, "-m", "components.worker", "-f", str(bad)], cwd=LLM,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "--no-such-flag" in result.stderr, result.stderr
+    result = subprocess.run([sys.executable, "-m", "components.worker", "--engine", "vllm"], cwd=LLM,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "vllm" in result.stderr
+
+
+def test_engine_args_as_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(LLM))
+    from components.worker import parse_args
+    from dynamo.sdk.lib.config import ServiceConfig
+
+    monkeypatch.delenv("DYNAMO_SERVICE_CONFIG", raising=False)
+    try:
+        engine, flags = parse_args(
+            ["-f", str(LLM / "configs" / "agg.yaml"), "--speedup-ratio", "50", "--Worker.num-gpu-blocks=64"]
+        )
+    finally:
+        ServiceConfig.reset()
+    assert engine == "mocker"
+    assert flags[flags.index("--speedup-ratio") + 1] == "50"
+    assert flags[flags.index("--num-gpu-blocks") + 1] == "64"
+    assert flags[flags.index("--model-name") + 1] == "mock-llm"
+    assert "--engine" not in flags
