@@ -183,3 +183,39 @@ async def test_frontend_bound_to_one_endpoint(workers, namespace: str, tmp_path:
     answer = bound.post("/v1/chat/completions", chat_body("beta", "w3 w4", max_tokens=4))
     assert answer.status == 200, answer.body
     assert answer.json()["usage"]["completion_tokens"] == 4
+
+
+async def test_python_m_dynamo_frontend(workers, namespace: str, tmp_path: Path) -> None:
+    """`python -m dynamo.frontend` with the reference's flags; `--namespace` filters."""
+    from helpers import free_port
+    from llm_helpers import Frontend
+
+    model_dir = write_model_dir(tmp_path / "models")
+    fast = write_json(tmp_path / "fast.json", {"speedup_ratio": 20.0})
+    for ns, name in ((namespace, "mine"), (f"{namespace}_other", "theirs")):
+        start_mocker(workers, f"{ns}.mocker.generate", model_dir, "--model-name", name,
+                     "--extra-engine-args", str(fast), name=name)
+    everything = await start_frontend(workers, "dyn")
+    await everything.wait_models(["mine", "theirs"])
+    port = free_port()
+    argv = [sys.executable, "-m", "dynamo.frontend", "--http-host", "127.0.0.1", "--http-port", str(port),
+            "--router-mode", "random", "--namespace", namespace]
+    frontend = Frontend(workers.command(argv, name="python-m-frontend"), port)
+    await frontend.wait_live()
+    await frontend.wait_models(["mine"])
+    assert frontend.models() == ["mine"]  # "theirs" is registered (see above), in another namespace
+    answer = frontend.post("/v1/chat/completions", chat_body("mine", "w3 w4", max_tokens=3))
+    assert answer.status == 200 and answer.json()["usage"]["completion_tokens"] == 3, answer.body
+
+
+def test_python_m_dynamo_frontend_flags() -> None:
+    from dynamo.frontend.__main__ import dynamo_run_argv, parse_args, plane_environment
+
+    args = parse_args(["--http-port", "9000", "--endpoint", "dyn://dynamo.Processor.chat/completions",
+                       "--store-kv", "etcd", "--request-plane", "nats"])
+    assert dynamo_run_argv(args)[:2] == ["in=http", "out=dyn://dynamo.Processor.chat/completions"]
+    assert plane_environment(args) == {"DYN_DISCOVERY_BACKEND": "etcd", "DYN_REQUEST_PLANE": "nats"}
+    for bad in (["--endpoint", "a.b"], ["--http-port", "70000"], ["--router-mode", "nope"]):
+        with pytest.raises(SystemExit) as exit_info:
+            parse_args(bad)
+        assert exit_info.value.code == 2

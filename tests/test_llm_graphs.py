@@ -25,12 +25,12 @@ REQUEST_TIMEOUT = 30.0
 pytestmark = pytest.mark.timeout(180)
 
 
-def serve(workers, graph: str, config: str, namespace: str, port: int, *extra: str):
+def serve(workers, graph: str, config: str, namespace: str, port: int, *extra: str, env=None):
     """`dynamo serve graphs.<graph>:Frontend -f configs/<config>.yaml` in this test's namespace."""
     argv = [sys.executable, "-m", "dynamo.sdk.cli.main", "serve", f"graphs.{graph}:Frontend",
             "-f", f"configs/{config}.yaml", f"--Frontend.port={port}",
             *[f"--{s}.ServiceArgs.dynamo.namespace={namespace}" for s in GRAPHS[graph]], *extra]
-    return workers.command(argv, name=f"serve-{graph}", cwd=LLM)
+    return workers.command(argv, name=f"serve-{graph}", cwd=LLM, env=env)
 
 
 def component(workers, name: str, config: str, namespace: str, *extra: str):
@@ -94,24 +94,57 @@ async def test_agg_graph(backend, workers, runtime, namespace) -> None:
     await check_streams(port)
 
 
-async def test_agg_router_graph(workers, runtime, namespace) -> None:
+RECORDING_POLICY = """
+class Recording:
+    def __init__(self, config):
+        self.path = config["record-to"]
+
+    def choose(self, token_ids, instance_ids):
+        with open(self.path, "a") as f:
+            f.write(f"{len(token_ids)}\\n")
+        return min(instance_ids), 0.0
+"""
+
+
+async def test_agg_router_graph(workers, runtime, namespace, tmp_path: Path) -> None:
+    """The Processor asks the Router for every request; the Router's policy is pluggable."""
+    (tmp_path / "recording_policy.py").write_text(RECORDING_POLICY)
+    record = tmp_path / "choices.txt"
     port = free_port()
-    served = serve(workers, "agg_router", "agg_router", namespace, port)
+    env = {**workers.env, "PYTHONPATH": str(tmp_path)}
+    argv_extra = ("--Router.policy=recording_policy:Recording", f"--Router.record-to={record}")
+    served = serve(workers, "agg_router", "agg_router", namespace, port, *argv_extra, env=env)
     await served.wait_for_line("Frontend[0] | Frontend ready", 90)
     router = await runtime.endpoint(f"{namespace}.Router.generate").client()
     await wait_for_instances(router, 1)
     worker_ids = await wait_for_instances(await runtime.endpoint(f"{namespace}.Worker.generate").client(), 2)
     await check_streams(port)
-    # The Router answers token ids → a Worker instance; one prefix goes to one worker.
-    picks = set()
-    for _ in range(4):
-        stream = await router.generate({"token_ids": list(range(40))})
-        answer = [item.data() async for item in stream]
-        picks.add(answer[0]["worker_id"])
-    assert len(picks) == 1 and picks <= set(worker_ids)
+    # 6 chat requests and 1 completion went through the Router (the invalid one did not).
+    assert len(record.read_text().splitlines()) == 7
+    stream = await router.generate({"token_ids": list(range(40))})
+    assert [item.data() async for item in stream] == [{"worker_id": min(worker_ids), "prefix_hit_rate": 0.0}]
     with pytest.raises(Exception, match="token_ids"):
         stream = await router.generate({"tokens": [1]})
         [item async for item in stream]
+
+
+def test_prefix_hash_policy(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(LLM))
+    from components.router import load_policy
+    from dynamo.sdk.lib.config import ServiceConfigError
+
+    policy = load_policy("prefix-hash", {"kv-cache-block-size": 4})
+    workers = [11, 22, 33]
+    # The first block decides: the same first 4 tokens always go to the same worker.
+    picks = {policy.choose([1, 2, 3, 4, *tail], workers)[0] for tail in ([], [9], [5, 6, 7, 8, 9])}
+    assert len(picks) == 1
+    # Distinct first blocks spread over the workers.
+    spread = {policy.choose([i, i + 1, i + 2, i + 3], workers)[0] for i in range(60)}
+    assert spread == set(workers)
+    with pytest.raises(ServiceConfigError, match="policy"):
+        load_policy("no-such-policy", {})
+    with pytest.raises(ServiceConfigError, match="cannot be loaded"):
+        load_policy("no_such_module:Policy", {})
 
 
 async def test_components_alone_join_the_graph(workers, runtime, namespace) -> None:
@@ -165,3 +198,31 @@ def test_engine_args_as_flags(monkeypatch: pytest.MonkeyPatch) -> None:
     assert flags[flags.index("--num-gpu-blocks") + 1] == "64"
     assert flags[flags.index("--model-name") + 1] == "mock-llm"
     assert "--engine" not in flags
+
+
+async def test_processor_without_router_falls_back(workers, runtime, namespace) -> None:
+    """A Processor in `kv` mode whose Router never answers still serves (bounded wait, then
+    round-robin), and says so."""
+    port = free_port()
+    served = serve(workers, "agg", "agg", namespace, port, "--Worker.ServiceArgs.workers=1")
+    await served.wait_for_line("Frontend[0] | Frontend ready", 90)
+    processors = await runtime.endpoint(f"{namespace}.Processor.chat/completions").client()
+    await wait_for_instances(processors, 1)
+    alone = component(workers, "Processor", "agg", namespace, "--router=kv", "--router-timeout=1")
+    await wait_for_instances(processors, 2, timeout=60)
+    await check_streams(port)
+    assert "no answer from the Router" in alone.stderr_tail(20000), alone.describe()
+
+
+async def test_frontend_fails_when_its_http_server_does(workers, namespace) -> None:
+    """The Frontend service exits non-zero when its HTTP frontend cannot start (port taken)."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        frontend = component(workers, "Frontend", "agg", namespace, f"--port={port}", "--host=127.0.0.1")
+        status = await frontend.wait_exit(60)
+    assert status != 0, frontend.describe()
+    assert "the HTTP frontend exited with status" in frontend.stderr_tail(20000), frontend.describe()

@@ -28,6 +28,16 @@ DEFAULT_PORT = 8000
 STOP_GRACE = 20.0
 
 
+def _die_with_parent() -> None:
+    """In the child: SIGTERM when this service's process dies, even by SIGKILL (Linux)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
 @service(dynamo={"namespace": "dynamo"})
 class Frontend:
     processor = depends(Processor)
@@ -49,7 +59,7 @@ class Frontend:
 
     @async_on_start
     async def start(self) -> None:
-        self.process = await asyncio.create_subprocess_exec(*self.argv)
+        self.process = await asyncio.create_subprocess_exec(*self.argv, preexec_fn=_die_with_parent)
         self.watcher = asyncio.create_task(self.watch(self.process))
         logger.info("Frontend: HTTP frontend (pid %d) serving %s", self.process.pid, self.endpoint)
 

@@ -17,7 +17,8 @@ How it picks the instance (``router`` in its configuration):
 Configuration keys: ``model-path`` (a HuggingFace folder; default the built-in
 byte-level card), ``model-name``, ``kv-cache-block-size``, ``context-length``,
 ``router``, ``min-workers`` (Worker instances to wait for before registering, default
-1), ``worker-timeout`` (seconds to wait for them, default 120).
+1), ``worker-timeout`` (seconds to wait for them, default 120), ``router-timeout``
+(seconds to wait for the Router's answer before routing round-robin, default 5).
 
     python -m components.processor -f configs/agg.yaml   # alone (from examples/llm)
 """
@@ -62,6 +63,7 @@ class Processor:
         self.context_length = config.get("context-length")
         self.min_workers = int(config.get("min-workers", 1))
         self.worker_timeout = float(config.get("worker-timeout", 120))
+        self.router_timeout = float(config.get("router-timeout", 5))
 
     @async_on_start
     async def start(self) -> None:
@@ -89,7 +91,12 @@ class Processor:
     async def choose(self, request: PreprocessedRequest) -> int | None:
         """The Worker instance for ``request`` (None: the client's round-robin)."""
         if self.mode == "kv":
-            answer = await self.router.generate({"token_ids": request.token_ids})
+            try:
+                answer = await asyncio.wait_for(self.router.generate({"token_ids": request.token_ids}),
+                                                self.router_timeout)
+            except Exception as exc:  # the Router is down or slow: the request still goes out
+                logger.warning("Processor: no answer from the Router (%s); routing round-robin", exc or type(exc))
+                return None
             worker_id = answer.get("worker_id") if isinstance(answer, dict) else None
             return int(worker_id) if worker_id is not None else None
         if self.mode == "random":

@@ -43,7 +43,7 @@ class _on_instance_or_class(Generic[R]):
         self.func = func
         functools.update_wrapper(self, func)  # type: ignore[arg-type]
 
-    def __get__(self, instance: Any, owner: type) -> Callable[..., R]:
+    def __get__(self, instance: Any, owner: Any) -> Callable[..., R]:
         target = instance if instance is not None else owner.get_instance()
         return functools.partial(self.func, target)
 
