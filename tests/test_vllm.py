@@ -107,6 +107,28 @@ def test_visible_gpus_set_tensor_parallelism(
     assert parse_args(["--model", "/m", "--tensor-parallel-size", "4"]).engine_args.tensor_parallel_size == 4
 
 
+def test_a_graph_config_reaches_vllms_parser(monkeypatch: pytest.MonkeyPatch) -> None:
+    """examples/llm/configs/agg_vllm.yaml: the Worker's keys → ServiceConfig.as_args →
+    vLLM's own parser, as the seed's parse_vllm_args does."""
+    from dynamo.sdk.lib.config import ServiceConfig
+    from helpers import EXAMPLES_DIR
+
+    monkeypatch.syspath_prepend(str(EXAMPLES_DIR / "llm"))
+    monkeypatch.delenv("DYNAMO_SERVICE_CONFIG", raising=False)
+    from components.worker import parse_args as worker_args
+
+    try:
+        engine, flags = worker_args(["-f", str(EXAMPLES_DIR / "llm" / "configs" / "agg_vllm.yaml")])
+    finally:
+        ServiceConfig.reset()
+    assert engine == "vllm"
+    config = parse_args(["--endpoint", "dyn://dynamo.Worker.generate", *flags])
+    args = config.engine_args
+    assert (args.model, args.enforce_eager, args.gpu_memory_utilization) == ("/models/Qwen3-0.6B", True, 0.8)
+    assert (args.max_model_len, args.block_size) == (8192, 16)
+    assert config.model_name == "qwen3"
+
+
 def test_kv_events_configure_vllms_zmq_publisher_on_loopback() -> None:
     config = parse_args(["--model", "/m"])
     configure_kv_events(config, 45678)
