@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dynamo.sdk import BaseDeployment, DynamoArgumentParser
 from dynamo.sdk.lib.config import ServiceConfig
 
-#: Engines the Worker can run; ``vllm`` is reserved for the vLLM integration.
+#: Engines the Worker can run (``vllm``: ``python -m dynamo.vllm``, needs the vllm package).
 ENGINES = ("mocker", "vllm")
 DEFAULT_ENGINE = "mocker"
 
@@ -54,18 +54,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     engine, flags = parse_args(argv)
     deploy = Worker()
     endpoint = f"dyn://{deploy.namespace}.{deploy.name}.generate"
-    if engine == "mocker":
-        from dynamo.mocker.__main__ import main as mocker_main
+    # The engine's own parser validates the engine flags (an unknown key is a clear error).
+    if engine == "vllm":
+        from dynamo.vllm.__main__ import main as vllm_main
 
-        if "--role" in flags and flags[flags.index("--role") + 1] == "decode" and "--prefill-endpoint" not in flags:
-            # Disaggregated (`role: decode`): the graph's PrefillWorker takes the long prefills.
-            from components.prefill_worker import endpoint as prefill_endpoint
+        return vllm_main(["--endpoint", endpoint, *flags])
+    from dynamo.mocker.__main__ import main as mocker_main
 
-            flags = [*flags, "--prefill-endpoint", prefill_endpoint()]
-        # The mocker's parser validates the engine flags (an unknown key is a clear error).
-        return mocker_main(["--endpoint", endpoint, *flags])
-    print(f"{deploy.name}: engine '{engine}' is not available in this build (use engine: mocker)", file=sys.stderr)
-    return 2
+    if "--role" in flags and flags[flags.index("--role") + 1] == "decode" and "--prefill-endpoint" not in flags:
+        # Disaggregated (`role: decode`): the graph's PrefillWorker takes the long prefills.
+        from components.prefill_worker import endpoint as prefill_endpoint
+
+        flags = [*flags, "--prefill-endpoint", prefill_endpoint()]
+    return mocker_main(["--endpoint", endpoint, *flags])
 
 
 if __name__ == "__main__":

@@ -36,6 +36,9 @@ pub enum RunError {
     /// The HTTP service could not start or failed.
     #[error(transparent)]
     Http(#[from] HttpError),
+    /// The engine child process of `out=vllm` exited by itself.
+    #[error("{0}")]
+    EngineProcess(String),
     /// An engine refused or failed a request.
     #[error("engine: {0}")]
     Engine(#[from] EngineError),

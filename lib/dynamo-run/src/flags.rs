@@ -127,7 +127,8 @@ pub struct Flags {
     #[arg(long, value_name = "NAMESPACE")]
     pub namespace: Option<String>,
 
-    /// JSON file of engine arguments (`out=mocker`: see docs/mocker.md).
+    /// JSON file of engine arguments (`out=mocker`: see docs/mocker.md; `out=vllm`: an
+    /// object of vLLM flags, see docs/vllm.md).
     #[arg(long, value_name = "FILE")]
     pub extra_engine_args: Option<PathBuf>,
 
@@ -168,6 +169,11 @@ pub struct Flags {
     /// (default: up to the context length).
     #[arg(long, value_name = "TOKENS", value_parser = clap::value_parser!(u32).range(1..))]
     pub max_tokens: Option<u32>,
+
+    /// Flags after `--` go to the engine process of `out=vllm` as given (vLLM's own
+    /// flags, e.g. `-- --tensor-parallel-size 2 --enforce-eager`).
+    #[arg(last = true, value_name = "ENGINE_FLAGS")]
+    pub engine_args: Vec<String>,
 
     /// More logging: `-v` debug, `-vv` trace (default: `DYN_LOG`, else `info` for
     /// servers and `warn` for text, stdin and batch).
@@ -263,7 +269,7 @@ pub enum Output {
     Mocker,
     /// Models that workers registered in discovery.
     Dyn,
-    /// The vLLM worker (not part of this build).
+    /// vLLM in a child process (`python -m dynamo.vllm`), this process its frontend.
     Vllm,
 }
 
@@ -327,6 +333,8 @@ pub struct RunConfig {
     pub prefill_endpoint: Option<EndpointId>,
     /// `--kv-transfer-bandwidth` (GB/s).
     pub kv_transfer_gbps: Option<f64>,
+    /// Flags after `--`, for the engine process of `out=vllm`.
+    pub engine_args: Vec<String>,
     pub max_tokens: Option<u32>,
     pub verbose: u8,
 }
@@ -362,9 +370,16 @@ impl Flags {
         let output = output.unwrap_or(Output::EchoFull);
 
         if output == Output::Vllm {
-            return usage(
-                "out=vllm: the vLLM worker is not part of this build (try out=mocker or out=echo_full)".to_string(),
-            );
+            if let Input::Endpoint(id) = &input {
+                return usage(format!(
+                    "in=dyn://… with out=vllm: run the worker itself, python -m dynamo.vllm --endpoint dyn://{id}"
+                ));
+            }
+            if self.model_path.is_none() {
+                return usage("out=vllm needs --model-path (a model folder or a HuggingFace id)".to_string());
+            }
+        } else if !self.engine_args.is_empty() {
+            return usage(format!("flags after -- go to the engine process of out=vllm, not out={}", output.as_str()));
         }
         let router_mode = match self.router_mode {
             RouterModeArg::RoundRobin => RouterMode::RoundRobin,
@@ -411,22 +426,24 @@ impl Flags {
                 }
             }
         }
-        if self.namespace.is_some() && output != Output::Dyn {
-            return usage("--namespace applies to out=dyn (a frontend)".to_string());
+        if self.namespace.is_some() && !matches!(output, Output::Dyn | Output::Vllm) {
+            return usage("--namespace applies to out=dyn (a frontend) and out=vllm (its engine's endpoint)".to_string());
         }
         if let (Some(ns), Some(ep)) = (&self.namespace, &dyn_endpoint) {
             if *ns != ep.namespace {
                 return usage(format!("--namespace {ns} and out=dyn://{ep} name different namespaces"));
             }
         }
-        if self.migration_limit.is_some() && !(output == Output::Dyn || matches!(input, Input::Endpoint(_))) {
+        if self.migration_limit.is_some()
+            && !(matches!(output, Output::Dyn | Output::Vllm) || matches!(input, Input::Endpoint(_)))
+        {
             return usage(
-                "--migration-limit applies to out=dyn (a frontend) and in=dyn://… (a worker registering its model)"
+                "--migration-limit applies to out=dyn (a frontend), out=vllm and in=dyn://… (a worker registering its model)"
                     .to_string(),
             );
         }
-        if self.extra_engine_args.is_some() && output != Output::Mocker {
-            return usage(format!("--extra-engine-args is read by out=mocker only, not out={}", output.as_str()));
+        if self.extra_engine_args.is_some() && !matches!(output, Output::Mocker | Output::Vllm) {
+            return usage(format!("--extra-engine-args is read by out=mocker and out=vllm, not out={}", output.as_str()));
         }
         if self.role != DisaggRole::Agg && !(output == Output::Mocker && matches!(input, Input::Endpoint(_))) {
             return usage(format!(
@@ -492,6 +509,7 @@ impl Flags {
             disagg,
             prefill_endpoint,
             kv_transfer_gbps: self.kv_transfer_bandwidth,
+            engine_args: self.engine_args,
             max_tokens: self.max_tokens,
             verbose: self.verbose,
         })
@@ -586,7 +604,9 @@ mod tests {
         assert!(usage_error(&["in=dyn://a.b.c", "out=dyn"]).contains("out=dyn"));
         assert!(usage_error(&["in=http", "out=dyn", "--context-length", "5"]).contains("--context-length"));
         assert!(usage_error(&["out=dyn", "--kv-cache-block-size", "5"]).contains("--kv-cache-block-size"));
-        assert!(usage_error(&["out=vllm"]).contains("not part of this build"));
+        assert!(usage_error(&["out=vllm"]).contains("out=vllm needs --model-path"));
+        assert!(usage_error(&["in=dyn://a.b.c", "out=vllm", "--model-path", "m"]).contains("python -m dynamo.vllm"));
+        assert!(usage_error(&["out=mocker", "--", "--enforce-eager"]).contains("flags after --"));
         assert!(usage_error(&["in=http", "in=text"]).contains("twice"));
         assert!(usage_error(&["in=nope"]).contains("unknown input"));
         assert!(usage_error(&["out=nope"]).contains("unknown output"));

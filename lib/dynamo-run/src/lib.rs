@@ -1,12 +1,13 @@
 //! `dynamo-run`: run an LLM engine behind an input.
 //!
 //! ```text
-//! dynamo-run [in=http|text|stdin|batch:FILE.jsonl|dyn://ns.comp.ep] [out=echo_full|echo_core|mocker|dyn] [flags]
+//! dynamo-run [in=http|text|stdin|batch:FILE.jsonl|dyn://ns.comp.ep] [out=echo_full|echo_core|mocker|dyn|vllm] [flags] [-- engine flags]
 //! ```
 //!
 //! The binary and the Python console script (through the extension) both call
 //! [`run_cli`]. See `docs/dynamo-run.md` for inputs, outputs, flags and examples.
 
+mod engine_process;
 mod error;
 mod flags;
 mod input;
@@ -71,6 +72,14 @@ pub fn run_cli(args: Vec<String>) -> i32 {
 /// be called inside a multi-thread tokio runtime.
 pub async fn run(config: RunConfig) -> Result<(), RunError> {
     let (cancel, signals) = signal::cancel_on_signal();
+    // out=vllm: the engine in a child process, this one its frontend (out=dyn://…).
+    let (config, engine) = match engine_process::start(config, &cancel) {
+        Ok(started) => started,
+        Err(e) => {
+            signals.abort();
+            return Err(e);
+        }
+    };
     let result = match &config.input {
         Input::Http => input::http::run(&config, cancel).await,
         Input::Text => input::chat::run(&config, cancel, true).await,
@@ -78,8 +87,13 @@ pub async fn run(config: RunConfig) -> Result<(), RunError> {
         Input::Batch(file) => input::batch::run(&config, file, cancel).await,
         Input::Endpoint(id) => input::endpoint::run(&config, id, cancel).await,
     };
+    // A child that died is the reason the run ended, whatever the input made of it.
+    let engine = match engine {
+        Some(engine) => engine.stop().await,
+        None => Ok(()),
+    };
     signals.abort();
-    result
+    engine.and(result)
 }
 
 fn report(e: &RunError) -> i32 {

@@ -45,7 +45,7 @@ fn bad_flags_exit_2_with_a_clear_message() {
         (&["in=dyn://ns.comp.ep", "out=dyn"], "cannot be combined with out=dyn"),
         (&["in=http", "out=dyn", "--context-length", "100"], "--context-length cannot be used with out=dyn"),
         (&["in=http", "out=dyn", "--kv-cache-block-size", "32"], "--kv-cache-block-size cannot be used with out=dyn"),
-        (&["in=http", "out=vllm"], "vLLM worker is not part of this build"),
+        (&["in=http", "out=vllm"], "out=vllm needs --model-path"),
         (&["in=http", "out=dyn", "--router-mode", "lru"], "--router-mode"),
         (&["in=carrier-pigeon"], "unknown input"),
         (&["out=gpt"], "unknown output"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 
@@ -13,4 +14,6 @@ def main() -> None:
     # dynamo-run handles SIGINT and SIGTERM itself (graceful shutdown). Python's own SIGINT
     # handler would also fire and raise KeyboardInterrupt once the call returns.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    # out=vllm starts `python -m dynamo.vllm`: with this interpreter, which has dynamo.
+    os.environ.setdefault("DYN_PYTHON", sys.executable)
     sys.exit(run_dynamo_run(sys.argv[1:]))

@@ -1,0 +1,195 @@
+"""The one module that knows vLLM's request and response objects: a ``PreprocessedRequest``
+dict (what the frontend sends a token-level worker) becomes a ``TokensPrompt`` and
+``SamplingParams``; each ``RequestOutput`` vLLM yields becomes an ``LLMEngineOutput`` dict;
+vLLM's scheduler stats become the load metrics a KV-aware router reads.
+
+Everything else in ``dynamo.vllm`` is engine-agnostic plumbing (flags, registration,
+serving, events) exercised in CI without vLLM; this module is tested against the real
+``vllm`` package where it is installed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from vllm import SamplingParams, TokensPrompt
+from vllm.config import VllmConfig
+from vllm.outputs import RequestOutput
+from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+from vllm.v1.metrics.loggers import StatLoggerBase
+from vllm.v1.metrics.stats import SchedulerStats
+
+#: ``sampling_options`` keys passed to vLLM unchanged (same name, same meaning).
+_SAME_NAME = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "seed")
+
+
+class RequestError(ValueError):
+    """The request cannot be run by vLLM (the message says why); answered as an error."""
+
+
+def tokens_prompt(request: Mapping[str, Any]) -> TokensPrompt:
+    """The prompt of a ``PreprocessedRequest``: its token ids, already templated and
+    tokenized by the frontend."""
+    token_ids = request.get("token_ids")
+    if not isinstance(token_ids, list) or not token_ids:
+        raise RequestError("the request has no token_ids")
+    return TokensPrompt(prompt_token_ids=token_ids)
+
+
+def sampling_params(request: Mapping[str, Any]) -> SamplingParams:
+    """vLLM's sampling parameters for a ``PreprocessedRequest``.
+
+    * ``sampling_options``: temperature, top_p, top_k, min_p, the three penalties and seed
+      map one to one; ``n`` is not passed (the frontend runs the engine once per choice).
+    * ``stop_conditions``: ``max_tokens`` (absent: up to the context, vLLM's ``None``),
+      ``min_tokens``, ``ignore_eos``; ``stop_token_ids_hidden`` become vLLM stop token
+      ids. Stop *strings* stay with the frontend, which detokenizes and stops the stream
+      (vLLM is asked not to detokenize: the frontend does it once).
+    * ``eos_token_ids`` from the model card are stop tokens too, unless ``ignore_eos``.
+    * ``output_options.logprobs`` = N: each token's log probability and N alternatives.
+    * ``response_format`` ``json_object`` / ``json_schema``: vLLM structured outputs.
+    """
+    options: Mapping[str, Any] = request.get("sampling_options") or {}
+    stop: Mapping[str, Any] = request.get("stop_conditions") or {}
+    kwargs: dict[str, Any] = {key: options[key] for key in _SAME_NAME if options.get(key) is not None}
+    top_k = options.get("top_k")
+    if top_k is not None:
+        # Ours and OpenAI-style clients use 0 or -1 for "no limit"; vLLM takes 0 or -1 too.
+        kwargs["top_k"] = int(top_k)
+    ignore_eos = bool(stop.get("ignore_eos") or False)
+    stop_ids = list(stop.get("stop_token_ids_hidden") or [])
+    if not ignore_eos:
+        stop_ids += [t for t in request.get("eos_token_ids") or [] if t not in stop_ids]
+    logprobs = (request.get("output_options") or {}).get("logprobs")
+    return SamplingParams(
+        **kwargs,
+        max_tokens=stop.get("max_tokens"),
+        min_tokens=stop.get("min_tokens") or 0,
+        ignore_eos=ignore_eos,
+        stop_token_ids=stop_ids or None,
+        logprobs=logprobs,
+        structured_outputs=structured_outputs(request.get("response_format")),
+        detokenize=False,
+        output_kind=RequestOutputKind.DELTA,
+    )
+
+
+def structured_outputs(response_format: Mapping[str, Any] | None) -> StructuredOutputsParams | None:
+    """vLLM's structured-output constraint for an OpenAI ``response_format`` (already
+    validated by the frontend); ``None`` for ``text`` or none."""
+    if not response_format:
+        return None
+    kind = response_format.get("type")
+    if kind == "json_object":
+        return StructuredOutputsParams(json_object=True)
+    if kind == "json_schema":
+        schema = (response_format.get("json_schema") or {}).get("schema")
+        if not isinstance(schema, dict):
+            raise RequestError("response_format.json_schema.schema must be a JSON object")
+        return StructuredOutputsParams(json=schema)
+    if kind == "text":
+        return None
+    raise RequestError(f"response_format type {kind!r} is not supported")
+
+
+def finish_reason(reason: str | None, stop_reason: int | str | None) -> str | dict[str, str] | None:
+    """Our finish reason for vLLM's ``finish_reason`` / ``stop_reason``: an end-of-sequence
+    token is ``eos``, a stop token or string ``stop``, the length limit ``length``, an
+    abort ``cancelled``; anything else is an error naming it."""
+    if reason is None:
+        return None
+    if reason == "stop":
+        return "eos" if stop_reason is None else "stop"
+    if reason == "length":
+        return "length"
+    if reason == "abort":
+        return "cancelled"
+    return {"error": f"vLLM finished the request with '{reason}'"}
+
+
+def engine_output(output: RequestOutput, top_logprobs: int = 0) -> dict[str, Any]:
+    """One ``LLMEngineOutput`` dict from a DELTA ``RequestOutput`` (its first completion:
+    the frontend asks for one per request); ``top_logprobs``: the alternatives asked for
+    per token (vLLM adds the sampled token when it is not among them)."""
+    completion = output.outputs[0]
+    item: dict[str, Any] = {"token_ids": list(completion.token_ids)}
+    if completion.logprobs:
+        log_probs, top = _logprobs(completion.token_ids, completion.logprobs, top_logprobs)
+        item["log_probs"] = log_probs
+        item["top_log_probs"] = top
+    if completion.cumulative_logprob is not None:
+        item["cum_log_probs"] = completion.cumulative_logprob
+    reason = finish_reason(completion.finish_reason, completion.stop_reason)
+    if reason is not None:
+        item["finish_reason"] = reason
+    elif output.finished:
+        # Finished without a reason would read as a truncated stream: say so.
+        item["finish_reason"] = {"error": "vLLM finished the request without a finish reason"}
+    return item
+
+
+def _logprobs(
+    token_ids: Sequence[int], per_token: Sequence[Mapping[int, Any]], top_n: int
+) -> tuple[list[float], list[list[dict[str, Any]]]]:
+    """Each sampled token's log probability, and the ``top_n`` most likely alternatives,
+    most likely first."""
+    log_probs: list[float] = []
+    top: list[list[dict[str, Any]]] = []
+    for token, candidates in zip(token_ids, per_token, strict=False):
+        chosen = candidates.get(token)
+        log_probs.append(float(chosen.logprob) if chosen is not None else float("-inf"))
+        ranked = sorted(candidates.items(), key=lambda kv: (kv[1].rank if kv[1].rank is not None else 1 << 30))
+        top.append([{"token_id": int(t), "logprob": float(lp.logprob)} for t, lp in ranked[:top_n]])
+    return log_probs, top
+
+
+def load_metrics(
+    scheduler_stats: SchedulerStats, vllm_config: VllmConfig, engine_index: int = 0
+) -> dict[str, Any]:
+    """The load metrics a KV-aware router reads (``ForwardPassMetrics``, the mocker's
+    shape) from one of vLLM's scheduler reports."""
+    total_blocks = vllm_config.cache_config.num_gpu_blocks or 0
+    usage = float(scheduler_stats.kv_cache_usage)
+    prefix = scheduler_stats.prefix_cache_stats
+    hit_rate = prefix.hits / prefix.queries if prefix is not None and prefix.queries else 0.0
+    return {
+        "data_parallel_rank": engine_index if vllm_config.parallel_config.data_parallel_size > 1 else None,
+        "request_active_slots": scheduler_stats.num_running_reqs,
+        "request_total_slots": vllm_config.scheduler_config.max_num_seqs,
+        "kv_active_blocks": round(usage * total_blocks),
+        "kv_total_blocks": total_blocks,
+        "num_requests_waiting": scheduler_stats.num_waiting_reqs,
+        "gpu_cache_usage_perc": usage,
+        "gpu_prefix_cache_hit_rate": hit_rate,
+    }
+
+
+class LoadStatLogger(StatLoggerBase):
+    """A vLLM stat logger that hands each scheduler report, as load metrics, to
+    ``publish`` (called on vLLM's output-handler task, so it must not block)."""
+
+    def __init__(
+        self, vllm_config: VllmConfig, engine_index: int = 0, publish: Callable[[dict[str, Any]], None] | None = None
+    ) -> None:
+        self.vllm_config = vllm_config
+        self.engine_index = engine_index
+        self.publish = publish
+
+    @classmethod
+    def factory(cls, publish: Callable[[dict[str, Any]], None]) -> Callable[[VllmConfig, int], LoadStatLogger]:
+        """What ``AsyncLLM.from_engine_args(stat_loggers=[...])`` takes."""
+        return lambda vllm_config, engine_index: cls(vllm_config, engine_index, publish)
+
+    def record(
+        self,
+        scheduler_stats: SchedulerStats | None,
+        iteration_stats: Any = None,
+        mm_cache_stats: Any = None,
+        engine_idx: int = 0,
+    ) -> None:
+        if scheduler_stats is not None and self.publish is not None:
+            self.publish(load_metrics(scheduler_stats, self.vllm_config, engine_idx))
+
+    def log_engine_initialized(self) -> None:
+        pass

@@ -1,0 +1,135 @@
+"""A vLLM engine served as a Dynamo token-level worker: start ``AsyncLLM``, serve
+``generate`` on the endpoint, register the model (kind ``backend``) with vLLM's context
+length and KV block size, and stream each request's tokens back.
+
+The frontend tokenizes (with the model card registered here), detokenizes, applies stop
+strings and counts usage; this worker only turns token ids into token ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from dynamo.llm import register_llm
+from dynamo.runtime import DistributedRuntime, RequestContext
+
+from . import adapter
+from .args import Config
+
+log = logging.getLogger("dynamo.vllm")
+
+
+class Handler:
+    """``generate`` of the endpoint: one vLLM request per call.
+
+    * The caller stops the stream (stop string, ``max_tokens`` reached at the frontend):
+      the vLLM request is aborted and the stream ends with ``cancelled``.
+    * The caller goes away: the runtime cancels this task; vLLM's ``generate`` aborts
+      its request when cancelled.
+    * A request vLLM rejects (prompt too long, bad parameters) ends with an error finish
+      reason naming vLLM's message; the worker keeps serving.
+    * vLLM's engine died: the stream ends with an error and the runtime is shut down, so
+      the worker leaves discovery and frontends send new requests elsewhere (or migrate).
+    """
+
+    def __init__(self, engine: Any, runtime: DistributedRuntime | None = None) -> None:
+        self.engine = engine
+        self.runtime = runtime
+
+    async def generate(self, request: dict[str, Any], context: RequestContext) -> AsyncIterator[dict[str, Any]]:
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        request_id = context.id()
+        try:
+            prompt = adapter.tokens_prompt(request)
+            params = adapter.sampling_params(request)
+        except (adapter.RequestError, ValueError, TypeError) as e:
+            yield {"token_ids": [], "finish_reason": {"error": f"invalid request: {e}"}}
+            return
+        top_logprobs = (request.get("output_options") or {}).get("logprobs") or 0
+        try:
+            async for output in self.engine.generate(prompt, params, request_id):
+                item = adapter.engine_output(output, top_logprobs)
+                if "finish_reason" not in item and context.is_stopped():
+                    await self.engine.abort(request_id)
+                    item["finish_reason"] = "cancelled"
+                    yield item
+                    return
+                yield item
+                if "finish_reason" in item:
+                    return
+        except EngineDeadError as e:
+            log.error("vLLM engine died: %s; shutting the worker down", e)
+            yield {"token_ids": [], "finish_reason": {"error": f"the vLLM engine died: {e}"}}
+            if self.runtime is not None:
+                self.runtime.shutdown()
+            return
+        except (ValueError, TypeError) as e:
+            # vLLM's request validation (e.g. a prompt longer than max_model_len).
+            yield {"token_ids": [], "finish_reason": {"error": str(e)}}
+            return
+        # vLLM's stream ended without a finished output: never report that as a normal end.
+        yield {"token_ids": [], "finish_reason": {"error": "vLLM ended the stream without finishing the request"}}
+
+
+def configure_kv_events(config: Config, port: int) -> None:
+    """Ask vLLM to publish KV cache events on ZMQ at ``tcp://127.0.0.1:port`` unless the
+    command line configured its own ``--kv-events-config``."""
+    from vllm.config import KVEventsConfig
+
+    args = config.engine_args
+    if not config.kv_events:
+        return
+    if args.kv_events_config is None:
+        args.kv_events_config = KVEventsConfig(
+            enable_kv_cache_events=True, publisher="zmq", endpoint=f"tcp://127.0.0.1:{port}"
+        )
+    args.enable_prefix_caching = True
+
+
+def local_model_dir(model: str) -> str | None:
+    """The local folder of ``model`` for the model card (tokenizer, config): the path
+    itself, or the HuggingFace cache's snapshot of a hub id that vLLM downloaded."""
+    if Path(model).is_dir():
+        return model
+    try:
+        from huggingface_hub import snapshot_download
+
+        return snapshot_download(model, local_files_only=True)
+    except Exception as e:
+        log.warning("no local copy of %s for the model card (%s); registering the built-in card", model, e)
+        return None
+
+
+async def serve(runtime: DistributedRuntime, config: Config) -> None:
+    """Run the engine and serve it until the runtime shuts down."""
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    namespace, component, name = config.endpoint.removeprefix("dyn://").split(".")
+    endpoint = runtime.namespace(namespace).component(component).endpoint(name)
+    engine = AsyncLLM.from_engine_args(config.engine_args)
+    try:
+        model_config = engine.vllm_config.model_config
+        cache_config = engine.vllm_config.cache_config
+        handler = Handler(engine, runtime)
+        serving = asyncio.create_task(endpoint.serve_endpoint(handler.generate))
+        await register_llm(
+            endpoint,
+            model_path=local_model_dir(config.model_path),
+            model_name=config.model_name,
+            kind="backend",
+            context_length=model_config.max_model_len,
+            kv_cache_block_size=cache_config.block_size,
+            migration_limit=config.migration_limit,
+        )
+        log.info(
+            "serving %s (vLLM, context %d, KV block %d) on %s",
+            config.model_name, model_config.max_model_len, cache_config.block_size, config.endpoint,
+        )
+        await serving
+    finally:
+        engine.shutdown()
