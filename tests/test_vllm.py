@@ -62,13 +62,13 @@ def test_vllm_flags_reach_vllm_engine_args_and_dynamo_flags_ours() -> None:
 def test_dynamo_spellings_are_aliases_of_vllm_flags() -> None:
     config = parse_args([
         "--model-path", "/m/qwen", "--model-name", "qwen", "--kv-cache-block-size", "32",
-        "--context-length", "4096", "--no-kv-events", "--role", "decode",
+        "--context-length", "4096", "--no-kv-events",
     ])
     args = config.engine_args
     assert (args.model, args.block_size, args.max_model_len) == ("/m/qwen", 32, 4096)
     assert config.model_name == "qwen"
     assert args.served_model_name == ["qwen"]
-    assert (config.kv_events, config.role) == (False, "decode")
+    assert (config.kv_events, config.role) == (False, "agg")
 
 
 def test_served_model_name_is_the_public_name_when_no_model_name() -> None:
@@ -84,6 +84,7 @@ def test_served_model_name_is_the_public_name_when_no_model_name() -> None:
         (["--model", "/m", "--no-enable-prefix-caching"], "--kv-events needs prefix caching"),
         (["--model", "/m", "--tensor-parallel-size", "two"], "tensor-parallel-size"),
         (["--model", "/m", "--role", "both"], "--role"),
+        (["--model", "/m", "--role", "decode"], "disaggregated vLLM workers are not built yet"),
     ],
 )
 def test_bad_flags_are_usage_errors(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:

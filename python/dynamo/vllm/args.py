@@ -64,7 +64,9 @@ def parser() -> argparse.ArgumentParser:
         "--migration-limit", type=int, default=0,
         help="times a frontend may continue a broken stream of this model on another worker (default 0)",
     )
-    group.add_argument("--role", choices=ROLES, default="agg", help="disaggregation role (default agg)")
+    group.add_argument(
+        "--role", choices=ROLES, default="agg", help="disaggregation role (default agg; prefill/decode not built yet)"
+    )
     group.add_argument(
         "--kv-events", action=argparse.BooleanOptionalAction, default=True,
         help="publish vLLM's KV cache events on the event plane (default on)",
@@ -121,6 +123,8 @@ def parse_args(argv: Sequence[str]) -> Config:
     if ns.migration_limit < 0:
         p.error("--migration-limit must be at least 0")
     tensor_parallel(ns, list(argv), p)
+    if ns.role != "agg":
+        p.error(f"--role {ns.role}: disaggregated vLLM workers are not built yet (docs/vllm.md); use --role agg")
     endpoint = ns.endpoint if ns.endpoint.startswith("dyn://") else f"dyn://{ns.endpoint}"
     if len(endpoint.removeprefix("dyn://").split(".")) != 3:
         p.error(f"--endpoint {ns.endpoint!r}: expected namespace.component.endpoint")

@@ -109,12 +109,29 @@ async def serve(runtime: DistributedRuntime, config: Config) -> None:
     """Run the engine and serve it until the runtime shuts down."""
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    namespace, component, name = config.endpoint.removeprefix("dyn://").split(".")
-    endpoint = runtime.namespace(namespace).component(component).endpoint(name)
-    engine = AsyncLLM.from_engine_args(config.engine_args)
+    namespace, component_name, name = config.endpoint.removeprefix("dyn://").split(".")
+    component = runtime.namespace(namespace).component(component_name)
+    endpoint = component.endpoint(name)
+    stat_loggers = None
+    if config.metrics:
+        from dynamo.llm import WorkerMetricsPublisher
+
+        metrics = WorkerMetricsPublisher(component)
+        stat_loggers = [adapter.LoadStatLogger.factory(lambda load: metrics.publish(**load))]
+    engine = AsyncLLM.from_engine_args(config.engine_args, stat_loggers=stat_loggers)
+    events = None
     try:
         model_config = engine.vllm_config.model_config
         cache_config = engine.vllm_config.cache_config
+        if config.kv_events and config.engine_args.kv_events_config is not None:
+            from dynamo.llm import ZmqKvEventPublisher, ZmqKvEventPublisherConfig
+
+            # vLLM's ZMQ publisher binds the endpoint; this process subscribes to it and
+            # republishes on the event plane, where KV routers follow the component.
+            zmq_endpoint = config.engine_args.kv_events_config.endpoint.replace("*", "127.0.0.1")
+            events = ZmqKvEventPublisher(
+                component, ZmqKvEventPublisherConfig(kv_block_size=cache_config.block_size, zmq_endpoint=zmq_endpoint)
+            )
         handler = Handler(engine, runtime)
         serving = asyncio.create_task(endpoint.serve_endpoint(handler.generate))
         await register_llm(
@@ -132,4 +149,6 @@ async def serve(runtime: DistributedRuntime, config: Config) -> None:
         )
         await serving
     finally:
+        if events is not None:
+            await events.shutdown()
         engine.shutdown()
