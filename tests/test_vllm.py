@@ -136,7 +136,7 @@ def test_kv_events_configure_vllms_zmq_publisher_on_loopback() -> None:
     events = config.engine_args.kv_events_config
     assert isinstance(events, KVEventsConfig)
     assert (events.enable_kv_cache_events, events.publisher, events.endpoint) == (
-        True, "zmq", "tcp://127.0.0.1:45678"
+        True, "zmq", "tcp://*:45678"
     )
     assert config.engine_args.enable_prefix_caching is True
 
@@ -296,6 +296,54 @@ def test_scheduler_stats_become_the_routers_load_metrics() -> None:
         "gpu_cache_usage_perc": 0.25,
         "gpu_prefix_cache_hit_rate": 0.75,
     }]
+
+
+# --- KV events from vLLM's own publisher -------------------------------------------------
+
+
+async def test_vllms_own_kv_event_publisher_feeds_the_kv_index(runtime: Any, namespace: str) -> None:
+    """vLLM's ZmqEventPublisher (its own msgspec/msgpack encoding of BlockStored and
+    BlockRemoved, sha256 byte hashes) → the worker's ZMQ bridge → the event plane → a
+    KvIndexer, as `python -m dynamo.vllm --kv-events` wires it."""
+    pytest.importorskip("msgpack", reason="the zmq extra is not installed: pip install 'ai-dynamo[zmq]'")
+    import time
+
+    from dynamo.llm import KvIndexer, ZmqKvEventPublisher, ZmqKvEventPublisherConfig
+    from helpers import free_port
+    from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVEventBatch, ZmqEventPublisher
+
+    component = runtime.namespace(namespace).component("vllm")
+    indexer = KvIndexer(component, 4)
+    port = free_port()
+    # As configure_kv_events sets it: vLLM binds only wildcard endpoints (it connects to
+    # any other), so it binds tcp://*:PORT and the bridge connects on loopback.
+    publisher = ZmqEventPublisher(data_parallel_rank=0, endpoint=f"tcp://*:{port}")
+    config = ZmqKvEventPublisherConfig(worker_id=7, kv_block_size=4, zmq_endpoint=f"tcp://127.0.0.1:{port}")
+    bridge = ZmqKvEventPublisher(component, config)
+    tokens = list(range(100, 112))  # three blocks of 4
+    hashes = [bytes([i]) * 32 for i in (1, 2, 3)]
+
+    async def publish_until(event: Any, expected: dict[int, int], what: str) -> None:
+        # A PUB socket drops what it sends before the subscriber is connected: resend.
+        deadline = time.monotonic() + 15
+        while True:
+            publisher.publish(KVEventBatch(ts=time.time(), events=[event]))
+            await asyncio.sleep(0.1)
+            scores = (await indexer.find_matches_for_request(tokens)).scores
+            if scores == expected:
+                return
+            if time.monotonic() > deadline:
+                pytest.fail(f"{what}: the index shows {scores}, expected {expected} (bridge {bridge.stats})")
+
+    try:
+        stored = BlockStored(block_hashes=hashes, parent_block_hash=None, token_ids=tokens, block_size=4,
+                             lora_id=None, medium="GPU", lora_name=None)
+        await publish_until(stored, {7: 3}, "stored blocks")
+        await publish_until(BlockRemoved(block_hashes=hashes[2:], medium="GPU"), {7: 2}, "a removed block")
+        assert bridge.stats.decode_errors == 0
+    finally:
+        await bridge.shutdown()
+        publisher.shutdown()
 
 
 # --- the request handler, with vLLM's own output objects --------------------------------

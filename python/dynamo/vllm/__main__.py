@@ -17,10 +17,11 @@ from collections.abc import Sequence
 from .args import Config, parse_args
 
 
-def free_loopback_port() -> int:
-    """A TCP port free on 127.0.0.1 right now (for vLLM's ZMQ event publisher)."""
+def free_port() -> int:
+    """A TCP port free on every interface right now (vLLM's ZMQ event publisher binds
+    ``*``)."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind(("", 0))
         return int(s.getsockname()[1])
 
 
@@ -37,7 +38,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from .worker import configure_kv_events, serve
 
-    configure_kv_events(config, config.kv_events_port or free_loopback_port())
+    configure_kv_events(config, config.kv_events_port or free_port())
 
     @dynamo_worker()
     async def worker(runtime: DistributedRuntime) -> None:

@@ -77,8 +77,10 @@ class Handler:
 
 
 def configure_kv_events(config: Config, port: int) -> None:
-    """Ask vLLM to publish KV cache events on ZMQ at ``tcp://127.0.0.1:port`` unless the
-    command line configured its own ``--kv-events-config``."""
+    """Ask vLLM to publish KV cache events on ZMQ port ``port`` unless the command line
+    configured its own ``--kv-events-config``. vLLM binds only wildcard endpoints (it
+    connects to any other), so the endpoint is ``tcp://*:port``; the worker's bridge
+    connects to it on loopback."""
     from vllm.config import KVEventsConfig
 
     args = config.engine_args
@@ -86,7 +88,7 @@ def configure_kv_events(config: Config, port: int) -> None:
         return
     if args.kv_events_config is None:
         args.kv_events_config = KVEventsConfig(
-            enable_kv_cache_events=True, publisher="zmq", endpoint=f"tcp://127.0.0.1:{port}"
+            enable_kv_cache_events=True, publisher="zmq", endpoint=f"tcp://*:{port}"
         )
     args.enable_prefix_caching = True
 
