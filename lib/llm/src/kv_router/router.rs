@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use dynamo_runtime::events::Subscription;
 use parking_lot::Mutex;
+use serde::de::DeserializeOwned;
 use tokio::task::JoinHandle;
 
 use super::inflight::{InflightGuard, InflightTracker};
@@ -174,18 +175,8 @@ impl KvRouter {
 
     /// Feed the load metrics of `subscription` (the workers' `load_metrics` subject)
     /// into this router until it is dropped or the subscription ends.
-    pub fn follow_metrics(self: &Arc<Self>, mut subscription: Subscription) {
-        let weak = Arc::downgrade(self);
-        let task = tokio::spawn(async move {
-            while let Some(event) = subscription.next_event().await {
-                let Some(router) = weak.upgrade() else { return };
-                match serde_json::from_slice::<LoadMetricsEvent>(&event.payload) {
-                    Ok(event) => router.apply_metrics(&event),
-                    Err(e) => tracing::warn!(subject = event.subject, error = %e, "ignoring malformed load metrics"),
-                }
-            }
-        });
-        self.tasks.lock().push(task);
+    pub fn follow_metrics(self: &Arc<Self>, subscription: Subscription) {
+        self.follow(subscription, "load metrics", KvRouter::apply_metrics);
     }
 
     /// Requests in flight on `worker`.
@@ -205,14 +196,26 @@ impl KvRouter {
     /// Feed the KV events of `subscription` (the workers' `kv_events` subject) into this
     /// router until it is dropped or the subscription ends. The task holds only a weak
     /// reference and is aborted when the router is dropped.
-    pub fn follow_events(self: &Arc<Self>, mut subscription: Subscription) {
+    pub fn follow_events(self: &Arc<Self>, subscription: Subscription) {
+        self.follow(subscription, "KV event", KvRouter::apply_event);
+    }
+
+    /// Feed each payload of `subscription`, parsed as a `T`, to `apply` on a task that
+    /// holds only a weak reference (aborted when the router is dropped) and ends with the
+    /// subscription; a malformed payload is logged and skipped.
+    fn follow<T: DeserializeOwned + 'static>(
+        self: &Arc<Self>,
+        mut subscription: Subscription,
+        what: &'static str,
+        apply: fn(&KvRouter, &T),
+    ) {
         let weak = Arc::downgrade(self);
         let task = tokio::spawn(async move {
             while let Some(event) = subscription.next_event().await {
                 let Some(router) = weak.upgrade() else { return };
-                match serde_json::from_slice::<RouterEvent>(&event.payload) {
-                    Ok(event) => router.apply_event(&event),
-                    Err(e) => tracing::warn!(subject = event.subject, error = %e, "ignoring a malformed KV event"),
+                match serde_json::from_slice::<T>(&event.payload) {
+                    Ok(item) => apply(&router, &item),
+                    Err(e) => tracing::warn!(subject = event.subject, error = %e, "ignoring a malformed {what}"),
                 }
             }
         });
