@@ -75,7 +75,7 @@ impl EngineProcess {
         }
         let child = command
             .spawn()
-            .map_err(|e| RunError::Usage(format!("out=vllm: cannot run '{python} -m {module}' ({e}); set DYN_PYTHON to the Python that has dynamo and vllm installed")))?;
+            .map_err(|e| RunError::EngineProcess(format!("out=vllm: cannot run '{python} -m {module}' ({e}); set DYN_PYTHON to the Python that has dynamo and vllm installed")))?;
         Ok(EngineProcess {
             child,
             endpoint,
@@ -258,49 +258,18 @@ mod tests {
         )
         .unwrap();
         let c = config(&[
-            "in=http",
-            "out=vllm",
-            "--model-path",
-            "/m/llama",
-            "--model-name",
-            "llama",
-            "--context-length",
-            "4096",
-            "--kv-cache-block-size",
-            "32",
-            "--migration-limit",
-            "2",
-            "--extra-engine-args",
-            extra.to_str().unwrap(),
-            "--",
-            "--tensor-parallel-size",
-            "2",
+            "in=http", "out=vllm", "--model-path", "/m/llama", "--model-name", "llama", "--context-length", "4096",
+            "--kv-cache-block-size", "32", "--migration-limit", "2", "--extra-engine-args", extra.to_str().unwrap(),
+            "--", "--tensor-parallel-size", "2",
         ]);
         let expected = [
-            "--model-path",
-            "/m/llama",
-            "--model-name",
-            "llama",
-            "--context-length",
-            "4096",
-            "--kv-cache-block-size",
-            "32",
-            "--migration-limit",
-            "2",
+            "--model-path", "/m/llama", "--model-name", "llama", "--context-length", "4096", "--kv-cache-block-size", "32",
+            "--migration-limit", "2",
             // the JSON file, keys in order
-            "--no-enable-prefix-caching",
-            "--enforce-eager",
-            "--gpu-memory-utilization",
-            "0.8",
-            "--kv-transfer-config",
-            r#"{"kv_connector":"NixlConnector"}"#,
-            "--served-model-name",
-            "a",
-            "--served-model-name",
-            "b",
+            "--no-enable-prefix-caching", "--enforce-eager", "--gpu-memory-utilization", "0.8",
+            "--kv-transfer-config", r#"{"kv_connector":"NixlConnector"}"#, "--served-model-name", "a", "--served-model-name", "b",
             // after --
-            "--tensor-parallel-size",
-            "2",
+            "--tensor-parallel-size", "2",
         ];
         assert_eq!(engine_flags(&c).unwrap(), expected.map(String::from));
     }
