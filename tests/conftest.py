@@ -271,6 +271,14 @@ def workers(backend: BackendEnv, tmp_path: Path) -> Iterator[WorkerPool]:
 
 
 @pytest.fixture
+def model_dir(tmp_path: Path) -> Path:
+    """A small HuggingFace-style model folder (word-level tokenizer) the mocker serves."""
+    from llm_helpers import write_model_dir
+
+    return write_model_dir(tmp_path / "models")
+
+
+@pytest.fixture
 def workers_local(tmp_path: Path) -> Iterator[WorkerPool]:
     """Like `workers`, for processes that need no discovery (a frontend with a local
     engine, batch runs): not parametrized by backend, the runtime's settings removed."""

@@ -15,17 +15,13 @@ from pathlib import Path
 import openai
 import pytest
 from helpers import WorkerPool, WorkerProcess, free_port
-from llm_helpers import HTTP_TIMEOUT, MOCKER, Frontend, http_request, start_frontend, write_json, write_model_dir
+from llm_helpers import HTTP_TIMEOUT, MOCKER, Frontend, http_request, start_frontend, write_json
 
 pytestmark = pytest.mark.timeout(150)
 
 #: Decode worker setting: prompts whose uncached part is longer go to the prefill worker.
 MAX_LOCAL = 64
 
-
-@pytest.fixture
-def model_dir(tmp_path: Path) -> Path:
-    return write_model_dir(tmp_path / "models")
 
 
 def prompt(first_word: int, words: int) -> str:

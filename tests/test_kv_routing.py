@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from helpers import WorkerPool, bounded, collect, wait_for_instances
-from llm_helpers import HTTP_TIMEOUT, chat_body, start_frontend, start_mocker, write_json, write_model_dir
+from llm_helpers import HTTP_TIMEOUT, chat_body, start_frontend, start_mocker, write_json
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -28,9 +28,15 @@ pytestmark = pytest.mark.timeout(180)
 BLOCK = 4
 
 
-@pytest.fixture
-def model_dir(tmp_path: Path) -> Path:
-    return write_model_dir(tmp_path / "models")
+
+def start_fast_mockers(workers: WorkerPool, namespace: str, model_dir: Path, tmp_path: Path, count: int) -> None:
+    """`count` mocker workers on `{namespace}.mocker.generate`, 50 times faster than real time."""
+    fast = write_json(tmp_path / "fast.json", {"speedup_ratio": 50.0})
+    for i in range(count):
+        start_mocker(
+            workers, f"{namespace}.mocker.generate", model_dir, "--extra-engine-args", str(fast),
+            "--kv-cache-block-size", str(BLOCK), name=f"mocker-{i}",
+        )
 
 
 def prefix_prompt(prefix: int, repeat: int) -> str:
@@ -63,12 +69,7 @@ async def latest_metrics(subscription: Any, workers: set[int], timeout: float) -
 async def test_repeated_prefixes_go_to_the_worker_that_holds_them(
     runtime: Any, workers: WorkerPool, namespace: str, model_dir: Path, tmp_path: Path, router_mode: str
 ) -> None:
-    fast = write_json(tmp_path / "fast.json", {"speedup_ratio": 50.0})
-    for i in range(3):
-        start_mocker(
-            workers, f"{namespace}.mocker.generate", model_dir, "--extra-engine-args", str(fast),
-            "--kv-cache-block-size", str(BLOCK), name=f"mocker-{i}",
-        )
+    start_fast_mockers(workers, namespace, model_dir, tmp_path, 3)
     component = runtime.namespace(namespace).component("mocker")
     ids = set(await wait_for_instances(await component.endpoint("generate").client(), 3))
     metrics = await component.subscribe("load_metrics")
@@ -150,12 +151,7 @@ async def test_python_kv_router_and_router_component_follow_the_workers(
     from dynamo.llm import KvRouter
     from dynamo.runtime import NoInstancesError
 
-    fast = write_json(tmp_path / "fast.json", {"speedup_ratio": 50.0})
-    for i in range(2):
-        start_mocker(
-            workers, f"{namespace}.mocker.generate", model_dir, "--extra-engine-args", str(fast),
-            "--kv-cache-block-size", str(BLOCK), name=f"mocker-{i}",
-        )
+    start_fast_mockers(workers, namespace, model_dir, tmp_path, 2)
     mocker = runtime.namespace(namespace).component("mocker").endpoint("generate")
     mocker_client = await mocker.client()
     ids = set(await wait_for_instances(mocker_client, 2))

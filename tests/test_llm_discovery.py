@@ -26,15 +26,10 @@ from llm_helpers import (
     start_mocker,
     streamed_content,
     write_json,
-    write_model_dir,
 )
 
 pytestmark = pytest.mark.timeout(150)
 
-
-@pytest.fixture
-def model_dir(tmp_path: Path) -> Path:
-    return write_model_dir(tmp_path / "models")
 
 
 @pytest.fixture
