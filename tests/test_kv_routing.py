@@ -45,24 +45,30 @@ def prefix_prompt(prefix: int, repeat: int) -> str:
     return " ".join([*words, f"w{900 + repeat}"])
 
 
-async def latest_metrics(subscription: Any, workers: set[int], timeout: float) -> dict[int, dict[str, Any]]:
-    """The load metrics of each of `workers` once every one of them has reported itself
-    idle (no request running or waiting)."""
-    latest: dict[int, dict[str, Any]] = {}
+async def settled_metrics(subscription: Any, workers: set[int], timeout: float) -> dict[int, dict[str, Any]]:
+    """The load metrics of each of `workers` once every one of them is idle (no request
+    running or waiting) and settled: the same report twice in a row. Workers publish on
+    change (at most every 100 ms) and repeat an unchanged report after a second, so an
+    idle report taken between two requests is followed by a different one, while the
+    final one is repeated."""
+    previous: dict[int, dict[str, Any]] = {}
+    settled: dict[int, dict[str, Any]] = {}
 
     async def collect() -> dict[int, dict[str, Any]]:
         async for event in subscription:
             data = event if isinstance(event, dict) else json.loads(event)
-            latest[data["worker_id"]] = data
-            idle = [
-                w for w in workers
-                if w in latest and latest[w]["request_active_slots"] == 0 and latest[w]["num_requests_waiting"] == 0
-            ]
-            if len(idle) == len(workers):
-                return latest
+            worker = data["worker_id"]
+            idle = data["request_active_slots"] == 0 and data["num_requests_waiting"] == 0
+            if idle and previous.get(worker) == data:
+                settled[worker] = data
+            else:
+                settled.pop(worker, None)
+            previous[worker] = data
+            if workers <= settled.keys():
+                return settled
         raise AssertionError("the subscription ended")
 
-    return await bounded(collect(), timeout, f"idle load metrics from all of {sorted(workers)} (got {latest})")
+    return await bounded(collect(), timeout, f"settled idle metrics from all of {sorted(workers)} (got {previous})")
 
 
 @pytest.mark.parametrize("router_mode", ["kv", "round-robin"])
@@ -83,7 +89,7 @@ async def test_repeated_prefixes_go_to_the_worker_that_holds_them(
             response = await asyncio.to_thread(frontend.post, "/v1/chat/completions", body)
             assert response.status == 200, response
 
-    rates = {w: m["gpu_prefix_cache_hit_rate"] for w, m in (await latest_metrics(metrics, ids, 20)).items()}
+    rates = {w: m["gpu_prefix_cache_hit_rate"] for w, m in (await settled_metrics(metrics, ids, 20)).items()}
     if router_mode == "kv":
         # Each prefix is computed once, on the worker its requests then stay on: 5 of 6
         # find its 20 blocks. (Two prefixes may share a worker, leaving one unused.)

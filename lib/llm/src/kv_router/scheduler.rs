@@ -237,10 +237,12 @@ impl LoadTracker {
     pub fn forget_sent(&mut self, worker: u64, id: u64, blocks: u64, now: Instant) {
         if let Some(load) = self.workers.get_mut(&worker) {
             load.pending.retain(|p| p.id != id);
-            // Metrics taken while it ran may still arrive (or have arrived) and count it.
-            if load.reported.is_some() {
-                load.released.push_back((now, blocks));
+            // Metrics taken while it ran may still arrive (or have arrived) and count it:
+            // also the worker's first metrics, when the request ended before any came.
+            while load.released.front().is_some_and(|(ended, _)| now.saturating_duration_since(*ended) >= METRICS_LAG) {
+                load.released.pop_front();
             }
+            load.released.push_back((now, blocks));
         }
     }
 
@@ -378,6 +380,13 @@ impl LoadTracker {
         }
         let candidates = self.candidates(&open, now);
         let chosen = select(&candidates, request_blocks, self.config.weights, rng).ok_or(ScheduleError::NoWorkers)?;
+        tracing::debug!(
+            worker = %format_args!("{:x}", chosen.worker),
+            overlap = chosen.overlap_blocks,
+            request_blocks,
+            ?candidates,
+            "kv routing decision"
+        );
         let sent = self.record_sent(chosen.worker, request_blocks as u64 + 1, now);
         Ok(Choice { worker: chosen.worker, overlap_blocks: chosen.overlap_blocks, sent })
     }
@@ -467,6 +476,28 @@ mod tests {
         assert_eq!(tracker.decode_blocks(1, t1), 0.0, "metrics taken just after the end are corrected");
         tracker.update_metrics(1, &metrics(3, 1000), t1 + METRICS_LAG);
         assert_eq!(tracker.decode_blocks(1, t1 + METRICS_LAG), 3.0, "later metrics are the truth");
+    }
+
+    #[test]
+    fn a_request_that_ends_before_the_first_metrics_is_not_counted_by_them() {
+        // A worker's first metrics can arrive after requests to it ended (the router
+        // started after the worker's last report), taken while one of them ran.
+        let t0 = Instant::now();
+        let mut tracker = LoadTracker::new(SchedulerConfig::default());
+        let a = tracker.record_sent(1, 21, t0);
+        tracker.forget_sent(1, a, 21, t0 + Duration::from_millis(5));
+        tracker.update_metrics(1, &metrics(21, 1000), t0 + Duration::from_millis(20));
+        assert_eq!(tracker.decode_blocks(1, t0 + Duration::from_millis(20)), 0.0);
+        // Metrics received a lag after the end are the truth again.
+        let later = t0 + Duration::from_millis(5) + METRICS_LAG;
+        tracker.update_metrics(1, &metrics(2, 1000), later);
+        assert_eq!(tracker.decode_blocks(1, later), 2.0);
+        // Ends long past are not kept around while no metrics come.
+        for i in 0..100 {
+            let id = tracker.record_sent(2, 1, later + METRICS_LAG * i);
+            tracker.forget_sent(2, id, 1, later + METRICS_LAG * i);
+        }
+        assert_eq!(tracker.workers[&2].released.len(), 1);
     }
 
     #[test]
