@@ -580,6 +580,8 @@ class KvRouter:
         busy_threshold: fraction (0, 1] of a worker's KV blocks in use from which it is
             busy; ``None``: never.
         use_kv_events: follow the workers' KV events (``False``: predictions only).
+        replica_sync: share choices with the other routers of the same workers (frontends,
+            other ``KvRouter``s) on the event plane, and start from a peer's snapshot.
 
     Raises:
         ValueError: a setting is out of range.
@@ -594,6 +596,7 @@ class KvRouter:
         temperature: float = 0.0,
         busy_threshold: float | None = None,
         use_kv_events: bool = True,
+        replica_sync: bool = True,
     ) -> KvRouter: ...
     @property
     def block_size(self) -> int:

@@ -6,10 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use dynamo_llm::kv_router::lab::{self, LabConfig, LabError, Policy};
-use dynamo_llm::kv_router::{
-    KvRouter, KvRouterConfig, ScheduleError, SchedulerConfig, SelectorWeights,
-    KV_EVENTS_SUBJECT, LOAD_METRICS_SUBJECT,
-};
+use dynamo_llm::kv_router::{KvRouter, KvRouterConfig, ScheduleError, SchedulerConfig, SelectorWeights};
 use dynamo_llm::mocker::MockerArgs;
 use dynamo_runtime::Client;
 use pyo3::exceptions::{PyOSError, PyValueError};
@@ -44,7 +41,8 @@ impl PyKvRouter {
 #[pymethods]
 impl PyKvRouter {
     #[new]
-    #[pyo3(signature = (endpoint, block_size=16, overlap_weight=1.0, temperature=0.0, busy_threshold=None, use_kv_events=true))]
+    #[pyo3(signature = (endpoint, block_size=16, overlap_weight=1.0, temperature=0.0, busy_threshold=None, use_kv_events=true, replica_sync=true))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         endpoint: &PyEndpoint,
@@ -53,6 +51,7 @@ impl PyKvRouter {
         temperature: f64,
         busy_threshold: Option<f64>,
         use_kv_events: bool,
+        replica_sync: bool,
     ) -> PyResult<Self> {
         if block_size == 0 {
             return Err(PyValueError::new_err("block_size must be at least 1"));
@@ -63,16 +62,12 @@ impl PyKvRouter {
             ..Default::default()
         };
         scheduler.validate().map_err(PyValueError::new_err)?;
-        let config = KvRouterConfig { block_size, scheduler, use_kv_events, ..Default::default() };
+        let config = KvRouterConfig { block_size, scheduler, use_kv_events, replica_sync, ..Default::default() };
         let endpoint = endpoint.inner.clone();
         block_on(py, async move {
             let client = endpoint.client().await?;
-            let component = endpoint.component();
             let router = KvRouter::new(config);
-            if use_kv_events {
-                router.follow_events(component.subscribe(KV_EVENTS_SUBJECT).await?);
-            }
-            router.follow_metrics(component.subscribe(LOAD_METRICS_SUBJECT).await?);
+            router.follow_component(&endpoint.component()).await?;
             Ok::<_, dynamo_runtime::Error>(PyKvRouter { router, client })
         })
         .map_err(to_py)

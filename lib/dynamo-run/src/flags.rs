@@ -103,6 +103,16 @@ pub struct Flags {
     #[arg(long = "no-kv-events")]
     pub no_kv_events: bool,
 
+    /// `--router-mode kv`: share routing decisions with the other frontends (router
+    /// replicas) of the same workers on the event plane, and start from a peer's
+    /// snapshot (the default).
+    #[arg(long = "router-replica-sync", overrides_with = "no_router_replica_sync")]
+    pub router_replica_sync: bool,
+
+    /// `--router-mode kv`: route on this frontend's own view only.
+    #[arg(long = "no-router-replica-sync")]
+    pub no_router_replica_sync: bool,
+
     /// `--router-mode kv`: fraction (0–1] of a worker's KV blocks in use at which it is
     /// busy; when every worker is, requests are answered 503 with Retry-After.
     #[arg(long, value_name = "FRACTION")]
@@ -391,6 +401,8 @@ impl Flags {
             ("--router-temperature", self.router_temperature != dynamo_llm::kv_router::DEFAULT_TEMPERATURE),
             ("--kv-events", self.kv_events),
             ("--no-kv-events", self.no_kv_events),
+            ("--router-replica-sync", self.router_replica_sync),
+            ("--no-router-replica-sync", self.no_router_replica_sync),
             ("--busy-threshold", self.busy_threshold.is_some()),
         ];
         if router_mode != RouterMode::Kv || output != Output::Dyn {
@@ -408,6 +420,7 @@ impl Flags {
                 ..Default::default()
             },
             use_kv_events: !self.no_kv_events,
+            replica_sync: !self.no_router_replica_sync,
             ..Default::default()
         };
         kv_router.scheduler.validate().map_err(RunError::Usage)?;
@@ -588,6 +601,8 @@ mod tests {
         assert!(c.kv_router.use_kv_events);
         assert!(!with(&["--no-kv-events"]).unwrap().kv_router.use_kv_events);
         assert!(with(&["--no-kv-events", "--kv-events"]).unwrap().kv_router.use_kv_events, "the last one wins");
+        assert!(c.kv_router.replica_sync, "replica sync is on by default");
+        assert!(!with(&["--no-router-replica-sync"]).unwrap().kv_router.replica_sync);
         let err = |extra: &[&str]| match with(extra) {
             Err(RunError::Usage(m)) => m,
             other => panic!("expected a usage error for {extra:?}, got {other:?}"),

@@ -178,3 +178,77 @@ async fn in_flight_counts_end_with_the_stream_and_gone_workers_are_forgotten() {
     caller.shutdown().await;
     stays.shutdown().await;
 }
+
+/// A router replica in its own process-like runtime: a kv-routed token engine over the
+/// workers, following the other replicas (approximate mode: decisions are all it knows).
+async fn replica(store: &Arc<MemStore>) -> (DistributedRuntime, Arc<KvRouter>, RemoteTokenEngine) {
+    let rt = runtime(store).await;
+    let client = client(&rt, 2).await;
+    let config = KvRouterConfig { use_kv_events: false, ..KvRouterConfig::with_block_size(Some(BLOCK)) };
+    let router = KvRouter::new(config);
+    router.follow_component(&rt.namespace("ns").unwrap().component("backend").unwrap()).await.unwrap();
+    let engine = RemoteTokenEngine::with_kv_router(client, router.clone());
+    (rt, router, engine)
+}
+
+/// Wait (bounded) until `check` holds.
+async fn eventually(what: &str, check: impl Fn() -> bool) {
+    bounded(what, async {
+        while !check() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn router_replicas_share_decisions_and_a_new_one_starts_from_a_snapshot() {
+    let store = Arc::new(MemStore::default());
+    let workers = [worker(&store, 1).await, worker(&store, 2).await];
+    let ids: Vec<u64> = workers.iter().map(|w| w.instance_id()).collect();
+    let tag_id = |tag: u32| ids[tag as usize - 1];
+    let (rt_a, a, engine_a) = replica(&store).await;
+    let (rt_b, b, engine_b) = replica(&store).await;
+    eventually("replica B restores A's (empty) snapshot", || b.snapshot_restored().is_some()).await;
+
+    // A routes prefix P; B learns it from A's decision, not from any event.
+    let p = prompt(0, 8, 0);
+    let p_worker = tag_id(served_by(&engine_a, p.clone()).await);
+    let load = |r: &KvRouter, w: u64| r.load().lock().decode_blocks(w, std::time::Instant::now());
+    eventually("B predicts P where A sent it", || b.predicted_overlap(p_worker, &p) == 8).await;
+    eventually("B sees A's request end", || load(&b, p_worker) == 0.0).await;
+    assert_eq!(tag_id(served_by(&engine_b, prompt(0, 8, 1)).await), p_worker);
+
+    // A's request in flight counts in B's view of the load, until it ends.
+    let held = open(&engine_a, prompt(9000, 8, 0)).await;
+    let busy = *ids.iter().find(|w| a.inflight(**w) == 1).expect("A has one request in flight");
+    eventually("B counts A's request in flight", || load(&b, busy) >= 9.0).await;
+    // B's next new prefix goes to the other worker.
+    let other = *ids.iter().find(|w| **w != busy).unwrap();
+    assert_eq!(tag_id(served_by(&engine_b, prompt(5000, 8, 0)).await), other);
+    drop(held);
+    eventually("B stops counting it when it ends", || load(&b, busy) == 0.0).await;
+
+    // A replica started now restores the predictions the others made.
+    let (rt_c, c, _engine_c) = replica(&store).await;
+    let (from, blocks) = bounded("C restores a peer's snapshot", async {
+        loop {
+            if let Some(restored) = c.snapshot_restored() {
+                return restored;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!([a.replica_id(), b.replica_id()].contains(&from));
+    assert!(blocks >= 8 + 8 + 8, "P, Q and the new prefix: {blocks} blocks");
+    assert_eq!(c.predicted_overlap(p_worker, &p), 8);
+    assert_eq!(c.predicted_overlap(other, &prompt(5000, 8, 0)), 8);
+
+    for rt in [rt_a, rt_b, rt_c] {
+        rt.shutdown().await;
+    }
+    for w in workers {
+        w.shutdown().await;
+    }
+}

@@ -46,6 +46,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                     help="follow the workers' KV events (default), or predict from routing decisions only")
     kv.add_argument("--busy-threshold", type=float,
                     help="KV usage fraction at which a worker is busy (503 when all are)")
+    kv.add_argument("--router-replica-sync", action=argparse.BooleanOptionalAction, default=None,
+                    help="share routing decisions with the other frontends of the same workers (default)")
     for flag, (variable, choices) in PLANE_FLAGS.items():
         parser.add_argument(f"--{flag.replace('_', '-')}", choices=choices, help=f"sets {variable}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="debug logs (-vv: trace)")
@@ -71,8 +73,10 @@ def dynamo_run_argv(args: argparse.Namespace) -> list[str]:
     for flag in ("kv_overlap_weight", "router_temperature", "busy_threshold"):
         if getattr(args, flag) is not None:
             argv += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
-    if args.kv_events is not None:
-        argv.append("--kv-events" if args.kv_events else "--no-kv-events")
+    for flag in ("kv_events", "router_replica_sync"):
+        value = getattr(args, flag)
+        if value is not None:
+            argv.append(f"--{'' if value else 'no-'}{flag.replace('_', '-')}")
     if args.verbose:
         argv.append("-" + "v" * min(args.verbose, 2))
     return argv

@@ -21,7 +21,6 @@ use super::remote::{RemoteOpenAIEngine, RemoteTokenEngine};
 use super::router_mode::RouterMode;
 use crate::engine::{OpenAIEngine, TokenEngine};
 use crate::kv_router::{KvRouter, KvRouterConfig};
-use crate::kv_router::{KV_EVENTS_SUBJECT, LOAD_METRICS_SUBJECT};
 use crate::model_card::ModelKind;
 use crate::model_manager::{EngineKind, ModelManager, ReadyCheck};
 
@@ -227,12 +226,7 @@ impl ModelWatcher {
                     RouterMode::Kv => {
                         let block_size = KvRouterConfig::with_block_size(entry.kv_cache_block_size).block_size;
                         let router = KvRouter::new(KvRouterConfig { block_size, ..self.kv_config });
-                        let component = endpoint.component();
-                        // Workers that publish KV events (the mocker) correct the predictions.
-                        if self.kv_config.use_kv_events {
-                            router.follow_events(component.subscribe(KV_EVENTS_SUBJECT).await?);
-                        }
-                        router.follow_metrics(component.subscribe(LOAD_METRICS_SUBJECT).await?);
+                        router.follow_component(&endpoint.component()).await?;
                         RemoteTokenEngine::with_kv_router(client, router)
                     }
                     mode => RemoteTokenEngine::new(client, mode),

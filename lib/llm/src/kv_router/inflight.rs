@@ -40,7 +40,7 @@ impl InflightTracker {
     /// dropped; then also forget its sent blocks `sent` ([`LoadTracker::forget_sent`]).
     pub fn start_with_blocks(&self, worker: u64, blocks: u64, sent: Option<u64>) -> InflightGuard {
         self.load.lock().start_request(worker, blocks);
-        InflightGuard { tracker: self.clone(), worker, blocks, sent, started: Instant::now(), last: None }
+        InflightGuard { tracker: self.clone(), worker, blocks, sent, started: Instant::now(), last: None, on_end: None }
     }
 
     /// Requests in flight on `worker`.
@@ -58,9 +58,25 @@ pub struct InflightGuard {
     sent: Option<u64>,
     started: Instant,
     last: Option<Instant>,
+    on_end: Option<OnEnd>,
+}
+
+/// What runs when a guard is dropped, after the counts are released.
+struct OnEnd(Box<dyn FnOnce() + Send + Sync>);
+
+impl std::fmt::Debug for OnEnd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("OnEnd")
+    }
 }
 
 impl InflightGuard {
+    /// Also run `f` when the request ends (e.g. tell router replicas).
+    pub fn on_end(mut self, f: impl FnOnce() + Send + Sync + 'static) -> Self {
+        self.on_end = Some(OnEnd(Box::new(f)));
+        self
+    }
+
     /// The worker the request went to.
     pub fn worker(&self) -> u64 {
         self.worker
@@ -84,6 +100,10 @@ impl Drop for InflightGuard {
         load.finish_request(self.worker, self.blocks);
         if let Some(sent) = self.sent {
             load.forget_sent(self.worker, sent, self.blocks, Instant::now());
+        }
+        drop(load);
+        if let Some(OnEnd(f)) = self.on_end.take() {
+            f();
         }
     }
 }

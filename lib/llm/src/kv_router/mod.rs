@@ -17,6 +17,8 @@
 //! - [`inflight`]: in-flight counts, released when a response stream ends.
 //! - [`lab`]: the routing lab, a trace replayed through simulated workers.
 //! - [`router`]: [`KvRouter`], which puts them together.
+//! - [`replica`]: several routers over the same workers sharing their decisions, and a
+//!   new one starting from a peer's snapshot.
 //!
 //! Approximate where events are missing: without them, a worker's real cache may evict
 //! earlier than predicted, or hold blocks it got from requests other frontends sent.
@@ -26,6 +28,7 @@ pub mod inflight;
 pub mod protocols;
 pub mod publisher;
 pub mod radix;
+pub mod replica;
 pub mod lab;
 pub mod router;
 pub mod scheduler;
@@ -38,7 +41,8 @@ pub use protocols::{
     KvCacheStoreData, KvCacheStoredBlockData, LoadMetricsEvent, RouterEvent, KV_EVENTS_SUBJECT, LOAD_METRICS_SUBJECT,
 };
 pub use publisher::{KvEventPublisher, WorkerMetricsPublisher};
-pub use radix::{IndexStats, OverlapScores, RadixTree, WorkerId};
+pub use radix::{IndexStats, OverlapScores, RadixTree, SnapshotBlock, WorkerId};
+pub use replica::{SyncMessage, ROUTER_SYNC_SUBJECT};
 pub use router::{KvDecision, KvRouter, KvRouterConfig, DEFAULT_BLOCK_SIZE, DEFAULT_MAX_BLOCKS_PER_WORKER, DEFAULT_TTL};
 pub use scheduler::{Choice, LoadTracker, ScheduleError, SchedulerConfig, WorkerTiming, DEFAULT_STRAGGLER_THRESHOLD};
 pub use selector::{Candidate, SelectorWeights, DEFAULT_OVERLAP_WEIGHT, DEFAULT_TEMPERATURE};

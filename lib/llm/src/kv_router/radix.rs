@@ -67,6 +67,37 @@ struct Node {
     mask: u64,
 }
 
+/// One block of a worker in a [`RadixTree::snapshot`]; serialized as an array
+/// `[worker, block_hash, parent_hash, tokens_hash, ttl_ms]` to keep snapshots small.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(into = "SnapshotTuple", from = "SnapshotTuple")]
+pub struct SnapshotBlock {
+    /// The worker holding it.
+    pub worker: WorkerId,
+    /// The worker's id for the block.
+    pub block_hash: u64,
+    /// The worker's id for its parent (`None`: first block of a sequence).
+    pub parent_hash: Option<u64>,
+    /// The content hash ([`super::compute_block_hash_for_seq`]).
+    pub tokens_hash: u64,
+    /// `None`: confirmed by an event; `Some`: predicted, trusted this many more ms.
+    pub ttl_ms: Option<u64>,
+}
+
+type SnapshotTuple = (WorkerId, u64, Option<u64>, u64, Option<u64>);
+
+impl From<SnapshotBlock> for SnapshotTuple {
+    fn from(b: SnapshotBlock) -> Self {
+        (b.worker, b.block_hash, b.parent_hash, b.tokens_hash, b.ttl_ms)
+    }
+}
+
+impl From<SnapshotTuple> for SnapshotBlock {
+    fn from((worker, block_hash, parent_hash, tokens_hash, ttl_ms): SnapshotTuple) -> Self {
+        SnapshotBlock { worker, block_hash, parent_hash, tokens_hash, ttl_ms }
+    }
+}
+
 /// One block id of a worker.
 #[derive(Debug, Clone, Copy)]
 struct Held {
@@ -313,17 +344,38 @@ impl RadixTree {
     /// applied in order to an empty tree they give the same [`Self::find_matches`] answers.
     /// A block whose chain to the root the worker does not hold entirely (its parent was
     /// removed first) is left out, as it cannot match. Predicted entries come out as
-    /// plain (confirmed) blocks.
+    /// plain (confirmed) blocks (see [`Self::snapshot`] to keep them predicted).
     pub fn dump(&self) -> Vec<RouterEvent> {
-        let mut events = Vec::new();
+        let mut next_id: FxHashMap<WorkerId, u64> = FxHashMap::default();
+        self.snapshot(Instant::now())
+            .into_iter()
+            .map(|b| {
+                let id = next_id.entry(b.worker).or_default();
+                let event_id = *id;
+                *id += 1;
+                let data = KvCacheEventData::Stored(KvCacheStoreData {
+                    parent_hash: b.parent_hash,
+                    blocks: vec![KvCacheStoredBlockData { block_hash: b.block_hash, tokens_hash: b.tokens_hash }],
+                });
+                RouterEvent { worker_id: b.worker, event: KvCacheEvent { event_id, data } }
+            })
+            .collect()
+    }
+
+    /// Every block of every worker, each after its parent, predicted ones with the time
+    /// they have left after `now`: what a new router replica restores
+    /// ([`Self::restore`]) to start from this one's view. Blocks whose chain to the root
+    /// the worker does not hold entirely are left out, as they cannot match.
+    pub fn snapshot(&self, now: Instant) -> Vec<SnapshotBlock> {
+        let mut out = Vec::new();
         for worker in self.workers() {
             let state = &self.workers[&worker];
-            let mut held: Vec<(u32, u64)> = state.blocks.iter().map(|(&id, h)| (h.node, id)).collect();
-            held.sort_unstable_by_key(|&(node, id)| (self.nodes[node as usize].depth, node, id));
+            let mut held: Vec<(u32, u64, Option<Instant>)> =
+                state.blocks.iter().map(|(&id, h)| (h.node, id, h.expires)).collect();
+            held.sort_unstable_by_key(|&(node, id, _)| (self.nodes[node as usize].depth, node, id));
             // Node → the block id under which it was emitted for this worker.
             let mut emitted: FxHashMap<u32, u64> = FxHashMap::default();
-            let mut event_id = 0;
-            for (node, id) in held {
+            for (node, id, expires) in held {
                 let n = &self.nodes[node as usize];
                 let parent_hash = if n.parent == ROOT {
                     None
@@ -334,15 +386,27 @@ impl RadixTree {
                     }
                 };
                 emitted.entry(node).or_insert(id);
-                let data = KvCacheEventData::Stored(KvCacheStoreData {
-                    parent_hash,
-                    blocks: vec![KvCacheStoredBlockData { block_hash: id, tokens_hash: n.tokens_hash }],
-                });
-                events.push(RouterEvent { worker_id: worker, event: KvCacheEvent { event_id, data } });
-                event_id += 1;
+                let ttl_ms = expires.map(|at| at.saturating_duration_since(now).as_millis() as u64);
+                out.push(SnapshotBlock { worker, block_hash: id, parent_hash, tokens_hash: n.tokens_hash, ttl_ms });
             }
         }
-        events
+        out
+    }
+
+    /// Add the blocks of a [`Self::snapshot`] (taken by another replica), predicted ones
+    /// expiring after the time they had left. Blocks already held keep their state when
+    /// confirmed; a block whose parent is unknown is counted and skipped, as for events.
+    pub fn restore(&mut self, blocks: &[SnapshotBlock], now: Instant) {
+        for b in blocks {
+            self.worker_state(b.worker);
+            let expires = b.ttl_ms.map(|ms| now + Duration::from_millis(ms));
+            let stored = KvCacheStoreData {
+                parent_hash: b.parent_hash,
+                blocks: vec![KvCacheStoredBlockData { block_hash: b.block_hash, tokens_hash: b.tokens_hash }],
+            };
+            self.store(b.worker, &stored, expires);
+        }
+        self.expire(now);
     }
 
     fn store(&mut self, worker: WorkerId, stored: &KvCacheStoreData, expires: Option<Instant>) {
@@ -691,6 +755,32 @@ mod tests {
         }
         assert_eq!(copy.block_count(1), 1);
         assert_eq!(copy.block_count(2), 3);
+    }
+
+    #[test]
+    fn a_snapshot_restores_confirmed_and_predicted_blocks() {
+        let t0 = Instant::now();
+        let ttl = Duration::from_secs(10);
+        let mut tree = RadixTree::with_prediction_limits(ttl, 100);
+        tree.apply_event(1, &stored(0, None, &[(1, 0xA), (2, 0xB)]));
+        tree.record_prediction(2, &[0xA, 0xC], t0);
+        let later = t0 + Duration::from_secs(4);
+        let snapshot = tree.snapshot(later);
+        // Small on the wire: an array per block.
+        let json = serde_json::to_string(&snapshot).unwrap();
+        assert!(json.starts_with("[[1,1,null,10,null],[1,2,1,11,null],[2,"), "{json}");
+        assert_eq!(serde_json::from_str::<Vec<SnapshotBlock>>(&json).unwrap(), snapshot);
+        let mut copy = RadixTree::with_prediction_limits(ttl, 100);
+        let restored_at = t0 + Duration::from_secs(100); // the copy's own clock
+        copy.restore(&snapshot, restored_at);
+        assert_eq!(scores(&copy, &[0xA, 0xB]), vec![(1, 2), (2, 1)]);
+        assert_eq!(scores(&copy, &[0xA, 0xC]), vec![(1, 1), (2, 2)]);
+        // Worker 2's prediction had 6 s left; the confirmed blocks never expire.
+        copy.expire(restored_at + Duration::from_secs(5));
+        assert_eq!(scores(&copy, &[0xA, 0xC]), vec![(1, 1), (2, 2)]);
+        copy.expire(restored_at + Duration::from_secs(7));
+        assert_eq!(scores(&copy, &[0xA, 0xC]), vec![(1, 1)]);
+        assert_eq!(copy.stats().unknown_parents, 0);
     }
 
     /// The obvious implementation: each worker's block ids map to the token path they name.

@@ -8,14 +8,16 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use dynamo_runtime::component::Component;
 use dynamo_runtime::events::Subscription;
 use parking_lot::Mutex;
 use serde::de::DeserializeOwned;
 use tokio::task::JoinHandle;
 
 use super::inflight::{InflightGuard, InflightTracker};
-use super::protocols::{compute_block_hash_for_seq, LoadMetricsEvent, RouterEvent};
-use super::radix::RadixTree;
+use super::protocols::{compute_block_hash_for_seq, LoadMetricsEvent, RouterEvent, KV_EVENTS_SUBJECT, LOAD_METRICS_SUBJECT};
+use super::radix::{RadixTree, SnapshotBlock};
+use super::replica::{self, ReplicaState, SyncMessage};
 use super::scheduler::{LoadTracker, ScheduleError, SchedulerConfig};
 
 /// Default tokens per KV-cache block, when the model does not say.
@@ -39,6 +41,9 @@ pub struct KvRouterConfig {
     pub ttl: Duration,
     /// Most predicted blocks kept per worker (least recently used go first).
     pub max_blocks_per_worker: usize,
+    /// Whether [`KvRouter::sync_replicas`] shares decisions with other routers of the
+    /// same workers (see [`super::replica`]); callers check it before calling.
+    pub replica_sync: bool,
 }
 
 impl Default for KvRouterConfig {
@@ -49,6 +54,7 @@ impl Default for KvRouterConfig {
             use_kv_events: true,
             ttl: DEFAULT_TTL,
             max_blocks_per_worker: DEFAULT_MAX_BLOCKS_PER_WORKER,
+            replica_sync: true,
         }
     }
 }
@@ -80,8 +86,10 @@ pub struct KvRouter {
     config: KvRouterConfig,
     index: Mutex<RadixTree>,
     inflight: InflightTracker,
+    /// This router as one of several replicas (see [`super::replica`]).
+    replica: Arc<ReplicaState>,
     /// Tasks following the workers' KV events and load metrics (see
-    /// [`KvRouter::follow_events`], [`KvRouter::follow_metrics`]).
+    /// [`KvRouter::follow_events`], [`KvRouter::follow_metrics`]) and the other replicas.
     tasks: Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -101,6 +109,7 @@ impl KvRouter {
             config: KvRouterConfig { block_size, ..config },
             index: Mutex::new(RadixTree::with_prediction_limits(config.ttl, config.max_blocks_per_worker)),
             inflight: InflightTracker::new(Arc::new(Mutex::new(LoadTracker::new(config.scheduler)))),
+            replica: Arc::new(ReplicaState::new()),
             tasks: Mutex::new(Vec::new()),
         })
     }
@@ -143,12 +152,24 @@ impl KvRouter {
             load.schedule(&overlaps, hashes.len(), now, rng)?
         };
         index.record_prediction(chosen.worker, &hashes, now);
-        Ok(KvDecision {
+        drop(index);
+        let decision = KvDecision {
             worker: chosen.worker,
             overlap_blocks: chosen.overlap_blocks,
             request_blocks: hashes.len(),
             sent: chosen.sent,
-        })
+        };
+        if self.replica.is_syncing() {
+            self.replica.send(SyncMessage::Routed {
+                replica: self.replica.id,
+                request: decision.sent,
+                worker: decision.worker,
+                blocks: decision.request_blocks as u64 + 1,
+                block_size: self.config.block_size,
+                hashes,
+            });
+        }
+        Ok(decision)
     }
 
     /// Count a request in flight on `worker` until the guard is dropped.
@@ -160,7 +181,73 @@ impl KvRouter {
     /// load of a worker that publishes no metrics) until the guard is dropped, when its
     /// blocks also stop counting in the worker's predicted load.
     pub fn start_decision(&self, decision: &KvDecision) -> InflightGuard {
-        self.inflight.start_with_blocks(decision.worker, decision.request_blocks as u64 + 1, Some(decision.sent))
+        let guard =
+            self.inflight.start_with_blocks(decision.worker, decision.request_blocks as u64 + 1, Some(decision.sent));
+        if !self.replica.is_syncing() {
+            return guard;
+        }
+        let (replica, request) = (self.replica.clone(), decision.sent);
+        guard.on_end(move || replica.send(SyncMessage::Ended { replica: replica.id, request }))
+    }
+
+    /// Follow the workers of `component`: their KV events (when the config uses them),
+    /// their load metrics, and the other routers of the same workers (when the config
+    /// syncs replicas).
+    pub async fn follow_component(self: &Arc<Self>, component: &Component) -> dynamo_runtime::Result<()> {
+        if self.config.use_kv_events {
+            self.follow_events(component.subscribe(KV_EVENTS_SUBJECT).await?);
+        }
+        self.follow_metrics(component.subscribe(LOAD_METRICS_SUBJECT).await?);
+        if self.config.replica_sync {
+            self.sync_replicas(component).await?;
+        }
+        Ok(())
+    }
+
+    /// Share this router's decisions with the other routers of `component`'s workers on
+    /// its event plane, and start from a peer's snapshot (see [`super::replica`]). Idempotent.
+    pub async fn sync_replicas(self: &Arc<Self>, component: &Component) -> dynamo_runtime::Result<()> {
+        replica::start(self, component).await
+    }
+
+    /// This router's id among replicas.
+    pub fn replica_id(&self) -> u64 {
+        self.replica.id
+    }
+
+    /// `(peer, blocks)` once a peer's snapshot has been restored in full.
+    pub fn snapshot_restored(&self) -> Option<(u64, usize)> {
+        self.replica.snapshot_restored()
+    }
+
+    /// The index as a new replica restores it ([`RadixTree::snapshot`]).
+    pub fn snapshot(&self, now: Instant) -> Vec<SnapshotBlock> {
+        let mut index = self.index.lock();
+        index.expire(now);
+        index.snapshot(now)
+    }
+
+    /// Merge a peer's snapshot into the index ([`RadixTree::restore`]).
+    pub fn restore(&self, blocks: &[SnapshotBlock], now: Instant) {
+        self.index.lock().restore(blocks, now);
+    }
+
+    /// A peer sent a request of `blocks` blocks to `worker` (with the tokens hashes of its
+    /// prompt, when they use this router's block size): count it and predict its prefix
+    /// there, as for this router's own decisions. Returns its id in the load tracker.
+    pub(crate) fn apply_peer_decision(&self, worker: u64, blocks: u64, hashes: Option<&Vec<u64>>, now: Instant) -> u64 {
+        if let Some(hashes) = hashes {
+            self.index.lock().record_prediction(worker, hashes, now);
+        }
+        self.inflight.load().lock().record_peer_sent(worker, blocks, now)
+    }
+
+    pub(crate) fn replica(&self) -> &Arc<ReplicaState> {
+        &self.replica
+    }
+
+    pub(crate) fn add_tasks(&self, tasks: impl IntoIterator<Item = JoinHandle<()>>) {
+        self.tasks.lock().extend(tasks);
     }
 
     /// The load and timing the router tracks.

@@ -128,6 +128,8 @@ struct Pending {
     id: u64,
     sent: Instant,
     blocks: u64,
+    /// Sent by another router replica (not in this router's in-flight counts).
+    peer: bool,
 }
 
 #[derive(Debug, Default)]
@@ -157,7 +159,10 @@ impl WorkerLoad {
                 let ended: u64 = self.released.iter().map(|(_, b)| b).sum();
                 (r.active_blocks + sent).saturating_sub(ended) as f64
             }
-            None => self.inflight_blocks as f64,
+            None => {
+                let peers: u64 = self.pending.iter().filter(|p| p.peer).map(|p| p.blocks).sum();
+                (self.inflight_blocks + peers) as f64
+            }
         }
     }
 }
@@ -224,9 +229,19 @@ impl LoadTracker {
     /// a replica): counted until metrics include it or [`Self::forget_sent`]. Returns
     /// its id for the latter.
     pub fn record_sent(&mut self, worker: u64, blocks: u64, now: Instant) -> u64 {
+        self.push_sent(worker, blocks, now, false)
+    }
+
+    /// [`Self::record_sent`] for a request another router replica sent: without fresh
+    /// metrics it also counts in the worker's load until [`Self::forget_sent`].
+    pub fn record_peer_sent(&mut self, worker: u64, blocks: u64, now: Instant) -> u64 {
+        self.push_sent(worker, blocks, now, true)
+    }
+
+    fn push_sent(&mut self, worker: u64, blocks: u64, now: Instant, peer: bool) -> u64 {
         self.next_sent += 1;
         let id = self.next_sent;
-        self.workers.entry(worker).or_default().pending.push_back(Pending { id, sent: now, blocks });
+        self.workers.entry(worker).or_default().pending.push_back(Pending { id, sent: now, blocks, peer });
         id
     }
 
