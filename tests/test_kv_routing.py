@@ -100,6 +100,99 @@ async def test_repeated_prefixes_go_to_the_worker_that_holds_them(
         assert max(rates.values()) < 0.6, rates
 
 
+async def holders_of_blocks(subscription: Any, quiet: float = 1.0, timeout: float = 20) -> dict[int, set[int]]:
+    """From the workers' KV events (`kv_events`) until none came for `quiet` seconds: the
+    workers that computed and stored each block content (`tokens_hash`)."""
+    holders: dict[int, set[int]] = {}
+
+    async def collect() -> dict[int, set[int]]:
+        iterator = subscription.__aiter__()
+        while True:
+            try:
+                event = await asyncio.wait_for(iterator.__anext__(), quiet)
+            except asyncio.TimeoutError:
+                return holders
+            data = event if isinstance(event, dict) else json.loads(event)
+            stored = data["event"]["data"]
+            if isinstance(stored, dict) and "stored" in stored:
+                for block in stored["stored"]["blocks"]:
+                    holders.setdefault(block["tokens_hash"], set()).add(data["worker_id"])
+
+    return await bounded(collect(), timeout, "the workers' KV events to settle")
+
+
+def computed_twice(holders: dict[int, set[int]]) -> list[int]:
+    """Blocks that more than one worker computed. The prompts' words differ per prefix,
+    so only the chat template's first block is shared across prefixes; a prefix sent to
+    a second worker adds its ~20 blocks here."""
+    return [h for h, workers in holders.items() if len(workers) > 1]
+
+
+async def post_ok(frontend: Any, body: dict[str, Any]) -> None:
+    response = await asyncio.to_thread(frontend.post, "/v1/chat/completions", body)
+    assert response.status == 200, response
+
+
+#: Approximate mode: the frontends know the workers' caches only from routing decisions
+#: (theirs and, with replica sync, each other's), not from KV events.
+APPROX = ("--router-mode", "kv", "--no-kv-events")
+
+
+async def test_two_frontends_share_their_routing_decisions(
+    runtime: Any, workers: WorkerPool, namespace: str, model_dir: Path, tmp_path: Path
+) -> None:
+    start_fast_mockers(workers, namespace, model_dir, tmp_path, 3)
+    component = runtime.namespace(namespace).component("mocker")
+    await wait_for_instances(await component.endpoint("generate").client(), 3)
+    events = await component.subscribe("kv_events")
+    frontends = [await start_frontend(workers, "dyn", *APPROX) for _ in range(2)]
+    for frontend in frontends:
+        await frontend.wait_models([model_dir.name])
+
+    # Each prefix's requests alternate between the two frontends; the second frontend
+    # sends its first one where the first frontend sent the prefix (a moment later: the
+    # decision travels on the event plane). Without sharing, it would pick at random
+    # among the three idle workers.
+    for prefix in range(4):
+        for repeat in range(6):
+            await post_ok(frontends[repeat % 2], chat_body(model_dir.name, prefix_prompt(prefix, repeat), max_tokens=2))
+            await asyncio.sleep(0.1)
+
+    holders = await holders_of_blocks(events)
+    assert len(holders) >= 4 * 20, "each prefix's blocks were stored"
+    assert len(computed_twice(holders)) <= 2, holders
+
+
+async def test_a_new_frontend_starts_from_a_peers_snapshot(
+    runtime: Any, workers: WorkerPool, namespace: str, model_dir: Path, tmp_path: Path
+) -> None:
+    start_fast_mockers(workers, namespace, model_dir, tmp_path, 3)
+    component = runtime.namespace(namespace).component("mocker")
+    await wait_for_instances(await component.endpoint("generate").client(), 3)
+    events = await component.subscribe("kv_events")
+    first = await start_frontend(workers, "dyn", *APPROX)
+    await first.wait_models([model_dir.name])
+    for prefix in range(4):
+        await post_ok(first, chat_body(model_dir.name, prefix_prompt(prefix, 0), max_tokens=2))
+
+    # A frontend started now learns where those prefixes went from the first one.
+    env = {**workers.env, "DYN_LOG": "warn,dynamo_llm::kv_router=info"}
+    second = await start_frontend(workers, "dyn", *APPROX, env=env)
+    await second.wait_models([model_dir.name])
+    restored = "router replica restored a peer's snapshot"
+    deadline = time.monotonic() + 20
+    while restored not in second.process.stderr_tail(100_000) and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    assert restored in second.process.stderr_tail(100_000), second.process.describe()
+    for prefix in range(4):
+        await post_ok(second, chat_body(model_dir.name, prefix_prompt(prefix, 1), max_tokens=2))
+
+    # Every prefix was computed once, on the worker the first frontend chose.
+    holders = await holders_of_blocks(events)
+    assert len(holders) >= 4 * 20, "each prefix's blocks were stored"
+    assert len(computed_twice(holders)) <= 2, holders
+
+
 async def test_busy_threshold_answers_503_while_every_worker_is_full(
     workers: WorkerPool, namespace: str, model_dir: Path, tmp_path: Path
 ) -> None:
