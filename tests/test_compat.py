@@ -222,7 +222,7 @@ def test_python_m_dynamo_frontend_flags() -> None:
     assert kv[kv.index("--busy-threshold") + 1] == "0.9"
     assert "--no-kv-events" in kv and "--kv-events" not in kv
     assert "--no-router-replica-sync" in kv and "--router-replica-sync" not in kv
-    assert "--router-replica-sync" not in dynamo_run_argv(parse_args(["--router-mode", "kv"])), "the default is dynamo-run's"
+    assert "--router-replica-sync" not in dynamo_run_argv(parse_args(["--router-mode", "kv"])), "default: dynamo-run's"
     for bad in (["--endpoint", "a.b"], ["--http-port", "70000"], ["--router-mode", "nope"]):
         with pytest.raises(SystemExit) as exit_info:
             parse_args(bad)

@@ -37,6 +37,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         help="follow the workers' KV events (default)")
     events.add_argument("--no-kv-events", dest="kv_events", action="store_false",
                         help="approximate: predict caches from the router's own choices")
+    parser.add_argument("--router-replica-sync", action=argparse.BooleanOptionalAction, default=True,
+                        help="share choices with the other routers (and frontends) of the same workers (default)")
     return parser.parse_args(argv)
 
 
@@ -67,6 +69,7 @@ async def serve(runtime: DistributedRuntime, args: argparse.Namespace) -> None:
     router = KvRouter(
         workers, block_size=args.block_size, overlap_weight=args.kv_overlap_weight,
         temperature=args.router_temperature, busy_threshold=args.busy_threshold, use_kv_events=args.kv_events,
+        replica_sync=args.router_replica_sync,
     )
     serving = asyncio.create_task(served.serve_endpoint(make_handler(router)))
     print(f"routing for {args.workers} on {args.endpoint} (instance {runtime.instance_id()})", flush=True)
