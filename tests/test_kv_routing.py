@@ -134,8 +134,10 @@ async def post_ok(frontend: Any, body: dict[str, Any]) -> None:
 
 
 #: Approximate mode: the frontends know the workers' caches only from routing decisions
-#: (theirs and, with replica sync, each other's), not from KV events.
-APPROX = ("--router-mode", "kv", "--no-kv-events")
+#: (theirs and, with replica sync, each other's), not from KV events. A prefill block
+#: weighs two: a peer's request still counted on the holder (its `ended` on the way)
+#: must not outweigh the prefix found there.
+APPROX = ("--router-mode", "kv", "--no-kv-events", "--kv-overlap-weight", "2")
 
 
 async def test_two_frontends_share_their_routing_decisions(
