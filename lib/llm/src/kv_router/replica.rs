@@ -23,7 +23,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -119,7 +119,8 @@ struct PeerRequest {
 #[derive(Debug)]
 pub(crate) struct ReplicaState {
     pub(crate) id: u64,
-    outbox: parking_lot::Mutex<Option<mpsc::Sender<SyncMessage>>>,
+    /// Set once sync starts.
+    outbox: OnceLock<mpsc::Sender<SyncMessage>>,
     /// Messages dropped because the publisher was behind.
     dropped: AtomicU64,
     peers: parking_lot::Mutex<Peers>,
@@ -140,7 +141,7 @@ impl ReplicaState {
     pub(crate) fn new() -> Self {
         ReplicaState {
             id: rand::rng().random(),
-            outbox: parking_lot::Mutex::new(None),
+            outbox: OnceLock::new(),
             dropped: AtomicU64::new(0),
             peers: parking_lot::Mutex::new(Peers::default()),
         }
@@ -148,14 +149,13 @@ impl ReplicaState {
 
     /// Whether sync is on (messages go out).
     pub(crate) fn is_syncing(&self) -> bool {
-        self.outbox.lock().is_some()
+        self.outbox.get().is_some()
     }
 
     /// Hand `message` to the publisher task, or drop it (counted) when it is behind or
     /// sync is off.
     pub(crate) fn send(&self, message: SyncMessage) {
-        let outbox = self.outbox.lock();
-        let Some(tx) = outbox.as_ref() else { return };
+        let Some(tx) = self.outbox.get() else { return };
         if tx.try_send(message).is_err() {
             let dropped = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
             if dropped.is_power_of_two() {
@@ -180,6 +180,9 @@ pub(crate) async fn start(router: &Arc<KvRouter>, component: &Component) -> dyna
     }
     let mut subscription = component.subscribe(ROUTER_SYNC_SUBJECT).await?;
     let (tx, mut rx) = mpsc::channel::<SyncMessage>(OUTBOX);
+    if state.outbox.set(tx).is_err() {
+        return Ok(()); // started concurrently by another caller
+    }
     let publisher = component.clone();
     let publish = tokio::spawn(async move {
         while let Some(message) = rx.recv().await {
@@ -203,7 +206,6 @@ pub(crate) async fn start(router: &Arc<KvRouter>, component: &Component) -> dyna
             }
         }
     });
-    *state.outbox.lock() = Some(tx);
     // The first messages of a new publisher can be lost while peers connect to it (the
     // embedded event plane), so the hello is repeated until a snapshot begins.
     let hello_state = state.clone();

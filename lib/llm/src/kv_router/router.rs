@@ -3,7 +3,8 @@
 //! (see [`super::scheduler`]), and records the choice as the chosen worker's predicted
 //! cache contents (expiring after a TTL); the workers' KV events, when followed, confirm
 //! and correct them (evicted blocks stop counting), and their load metrics, when
-//! followed, correct the load.
+//! followed, correct the load. Routers of the same workers share their decisions
+//! ([`super::replica`]).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -41,8 +42,8 @@ pub struct KvRouterConfig {
     pub ttl: Duration,
     /// Most predicted blocks kept per worker (least recently used go first).
     pub max_blocks_per_worker: usize,
-    /// Whether [`KvRouter::sync_replicas`] shares decisions with other routers of the
-    /// same workers (see [`super::replica`]); callers check it before calling.
+    /// Whether [`KvRouter::follow_component`] also shares decisions with the other
+    /// routers of the same workers (see [`super::replica`]).
     pub replica_sync: bool,
 }
 
