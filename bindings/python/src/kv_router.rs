@@ -10,7 +10,7 @@ use dynamo_llm::kv_router::{
     KvRouter, KvRouterConfig, ScheduleError, SchedulerConfig, SelectorWeights,
     KV_EVENTS_SUBJECT, LOAD_METRICS_SUBJECT,
 };
-use dynamo_llm::mocker::MockerArgs;
+use dynamo_llm::engines::mocker::MockerArgs;
 use dynamo_runtime::Client;
 use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
