@@ -5,6 +5,7 @@
     python benches/llm_serving.py --scenario mocker --requests 640 --model-path DIR
     python benches/llm_serving.py --scenario mocker --speedup-ratio 1000   # engine time ~0: the stack's share
     python benches/llm_serving.py --client-procs 2 --json /tmp/llm.json
+    python benches/llm_serving.py --scenario mocker --router-mode approx   # kv | approx | round-robin | random
 
 Scenarios (the processes are started here, on free loopback ports):
 
@@ -19,6 +20,9 @@ Scenarios (the processes are started here, on free loopback ports):
   one of them plus a short user question, ``max_tokens: 32``. ``--requests`` requests in
   all per concurrency level; the workers keep their caches from level to level. After
   each level, each worker's prefix-cache hit rate (from its load metrics) is printed.
+  ``--router-mode`` picks the frontend's router: ``round-robin`` (default), ``random``,
+  ``kv`` (KV events followed) or ``approx`` (``--router-mode kv --no-kv-events``: caches
+  predicted from the router's own choices).
 
 The clients are asyncio tasks, each with one keep-alive HTTP/1.1 connection and a
 minimal HTTP/SSE reader (uvloop when installed), in this process or split over
@@ -57,6 +61,14 @@ HERE = Path(__file__).resolve()
 REPO_ROOT = HERE.parent.parent
 DEFAULT_MODEL_PATH = REPO_ROOT.parent / "shared" / "models" / "tinyllama-chat"
 DYNAMO_RUN = [sys.executable, "-c", "import sys; from dynamo.llm.cli import main; main()"]
+
+#: `--router-mode` of this script → the frontend's router flags.
+ROUTER_MODES = {
+    "round-robin": ["--router-mode", "round-robin"],
+    "random": ["--router-mode", "random"],
+    "kv": ["--router-mode", "kv"],
+    "approx": ["--router-mode", "kv", "--no-kv-events"],
+}
 
 SYSTEM_PROMPTS = 16
 #: Words per system prompt: about 1,000 tokens with a Llama tokenizer.
@@ -462,7 +474,7 @@ def mocker_scenario(args: argparse.Namespace, log_dir: Path) -> list[Result]:
                                     "--model-name", "tinyllama-chat", "--endpoint", "dyn://bench.mocker.generate",
                                     "--num-workers", "2", "--extra-engine-args", str(engine_args)], env)
         processes.start("frontend-dyn", [*DYNAMO_RUN, "in=http", "out=dyn", "--http-port", str(port),
-                                         "--router-mode", args.router_mode], env)
+                                         *ROUTER_MODES[args.router_mode]], env)
         wait_for_models(port, ["tinyllama-chat"], processes)
         run_async(wait_for_instances(env, "bench.mocker.generate", 2))
         bodies = prefix_workload(args.requests)
@@ -475,7 +487,7 @@ def mocker_scenario(args: argparse.Namespace, log_dir: Path) -> list[Result]:
             print(f"  warm-up: {len(warm)} requests, one at a time, not measured")
         results = []
         for concurrency in args.concurrency:
-            result = measure("mocker", port, concurrency, bodies, duration=None, requests=args.requests,
+            result = measure(f"mocker/{args.router_mode}", port, concurrency, bodies, duration=None, requests=args.requests,
                              client_procs=args.client_procs)
             report(result)
             rates = run_async(prefix_hit_rates(env, "bench.mocker"))
@@ -543,8 +555,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=SYSTEM_PROMPTS,
                         help=f"unmeasured requests before the mocker levels (default {SYSTEM_PROMPTS}: one per "
                              "system prompt; 0: start cold)")
-    parser.add_argument("--router-mode", choices=["round-robin", "random", "kv"], default="round-robin",
-                        help="the frontend's router mode in the mocker scenario (default round-robin)")
+    parser.add_argument("--router-mode", choices=list(ROUTER_MODES), default="round-robin",
+                        help="the frontend's router in the mocker scenario (default round-robin; approx: "
+                             "--router-mode kv --no-kv-events)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--timeout", type=float, default=600.0, help="bound on the whole run (s)")
     args = parser.parse_args()
@@ -560,7 +573,7 @@ def main() -> None:
         if args.scenario in ("mocker", "all"):
             print(f"frontend + 2 mocker workers ({NUM_GPU_BLOCKS} blocks each, speedup_ratio {args.speedup_ratio}), "
                   f"{SYSTEM_PROMPTS} shared ~1k-token system prompts, max_tokens {MAX_TOKENS}, {args.requests} "
-                  "requests per level", flush=True)
+                  f"requests per level, router {' '.join(ROUTER_MODES[args.router_mode][1:])}", flush=True)
             results += mocker_scenario(args, log_dir)
     if args.json:
         args.json.write_text(json.dumps([r.summary() for r in results], indent=2))

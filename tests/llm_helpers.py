@@ -228,3 +228,24 @@ def write_json(path: Path, obj: Any) -> Path:
     """Write `obj` as JSON to `path`; returns `path`."""
     path.write_text(json.dumps(obj))
     return path
+
+
+async def wait_for_metrics_from(subscription: Any, workers: set[int], timeout: float = READY_TIMEOUT) -> None:
+    """Wait until `subscription` (a component's `load_metrics`; mockers report at least
+    every second) has carried a report from each of `workers`. This process is then
+    connected to their event publishers, so what they publish from now on reaches all of
+    its subscriptions taken before: the event plane drops events for a subscriber that
+    is not connected yet."""
+    heard: set[int] = set()
+
+    async def listen() -> None:
+        async for event in subscription:
+            heard.add((event if isinstance(event, dict) else json.loads(event))["worker_id"])
+            if workers <= heard:
+                return
+        raise AssertionError("the subscription ended")
+
+    try:
+        await asyncio.wait_for(listen(), timeout)
+    except asyncio.TimeoutError:
+        pytest.fail(f"timed out after {timeout:.1f}s waiting for load metrics from {sorted(workers - heard)}")

@@ -4,13 +4,15 @@ Repeated prefixes go to the worker that holds them (hit rates read from the work
 load metrics, against round-robin as the control); the busy threshold answers 503 with
 Retry-After while every worker is full, and serves again once they are not. The Python
 `KvRouter` and the standalone router component (`python -m dynamo.router`) follow mocker
-workers in other processes. The routing lab (`python -m dynamo.router.lab`) runs on a
+workers in other processes; a `KvIndexer` forgets a mocker worker that was killed or
+stopped, and only that one. The routing lab (`python -m dynamo.router.lab`) runs on a
 small generated Mooncake-shaped trace."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import socket
 import subprocess
 import sys
@@ -19,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import WorkerPool, bounded, collect, wait_for_instances
-from llm_helpers import HTTP_TIMEOUT, chat_body, start_frontend, start_mocker, write_json
+from helpers import LEASE_TTL, WorkerPool, WorkerProcess, bounded, collect, wait_for_instances
+from llm_helpers import HTTP_TIMEOUT, chat_body, start_frontend, start_mocker, wait_for_metrics_from, write_json
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -29,14 +31,19 @@ BLOCK = 4
 
 
 
-def start_fast_mockers(workers: WorkerPool, namespace: str, model_dir: Path, tmp_path: Path, count: int) -> None:
-    """`count` mocker workers on `{namespace}.mocker.generate`, 50 times faster than real time."""
+def start_fast_mocker(workers: WorkerPool, namespace: str, model_dir: Path, tmp_path: Path, name: str) -> WorkerProcess:
+    """A mocker worker on `{namespace}.mocker.generate`, 50 times faster than real time."""
     fast = write_json(tmp_path / "fast.json", {"speedup_ratio": 50.0})
+    return start_mocker(
+        workers, f"{namespace}.mocker.generate", model_dir, "--extra-engine-args", str(fast),
+        "--kv-cache-block-size", str(BLOCK), name=name,
+    )
+
+
+def start_fast_mockers(workers: WorkerPool, namespace: str, model_dir: Path, tmp_path: Path, count: int) -> None:
+    """`count` fast mocker workers (see `start_fast_mocker`)."""
     for i in range(count):
-        start_mocker(
-            workers, f"{namespace}.mocker.generate", model_dir, "--extra-engine-args", str(fast),
-            "--kv-cache-block-size", str(BLOCK), name=f"mocker-{i}",
-        )
+        start_fast_mocker(workers, namespace, model_dir, tmp_path, f"mocker-{i}")
 
 
 def prefix_prompt(prefix: int, repeat: int) -> str:
@@ -298,6 +305,64 @@ async def test_python_kv_router_and_router_component_follow_the_workers(
         await empty.schedule(prompt)
     with pytest.raises(ValueError, match="temperature"):
         KvRouter(mocker, temperature=-1.0)
+
+
+#: Seconds between a `KvIndexer`'s looks at discovery (`INSTANCE_POLL_INTERVAL`).
+INDEXER_POLL = 1.0
+
+
+@pytest.mark.parametrize("stop", [signal.SIGKILL, signal.SIGTERM], ids=["kill", "terminate"])
+async def test_a_worker_that_leaves_is_removed_from_the_index(
+    runtime: Any, workers: WorkerPool, namespace: str, model_dir: Path, tmp_path: Path, stop: signal.Signals
+) -> None:
+    from dynamo.llm import KvIndexer, compute_block_hash_for_seq
+
+    component = runtime.namespace(namespace).component("mocker")
+    indexer = KvIndexer(component, BLOCK)
+    client = await component.endpoint("generate").client()
+    # Two mockers, started one after the other to tell which process is which instance.
+    process_of: dict[int, WorkerProcess] = {}
+    for i in range(2):
+        known = set(client.instance_ids())
+        process = start_fast_mocker(workers, namespace, model_dir, tmp_path, f"mocker-{i}")
+        [new] = set(await wait_for_instances(client, i + 1)) - known
+        process_of[new] = process
+    victim, survivor = process_of
+    await wait_for_metrics_from(await component.subscribe("load_metrics"), set(process_of))
+    # Each worker computes a prompt of its own (10 blocks); its KV events reach the index.
+    prompts = {victim: list(range(100, 140)), survivor: list(range(200, 240))}
+    for worker, prompt in prompts.items():
+        items = await collect(await client.direct({"token_ids": prompt, "stop_conditions": {"max_tokens": 2}}, worker))
+        assert items and items[-1].get("finish_reason"), items
+
+    async def scores() -> dict[int, dict[int, int]]:
+        return {w: (await indexer.find_matches_for_request(p)).scores for w, p in prompts.items()}
+
+    async def until(expected: dict[int, dict[int, int]], timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while (seen := await scores()) != expected:
+            assert time.monotonic() < deadline, f"{what}: the index shows {seen}, expected {expected}"
+            await asyncio.sleep(0.1)
+
+    held = {victim: {victim: 10}, survivor: {survivor: 10}}
+    await until(held, 15, "the workers' KV events")
+    # The indexer forgets only workers it saw listed: give it one look at both.
+    await asyncio.sleep(INDEXER_POLL + 0.5)
+
+    process_of[victim].send_signal(stop)
+    await process_of[victim].wait_exit(15)
+    # Gone from discovery at once (SIGTERM) or when its lease expires (SIGKILL), then
+    # forgotten at the indexer's next look.
+    await until({victim: {}, survivor: {survivor: 10}}, LEASE_TTL + INDEXER_POLL + 10, "after the worker left")
+    victim_hashes = compute_block_hash_for_seq(prompts[victim], BLOCK)
+    assert victim not in indexer.find_matches(victim_hashes).scores
+    assert indexer.find_matches(victim_hashes[:1]).scores == {}
+    assert victim not in {json.loads(e)["worker_id"] for e in indexer.dump_tree_as_events()}
+    # The survivor's entries stay, and it still serves.
+    assert await scores() == {victim: {}, survivor: {survivor: 10}}
+    items = await collect(await client.direct({"token_ids": prompts[survivor], "stop_conditions": {"max_tokens": 1}},
+                                              survivor))
+    assert items and items[-1].get("finish_reason"), items
 
 
 def write_conversation_trace(path: Path, sessions: int, turns: int, gap_ms: int) -> Path:

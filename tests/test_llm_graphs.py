@@ -1,7 +1,8 @@
 """The LLM graphs of examples/llm under `dynamo serve`, for real: `agg` (Frontend →
-Processor → Worker, on both backends) and `agg_router` (… → Router → Worker) with mocker
-workers, the official `openai` client streaming through each, and every component run
-alone with `python -m components.<name>` joining a graph that `dynamo serve` started."""
+Processor → Worker, on both backends) and `agg_router` (… → Router → Worker, the Router's
+KV policy following the workers' KV events) with mocker workers, the official `openai`
+client streaming through each, and every component run alone with `python -m
+components.<name>` joining a graph that `dynamo serve` started."""
 
 from __future__ import annotations
 
@@ -13,12 +14,15 @@ from pathlib import Path
 import openai
 import pytest
 from helpers import EXAMPLES_DIR, free_port, wait_for_instances
+from llm_helpers import wait_for_metrics_from
 
 LLM = EXAMPLES_DIR / "llm"
 #: The services of each graph, and of each component run alone (what it depends on, unlinked).
 GRAPHS = {"agg": ("Frontend", "Processor", "Worker"), "agg_router": ("Frontend", "Processor", "Router", "Worker")}
 ALONE = {"Worker": ("Worker",), "Router": ("Router", "Worker"), "Processor": ("Processor", "Router", "Worker"),
          "Frontend": ("Frontend", "Processor", "Router", "Worker")}
+#: Tokens per KV block in the graphs' configurations (`kv-cache-block-size`).
+BLOCK_SIZE = 16
 #: Bound on one streamed completion through the graph.
 REQUEST_TIMEOUT = 30.0
 
@@ -128,7 +132,38 @@ async def test_agg_router_graph(workers, runtime, namespace, tmp_path: Path) -> 
         [item async for item in stream]
 
 
-def test_prefix_hash_policy(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_agg_router_graph_routes_by_kv_cache(workers, runtime, namespace) -> None:
+    """The Router's default policy, the KV router, follows the Worker instances' KV events:
+    a prompt goes to the instance that computed its prefix, whichever that is."""
+    from dynamo.llm import KvIndexer
+
+    port = free_port()
+    served = serve(workers, "agg_router", "agg_router", namespace, port)
+    await served.wait_for_line("Frontend[0] | Frontend ready", 90)
+    worker_client = await runtime.endpoint(f"{namespace}.Worker.generate").client()
+    worker_ids = await wait_for_instances(worker_client, 2)
+    router = await runtime.endpoint(f"{namespace}.Router.generate").client()
+    await wait_for_instances(router, 1)
+    await check_streams(port)
+
+    workers_component = runtime.namespace(namespace).component("Worker")
+    indexer = KvIndexer(workers_component, BLOCK_SIZE)
+    await wait_for_metrics_from(await workers_component.subscribe("load_metrics"), set(worker_ids))
+    for k, worker in enumerate(sorted(worker_ids)):
+        prompt = [3 + (i * (k + 2)) % 250 for i in range(8 * BLOCK_SIZE)]  # 8 blocks, a first block of its own
+        request = {"token_ids": prompt, "stop_conditions": {"max_tokens": 2}}
+        items = [item async for item in await worker_client.direct(request, worker)]
+        assert items, "the worker answered nothing"
+        deadline = asyncio.get_running_loop().time() + 15
+        while (await indexer.find_matches_for_request(prompt)).scores != {worker: 8}:
+            assert asyncio.get_running_loop().time() < deadline, "the worker's KV events did not arrive"
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(1.0)  # the Router's own subscription sees the same events
+        stream = await router.generate({"token_ids": [*prompt, 5, 6, 7]})
+        assert [item.data() async for item in stream] == [{"worker_id": worker, "prefix_hit_rate": 1.0}]
+
+
+def test_router_policies(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(LLM))
     from components.router import load_policy
     from dynamo.sdk.lib.config import ServiceConfigError
@@ -145,6 +180,13 @@ def test_prefix_hash_policy(monkeypatch: pytest.MonkeyPatch) -> None:
         load_policy("no-such-policy", {})
     with pytest.raises(ServiceConfigError, match="cannot be loaded"):
         load_policy("no_such_module:Policy", {})
+    # The KV policy reads its settings at once (the router itself is made at start).
+    kv = load_policy("kv", {"kv-cache-block-size": 32, "temperature": "0.5", "use-kv-events": "false"})
+    assert (kv.block_size, kv.temperature, kv.use_kv_events) == (32, 0.5, False)
+    with pytest.raises(ServiceConfigError, match="not a number"):
+        load_policy("kv", {"overlap-weight": "heavy"})
+    with pytest.raises(ServiceConfigError, match="use-kv-events"):
+        load_policy("kv", {"use-kv-events": "sometimes"})
 
 
 async def test_components_alone_join_the_graph(workers, runtime, namespace) -> None:

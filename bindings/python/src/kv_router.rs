@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use dynamo_llm::kv_router::lab::{self, LabConfig, LabError, Policy};
+use dynamo_llm::engines::mocker::MockerArgs;
 use dynamo_llm::kv_router::{KvRouter, KvRouterConfig, ScheduleError, SchedulerConfig, SelectorWeights};
-use dynamo_llm::mocker::MockerArgs;
 use dynamo_runtime::Client;
 use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;

@@ -4,17 +4,22 @@
 "prefix_hit_rate": float}``; ``worker_id`` is ``None`` when no worker is registered.
 The choice is made by a routing policy (``policy`` in the Router's configuration):
 
-- ``prefix-hash`` (default): rendezvous hashing of the prompt's first KV block
-  (``kv-cache-block-size`` tokens) over the live Worker instances, so requests that
-  share a first block go to the same worker (and find its cached blocks) while distinct
-  prefixes spread. It keeps no state and predicts no hit rate (``prefix_hit_rate`` 0.0).
+- ``kv`` (default): ``dynamo.llm.KvRouter`` over the Worker's instances: it follows the
+  workers' KV events and load metrics and sends a prompt where the cost of prefilling
+  what is not cached, plus the worker's load, is lowest (docs/kv-routing.md).
+  ``prefix_hit_rate`` is the share of the prompt's full blocks the chosen worker holds.
+  Keys: ``kv-cache-block-size`` (16), ``overlap-weight`` (1.0), ``temperature`` (0.0),
+  ``busy-threshold`` (none), ``use-kv-events`` (true; false: predict the caches from the
+  Router's own choices).
+- ``prefix-hash``: rendezvous hashing of the prompt's first KV block over the live
+  Worker instances, so requests that share a first block go to the same worker while
+  distinct prefixes spread. It keeps no state and predicts no hit rate (0.0).
 - ``round-robin``, ``random``.
 - ``package.module:Class``: your own policy, any class with
-  ``choose(token_ids, instance_ids) -> (worker_id, prefix_hit_rate)``, constructed with
-  the Router's configuration (a dict).
-
-This is the seam where the KV-aware router (overlap scores from the workers' KV events
-and load) plugs in as another policy; the Processor's side does not change.
+  ``choose(token_ids, instance_ids) -> (worker_id, prefix_hit_rate)`` (a plain or an
+  ``async`` method), constructed with the Router's configuration (a dict). A policy that
+  needs the workers' endpoint also defines ``async connect(endpoint)``, awaited once
+  when the Router starts.
 
     python -m components.router -f configs/agg_router.yaml   # alone (from examples/llm)
 """
@@ -23,24 +28,74 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import inspect
 import itertools
 import random
 import struct
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from typing import Any, Protocol
 
-from dynamo.sdk import async_on_start, depends, endpoint, run_component, service
+from dynamo.llm import KvRouter
+from dynamo.runtime import Endpoint, NoInstancesError
+from dynamo.sdk import async_on_start, depends, dynamo_context, endpoint, run_component, service
 from dynamo.sdk.lib.config import ServiceConfig, ServiceConfigError
 
 from components.worker import Worker
 
 DEFAULT_BLOCK_SIZE = 16
+DEFAULT_POLICY = "kv"
 
 
 class RoutingPolicy(Protocol):
-    def choose(self, token_ids: Sequence[int], instance_ids: Sequence[int]) -> tuple[int, float]:
+    def choose(
+        self, token_ids: Sequence[int], instance_ids: Sequence[int]
+    ) -> tuple[int, float] | Awaitable[tuple[int, float]]:
         """The instance (one of ``instance_ids``, never empty) and the predicted prefix hit rate."""
         ...
+
+
+def config_flag(config: dict[str, Any], key: str, default: bool) -> bool:
+    """A yes/no key of the Router's configuration (YAML booleans or their spelling on a command line)."""
+    value = config.get(key, default)
+    if isinstance(value, bool):
+        return value
+    if str(value).lower() in ("true", "yes", "1"):
+        return True
+    if str(value).lower() in ("false", "no", "0"):
+        return False
+    raise ServiceConfigError(f"Router.{key} must be true or false, got {value!r}")
+
+
+class KvPolicy:
+    """The KV-cache-aware router (see the module docstring)."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        busy = config.get("busy-threshold")
+        try:
+            self.block_size = int(config.get("kv-cache-block-size", DEFAULT_BLOCK_SIZE))
+            self.overlap_weight = float(config.get("overlap-weight", 1.0))
+            self.temperature = float(config.get("temperature", 0.0))
+            self.busy_threshold = None if busy is None else float(busy)
+        except (TypeError, ValueError) as exc:
+            raise ServiceConfigError(f"Router: a kv policy setting is not a number: {exc}") from exc
+        self.use_kv_events = config_flag(config, "use-kv-events", True)
+        self.router: KvRouter | None = None
+
+    async def connect(self, workers: Endpoint) -> None:
+        try:
+            self.router = KvRouter(
+                workers, block_size=self.block_size, overlap_weight=self.overlap_weight,
+                temperature=self.temperature, busy_threshold=self.busy_threshold, use_kv_events=self.use_kv_events,
+            )
+        except ValueError as exc:  # a setting out of range
+            raise ServiceConfigError(f"Router: {exc}") from exc
+
+    async def choose(self, token_ids: Sequence[int], instance_ids: Sequence[int]) -> tuple[int, float]:
+        if self.router is None:
+            raise RuntimeError("KvPolicy.choose before connect()")
+        worker_id, overlap_blocks = await self.router.best_worker(list(token_ids))
+        full_blocks = len(token_ids) // self.router.block_size
+        return worker_id, overlap_blocks / full_blocks if full_blocks else 0.0
 
 
 class PrefixHashPolicy:
@@ -77,6 +132,7 @@ class RandomPolicy:
 
 
 POLICIES: dict[str, type] = {
+    "kv": KvPolicy,
     "prefix-hash": PrefixHashPolicy,
     "round-robin": RoundRobinPolicy,
     "random": RandomPolicy,
@@ -105,11 +161,15 @@ class Router:
 
     def __init__(self) -> None:
         self.config = ServiceConfig.get_parsed_config("Router")
-        self.policy = load_policy(str(self.config.get("policy", "prefix-hash")), self.config)
+        self.policy = load_policy(str(self.config.get("policy", DEFAULT_POLICY)), self.config)
 
     @async_on_start
     async def connect(self) -> None:
         self.workers = await self.worker.client("generate")
+        connect = getattr(self.policy, "connect", None)
+        if connect is not None:
+            namespace, component = Worker.dynamo_address()
+            await connect(dynamo_context["runtime"].namespace(namespace).component(component).endpoint("generate"))
 
     @endpoint()
     async def generate(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
@@ -120,7 +180,12 @@ class Router:
         if not instances:
             yield {"worker_id": None, "prefix_hit_rate": 0.0}
             return
-        worker_id, hit_rate = self.policy.choose(token_ids, instances)
+        choice = self.policy.choose(token_ids, instances)
+        try:
+            worker_id, hit_rate = await choice if inspect.isawaitable(choice) else choice
+        except NoInstancesError:  # the policy's own view of the instances is empty
+            yield {"worker_id": None, "prefix_hit_rate": 0.0}
+            return
         yield {"worker_id": worker_id, "prefix_hit_rate": hit_rate}
 
 

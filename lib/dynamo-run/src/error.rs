@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use dynamo_llm::discovery::ModelDiscoveryError;
 use dynamo_llm::engine::EngineError;
 use dynamo_llm::http::HttpError;
-use dynamo_llm::mocker::ArgsError;
+use dynamo_llm::engines::mocker::ArgsError;
 use dynamo_llm::model_card::CardError;
 
 /// Exit code of a usage error (bad flags or a bad combination of them), as clap uses.

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use dynamo_llm::engine::{OpenAIEngine, TokenEngine};
 use dynamo_llm::engines::{EchoCore, EchoFull};
-use dynamo_llm::mocker::{MockerArgs, MockerEngine, MockerPublisher};
+use dynamo_llm::engines::mocker::{MockerArgs, MockerEngine, MockerPublisher};
 use dynamo_llm::model_card::{ModelDeploymentCard, ModelKind};
 use dynamo_llm::pipeline::Pipeline;
 

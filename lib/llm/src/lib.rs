@@ -16,7 +16,6 @@ pub mod engine;
 pub mod engines;
 pub mod http;
 pub mod kv_router;
-pub mod mocker;
 pub mod model_card;
 pub mod model_manager;
 pub mod pipeline;

@@ -9,7 +9,7 @@ use dynamo_llm::engine::{RequestContext, TokenEngine};
 use dynamo_llm::kv_router::protocols::{
     hash_full_blocks, BlockHash, KvCacheEventData, LoadMetricsEvent, RouterEvent, KV_EVENTS_SUBJECT, LOAD_METRICS_SUBJECT,
 };
-use dynamo_llm::mocker::{MockerArgs, MockerEngine, MockerPublisher};
+use dynamo_llm::engines::mocker::{MockerArgs, MockerEngine, MockerPublisher};
 use dynamo_llm::protocols::common::{FinishReason, PreprocessedRequest, StopConditions};
 use dynamo_runtime::config::{DiscoveryBackend, RuntimeConfig};
 use dynamo_runtime::discovery::MemStore;

@@ -19,7 +19,7 @@ use dynamo_llm::disagg::{
 use dynamo_llm::discovery::{
     register_model, serve_openai_engine, serve_token_engine, ModelDiscoveryError, ModelRegistration,
 };
-use dynamo_llm::mocker::MockerPublisher;
+use dynamo_llm::engines::mocker::MockerPublisher;
 use dynamo_llm::model_card::ModelKind;
 use dynamo_llm::engine::TokenEngine;
 use dynamo_runtime::{DistributedRuntime, EndpointId};

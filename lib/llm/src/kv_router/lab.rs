@@ -29,7 +29,7 @@ use serde::Deserialize;
 use super::router::{KvRouter, KvRouterConfig};
 use super::scheduler::{ScheduleError, SchedulerConfig};
 use super::protocols::{KvCacheEvent, RouterEvent};
-use crate::mocker::{MockerArgs, SimOutput, SimWorker};
+use crate::engines::mocker::{MockerArgs, SimOutput, SimWorker};
 
 /// Default tokens per trace block (the Mooncake traces' 512).
 pub const DEFAULT_TRACE_BLOCK_SIZE: usize = 512;

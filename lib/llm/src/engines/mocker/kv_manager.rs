@@ -4,7 +4,7 @@
 //! cached for later prompts with the same prefix (evicted least recently used first).
 //! Changes the KV router must know are queued as [`KvCacheEventData`].
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 
 use crate::kv_router::protocols::{BlockHash, KvCacheEventData, KvCacheRemoveData, KvCacheStoreData, KvCacheStoredBlockData};
 use super::evictor::LruEvictor;
@@ -19,7 +19,7 @@ pub(crate) struct OutOfBlocks;
 pub(crate) struct KvManager {
     capacity: usize,
     /// Full blocks in use: block hash → number of sequences holding it.
-    active: HashMap<u64, usize>,
+    active: FxHashMap<u64, usize>,
     /// Full blocks cached but unused.
     inactive: LruEvictor,
     /// Blocks private to one sequence.
@@ -30,7 +30,7 @@ pub(crate) struct KvManager {
 impl KvManager {
     /// An empty cache of `capacity` blocks.
     pub(crate) fn new(capacity: usize) -> Self {
-        KvManager { capacity, active: HashMap::new(), inactive: LruEvictor::default(), private: 0, pending: Vec::new() }
+        KvManager { capacity, active: FxHashMap::default(), inactive: LruEvictor::default(), private: 0, pending: Vec::new() }
     }
 
     /// Blocks in all.

@@ -1,5 +1,5 @@
 //! How long a simulated step takes (the formula is documented on
-//! [`crate::mocker::MockerArgs`]).
+//! [`crate::engines::mocker::MockerArgs`]).
 
 use std::time::Duration;
 

@@ -5,8 +5,7 @@
 //! produced and the KV events the step queued. The scheduler, KV manager and timing
 //! model are the engine's own.
 
-use std::collections::HashMap;
-
+use rustc_hash::FxHashMap;
 use tokio::sync::mpsc;
 
 use super::args::{ArgsError, MockerArgs};
@@ -36,7 +35,7 @@ pub struct SimWorker {
     args: MockerArgs,
     /// Multiplies every step's time (a slow worker).
     slowdown: f64,
-    receivers: HashMap<u64, Receiver>,
+    receivers: FxHashMap<u64, Receiver>,
     step: Option<StepPlan>,
     events: Vec<KvCacheEventData>,
 }
@@ -53,7 +52,7 @@ impl SimWorker {
             scheduler: Scheduler::new(args.clone()),
             args,
             slowdown,
-            receivers: HashMap::new(),
+            receivers: FxHashMap::default(),
             step: None,
             events: Vec::new(),
         })

@@ -7,7 +7,7 @@
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! use dynamo_llm::engine::{RequestContext, TokenEngine};
-//! use dynamo_llm::mocker::{MockerArgs, MockerEngine};
+//! use dynamo_llm::engines::mocker::{MockerArgs, MockerEngine};
 //! use dynamo_llm::protocols::common::PreprocessedRequest;
 //! let engine = MockerEngine::new(MockerArgs { speedup_ratio: 10.0, ..Default::default() }, None)?;
 //! let request = PreprocessedRequest { token_ids: vec![1, 2, 3], ..Default::default() };

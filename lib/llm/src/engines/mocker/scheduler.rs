@@ -9,7 +9,7 @@
 //! [`Scheduler::schedule`] and [`Scheduler::apply`] are synchronous (tests step them by
 //! hand); [`Scheduler::run`] is the async loop the engine spawns.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
@@ -337,10 +337,14 @@ impl Scheduler {
     /// into cached ones, sample a token for every sequence that is fully computed and
     /// finish the ones at `max_tokens` (or whose receiver is gone).
     pub(crate) fn apply(&mut self, plan: &StepPlan) {
-        let index: HashMap<u64, usize> = self.running.iter().enumerate().map(|(i, s)| (s.id, i)).collect();
         let mut finished = Vec::new();
+        // The plan lists running sequences in their batch order: find each one by
+        // walking forward (a full search only if the batch changed since).
+        let mut next = 0;
         for step in &plan.scheduled {
-            let Some(&i) = index.get(&step.id) else { continue };
+            let found = self.running[next..].iter().position(|s| s.id == step.id).map(|p| p + next);
+            let Some(i) = found.or_else(|| self.running.iter().position(|s| s.id == step.id)) else { continue };
+            next = i + 1;
             let seq = &mut self.running[i];
             let before = seq.computed;
             seq.computed += step.tokens;

@@ -88,7 +88,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::mocker::MockerArgs;
+    use crate::engines::mocker::MockerArgs;
     use crate::protocols::common::StopConditions;
 
     fn engine() -> MockerEngine {

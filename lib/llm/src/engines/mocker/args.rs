@@ -26,7 +26,7 @@ pub enum ArgsError {
     Invalid(String),
 }
 
-/// Configuration of a [`crate::mocker::MockerEngine`].
+/// Configuration of a [`crate::engines::mocker::MockerEngine`].
 ///
 /// Simulated step time (milliseconds, before dividing by `speedup_ratio`):
 ///
