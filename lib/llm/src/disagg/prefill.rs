@@ -18,7 +18,7 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 
 use super::config::DisaggConfig;
-use super::handoff::{KvHandoff, PrefillEvent, PrefillJob};
+use super::handoff::{KvPrefill, PrefillEvent, PrefillJob};
 use super::jetstream::JetStreamQueue;
 use super::metrics::DisaggMetrics;
 use crate::engine::RequestContext;
@@ -30,7 +30,7 @@ const PULL_WAIT: Duration = Duration::from_secs(1);
 /// Runs prefill jobs on the engine.
 #[derive(Clone)]
 struct JobRunner {
-    engine: Arc<dyn KvHandoff>,
+    engine: Arc<dyn KvPrefill>,
     slots: Arc<Semaphore>,
     worker_id: u64,
     metrics: DisaggMetrics,
@@ -106,7 +106,7 @@ enum Step {
 /// runtime's event plane is NATS). Returns once the endpoint is discoverable.
 pub async fn serve_prefill_worker(
     endpoint: &Endpoint,
-    engine: Arc<dyn KvHandoff>,
+    engine: Arc<dyn KvPrefill>,
     config: &DisaggConfig,
     metrics: DisaggMetrics,
 ) -> dynamo_runtime::Result<PrefillWorker> {
