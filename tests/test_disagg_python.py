@@ -66,9 +66,20 @@ async def start_graph(pool: WorkerPool, namespace: str, model_dir: Path, prefill
     return Graph(prefill, prefill_port, decode, decode_port, frontend)
 
 
-def params_lines(worker: WorkerProcess, prefix: str) -> list[Any]:
-    """The JSON of each `PREFIX <request id> <json>` line."""
-    return [json.loads(line.split(" ", 2)[2]) for line in worker.find_lines(prefix + " ")]
+async def lines(worker: WorkerProcess, prefix: str, count: int, timeout: float = 10.0) -> list[str]:
+    """The worker's `PREFIX ...` lines once there are `count` of them (its output is read
+    by a thread, a moment after it is written)."""
+    deadline = time.monotonic() + timeout
+    while len(found := worker.find_lines(prefix + " ")) < count:
+        if time.monotonic() >= deadline:
+            pytest.fail(f"{len(found)} {prefix} lines after {timeout:.0f}s, expected {count}: {worker.describe()}")
+        await asyncio.sleep(0.05)
+    return found
+
+
+async def params_lines(worker: WorkerProcess, prefix: str, count: int) -> list[Any]:
+    """The JSON of the `count` `PREFIX <request id> <json>` lines."""
+    return [json.loads(line.split(" ", 2)[2]) for line in await lines(worker, prefix, count)]
 
 
 async def test_python_engine_prefills_remotely_by_the_core_rule(
@@ -82,7 +93,7 @@ async def test_python_engine_prefills_remotely_by_the_core_rule(
             assert short.choices[0].finish_reason == "length" and short.usage is not None
             assert short.usage.completion_tokens == 4
         assert (graph.prefills("local"), graph.prefills("remote")) == (3, 0)
-        assert len(graph.decode.find_lines("LOCAL ")) == 3
+        assert len(await lines(graph.decode, "LOCAL", 3)) == 3
 
         for i in range(3):
             stream = await c.completions.create(
@@ -94,8 +105,9 @@ async def test_python_engine_prefills_remotely_by_the_core_rule(
         assert (graph.prefills("remote"), graph.prefills("local"), graph.prefills("fallback")) == (3, 3, 0)
         assert graph.jobs("done") == 3
         # What the prefill engine returned is what the decode engine received, key for key.
-        sent, received = params_lines(graph.prefill, "PARAMS"), params_lines(graph.decode, "RECEIVED")
-        assert len(sent) == 3 and sorted(map(json.dumps, sent)) == sorted(map(json.dumps, received))
+        sent, received = await params_lines(graph.prefill, "PARAMS", 3), await params_lines(graph.decode, "RECEIVED", 3)
+        assert len(sent) == len(received) == 3
+        assert sorted(map(json.dumps, sent)) == sorted(map(json.dumps, received))
         assert received[0]["nested"]["unicode"] == "préfill ✓" and received[0]["nested"]["deep"]["x"][3] is False
         assert received[0]["pid"] == graph.prefill.pid
 
