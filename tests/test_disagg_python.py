@@ -162,6 +162,30 @@ async def test_python_prefill_worker_killed_mid_job_is_bounded(
         await c.close()
 
 
+async def test_a_prefill_given_up_is_cancelled_in_python(workers: WorkerPool, namespace: str, model_dir: Path) -> None:
+    """The decode worker stops waiting (its timeout): the request completes by a local
+    prefill, and on the request plane the prefill worker's coroutine is cancelled (on
+    JetStream the job, already pulled, runs on; its answer is dropped)."""
+    graph = await start_graph(
+        workers, namespace, model_dir, prefill_args=("--prefill-delay", "30"),
+        decode_args=("--remote-prefill-timeout", "1"),
+    )
+    c = graph.client()
+    try:
+        started = time.monotonic()
+        answer = await asyncio.wait_for(
+            c.completions.create(model=model_dir.name, prompt=prompt(300, 3 * MAX_LOCAL), max_tokens=2), timeout=20
+        )
+        assert answer.choices[0].finish_reason == "length"
+        assert time.monotonic() - started < 15
+        assert (graph.prefills("fallback"), graph.prefills("remote")) == (1, 0)
+        if workers.env.get("DYN_EVENT_PLANE") != "nats":
+            await lines(graph.prefill, "CANCELLED", 1)
+            assert graph.jobs("done") == 0 and graph.prefill.find_lines("PARAMS") == []
+    finally:
+        await c.close()
+
+
 async def test_disagg_bindings_reject_bad_arguments(runtime: Any, namespace: str) -> None:
     from dynamo._core import ConfigError
     from dynamo.llm import RemotePrefill, serve_prefill_worker

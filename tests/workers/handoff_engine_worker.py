@@ -4,7 +4,8 @@ same interface as the vLLM worker (dynamo.llm.disagg), registered as a backend m
 - prefill: ``prefill`` waits ``--prefill-delay`` seconds, then returns transfer
   parameters describing the prompt (nested JSON of every kind); prints
   ``PREFILLING <request id>`` when it starts, ``PARAMS <request id> <json>`` when done;
-  raises for a prompt holding ``w900``.
+  raises for a prompt holding ``w900``; prints ``CANCELLED <request id>`` when the job
+  is given up while it waits.
 - decode/agg: ``generate`` yields ``max_tokens`` tokens (``w3`` …); prints
   ``RECEIVED <request id> <json of the descriptor's engine_params>`` for a remote prefill
   and ``LOCAL <request id>`` otherwise.
@@ -61,7 +62,11 @@ async def prefill(request: dict[str, Any], context: RequestContext) -> dict[str,
     print(f"PREFILLING {context.id()}", flush=True)
     if FAILING_TOKEN in request["token_ids"]:
         raise RuntimeError("this engine refuses prompts with w900")
-    await asyncio.sleep(ARGS.prefill_delay)
+    try:
+        await asyncio.sleep(ARGS.prefill_delay)
+    except asyncio.CancelledError:
+        print(f"CANCELLED {context.id()}", flush=True)
+        raise
     params = transfer_params(request["token_ids"])
     print(f"PARAMS {context.id()} {json.dumps(params, sort_keys=True)}", flush=True)
     return params
