@@ -30,9 +30,14 @@ PrefillFunction = Callable[[dict[str, Any], RequestContext], Awaitable[dict[str,
 GenerateFunction = Callable[[dict[str, Any], RequestContext, dict[str, Any] | None], AsyncIterator[dict[str, Any]]]
 
 
-def add_arguments(parser: argparse.ArgumentParser | Any) -> None:
-    """Add the disaggregation flags (``--role`` and the thresholds, defaults as the
-    core's) to ``parser`` or an argument group."""
+def add_arguments(parser: argparse.ArgumentParser | Any, defaults: bool = True) -> None:
+    """Add the disaggregation flags (``--role`` and the thresholds) to ``parser`` or an
+    argument group; ``defaults=False`` leaves the thresholds ``None`` unless given (for
+    a caller that passes only given flags on, as ``python -m dynamo.mocker`` does)."""
+
+    def default(value: object) -> object:
+        return value if defaults else None
+
     parser.add_argument(
         "--role", choices=ROLES, default="agg",
         help="agg: prefill and decode here (default); prefill: take prefill jobs, register no model; "
@@ -42,19 +47,19 @@ def add_arguments(parser: argparse.ArgumentParser | Any) -> None:
         "--prefill-endpoint", help="decode: the prefill workers' endpoint (default NAMESPACE.prefill.generate)"
     )
     parser.add_argument(
-        "--max-local-prefill-length", type=int, default=1000,
+        "--max-local-prefill-length", type=int, default=default(1000),
         help="decode: prefill remotely only when the prompt's uncached part is longer than this (tokens; default 1000)",
     )
     parser.add_argument(
-        "--max-prefill-queue-size", type=int, default=2,
+        "--max-prefill-queue-size", type=int, default=default(2),
         help="decode: ...and fewer than this many prefill jobs wait (default 2; 0 never sends)",
     )
     parser.add_argument(
-        "--remote-prefill-timeout", type=float, default=30.0,
+        "--remote-prefill-timeout", type=float, default=default(30.0),
         help="decode: seconds a remote prefill may take before prefilling locally (default 30)",
     )
     parser.add_argument(
-        "--max-concurrent-prefills", type=int, default=2, help="prefill: jobs computed at once (default 2)"
+        "--max-concurrent-prefills", type=int, default=default(2), help="prefill: jobs computed at once (default 2)"
     )
 
 
