@@ -638,6 +638,53 @@ def test_a_prefill_vllm_rejects_fails_the_job() -> None:
         asyncio.run(asyncio.wait_for(Handler(Engine([])).prefill(request(), Context()), 10))  # type: ignore[arg-type]
 
 
+async def test_vllm_roles_serve_through_the_core_with_a_stand_in_engine(
+    workers: Any, runtime: Any, namespace: str, model_dir: Path
+) -> None:
+    """`python -m dynamo.vllm`'s serving in real processes (tests/workers/vllm_standin_worker.py:
+    vLLM's parser, configure_disagg, Handler, serve_role; only AsyncLLM stood in for, with
+    vLLM's RequestOutput): a long prompt is prefilled by the prefill worker, whose
+    connector parameters reach the decode request's kv_transfer_params; a short one
+    stays local."""
+    import openai
+    from helpers import WORKERS_DIR, wait_for_instances
+    from llm_helpers import start_frontend
+
+    script = str(WORKERS_DIR / "vllm_standin_worker.py")
+    env = {**workers.env, "VLLM_TARGET_DEVICE": "cpu"}
+    prefill = workers.command(
+        [sys.executable, script, "--model", str(model_dir), "--role", "prefill", "--endpoint",
+         f"{namespace}.prefill.generate"], name="vllm-prefill", env=env,
+    )
+    await wait_for_instances(await runtime.endpoint(f"{namespace}.prefill.generate").client(), 1, timeout=120)
+    decode = workers.command(
+        [sys.executable, script, "--model", str(model_dir), "--role", "decode", "--endpoint",
+         f"{namespace}.backend.generate", "--max-local-prefill-length", "64"], name="vllm-decode", env=env,
+    )
+    frontend = await start_frontend(workers, "dyn")
+    await frontend.wait_models([model_dir.name], timeout=120)
+    assert prefill.find_lines("CONNECTOR") == decode.find_lines("CONNECTOR") == ["CONNECTOR NixlConnector"]
+    client = openai.AsyncOpenAI(base_url=frontend.base_url, api_key="unused", max_retries=0, timeout=60)
+    try:
+        short = await client.completions.create(model=model_dir.name, prompt="w3 w4 w5", max_tokens=3)
+        assert short.choices[0].finish_reason == "length" and short.usage and short.usage.completion_tokens == 3
+        long_prompt = " ".join(f"w{3 + i}" for i in range(200))
+        answer = await client.completions.create(model=model_dir.name, prompt=long_prompt, max_tokens=4)
+        assert answer.choices[0].finish_reason == "length" and answer.usage and answer.usage.completion_tokens == 4
+    finally:
+        await client.close()
+    await decode.wait_for_line("PULL", 10)
+    await prefill.wait_for_line("PREFILL", 10)
+    assert len(decode.find_lines("LOCAL ")) == 1  # printed before PULL, read in order
+    [prefilled] = prefill.find_lines("PREFILL ")
+    [pulled] = decode.find_lines("PULL ")
+    transfer = json.loads(pulled.split(" ", 2)[2])
+    assert transfer["do_remote_prefill"] is True and transfer["do_remote_decode"] is False
+    assert transfer["remote_engine_id"] == f"standin-{prefill.pid}"
+    assert transfer["remote_request_id"] == prefilled.split(" ")[1]
+    assert transfer["remote_block_ids"] == [[0, 1, 2]] and transfer["remote_num_tokens"] >= 200
+
+
 # --- on a GPU ---------------------------------------------------------------------------
 
 #: A local HuggingFace model folder small enough for the GPU at hand (e.g. Qwen3-0.6B).

@@ -6,7 +6,7 @@ cannot drift apart.
 
 import asyncio
 import os
-from collections.abc import Awaitable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, final
 
 __version__: str
@@ -489,7 +489,7 @@ class PrefillWorker:
 
 def serve_prefill_worker(
     endpoint: Endpoint,
-    prefill: Any,
+    prefill: Callable[[dict[str, Any], RequestContext], Awaitable[dict[str, Any] | None]],
     block_size: int,
     max_concurrent_prefills: int = 2,
 ) -> Coroutine[Any, Any, PrefillWorker]:

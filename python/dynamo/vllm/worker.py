@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from dynamo.llm import disagg, register_llm
-from dynamo.runtime import DistributedRuntime, RequestContext
+from dynamo.runtime import DistributedRuntime, Endpoint, RequestContext
 
 from . import adapter
 from .args import Config
@@ -158,6 +158,39 @@ def local_model_dir(model: str) -> str | None:
         return None
 
 
+async def serve_role(
+    runtime: DistributedRuntime, config: Config, endpoint: Endpoint, handler: Handler, context_length: int,
+    block_size: int,
+) -> None:
+    """Serve ``handler`` in ``config.role`` until the runtime shuts down: prefill jobs
+    (no model registered), or ``generate`` (behind the core's remote-prefill step for a
+    decode worker) with the model registered."""
+    if config.role == "prefill":
+        log.info("serving prefill jobs (vLLM, KV block %d) on %s", block_size, config.endpoint)
+        await disagg.serve_prefill(runtime, endpoint, handler.prefill, block_size, config.max_concurrent_prefills)
+        return
+    generate: Any = handler.generate
+    if config.role == "decode":
+        remote = await disagg.connect_decode(endpoint, config)
+        log.info("decode role: prefill queue on %s", remote.transport)
+        generate = disagg.decode_handler(remote, handler.generate)
+    serving = asyncio.create_task(endpoint.serve_endpoint(generate))
+    await register_llm(
+        endpoint,
+        model_path=local_model_dir(config.model_path),
+        model_name=config.model_name,
+        kind="backend",
+        context_length=context_length,
+        kv_cache_block_size=block_size,
+        migration_limit=config.migration_limit,
+    )
+    log.info(
+        "serving %s (vLLM, role %s, context %d, KV block %d) on %s",
+        config.model_name, config.role, context_length, block_size, config.endpoint,
+    )
+    await serving
+
+
 async def serve(runtime: DistributedRuntime, config: Config) -> None:
     """Run the engine and serve it until the runtime shuts down."""
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -185,33 +218,9 @@ async def serve(runtime: DistributedRuntime, config: Config) -> None:
             events = ZmqKvEventPublisher(
                 component, ZmqKvEventPublisherConfig(kv_block_size=cache_config.block_size, zmq_endpoint=zmq_endpoint)
             )
-        handler = Handler(engine, runtime)
-        if config.role == "prefill":
-            log.info("serving prefill jobs (vLLM, KV block %d) on %s", cache_config.block_size, config.endpoint)
-            await disagg.serve_prefill(
-                runtime, endpoint, handler.prefill, cache_config.block_size, config.max_concurrent_prefills
-            )
-            return
-        generate: Any = handler.generate
-        if config.role == "decode":
-            remote = await disagg.connect_decode(endpoint, config)
-            log.info("decode role: prefill queue on %s", remote.transport)
-            generate = disagg.decode_handler(remote, handler.generate)
-        serving = asyncio.create_task(endpoint.serve_endpoint(generate))
-        await register_llm(
-            endpoint,
-            model_path=local_model_dir(config.model_path),
-            model_name=config.model_name,
-            kind="backend",
-            context_length=model_config.max_model_len,
-            kv_cache_block_size=cache_config.block_size,
-            migration_limit=config.migration_limit,
+        await serve_role(
+            runtime, config, endpoint, Handler(engine, runtime), model_config.max_model_len, cache_config.block_size
         )
-        log.info(
-            "serving %s (vLLM, context %d, KV block %d) on %s",
-            config.model_name, model_config.max_model_len, cache_config.block_size, config.endpoint,
-        )
-        await serving
     finally:
         if events is not None:
             await events.shutdown()
