@@ -111,12 +111,21 @@ async def test_python_engine_prefills_remotely_by_the_core_rule(
         assert received[0]["nested"]["unicode"] == "préfill ✓" and received[0]["nested"]["deep"]["x"][3] is False
         assert received[0]["pid"] == graph.prefill.pid
 
+        # The same long prompt again: the decode engine cached it (its KV events, followed
+        # by the worker's own index, say so), so the uncached part is short and stays local.
+        again = await c.completions.create(model=model_dir.name, prompt=prompt(100, 3 * MAX_LOCAL), max_tokens=2)
+        assert again.choices[0].finish_reason == "length"
+        cached = [int(line.split()[1]) for line in await lines(graph.decode, "CACHED", 7)]
+        assert cached[:6] == [0] * 6 and cached[6] >= 3 * MAX_LOCAL - 16, (cached, graph.decode.describe())
+        assert (graph.prefills("remote"), graph.prefills("local")) == (3, 4)
+
         # A prefill the engine raises on: the job fails, the decode worker prefills locally.
         failing = await c.completions.create(
             model=model_dir.name, prompt=prompt(FAILING_PROMPT, 3 * MAX_LOCAL), max_tokens=2
         )
         assert failing.choices[0].finish_reason == "length"
         assert (graph.jobs("failed"), graph.prefills("fallback")) == (1, 1)
+        assert graph.prefills("remote") == 3
     finally:
         await c.close()
 

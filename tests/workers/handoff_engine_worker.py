@@ -8,7 +8,9 @@ same interface as the vLLM worker (dynamo.llm.disagg), registered as a backend m
   is given up while it waits.
 - decode/agg: ``generate`` yields ``max_tokens`` tokens (``w3`` …); prints
   ``RECEIVED <request id> <json of the descriptor's engine_params>`` for a remote prefill
-  and ``LOCAL <request id>`` otherwise.
+  and ``LOCAL <request id>`` otherwise, and publishes KV events for the prompt's blocks,
+  now cached (the decode role's rule reads them back through ``own_cached_tokens``,
+  printing ``CACHED <tokens>`` for each prompt).
 
 Prints ``READY <instance id>`` once serving.
 """
@@ -23,8 +25,8 @@ import os
 from collections.abc import AsyncIterator
 from typing import Any
 
-from dynamo.llm import register_llm
-from dynamo.llm.disagg import add_arguments, connect_decode, decode_handler, serve_prefill
+from dynamo.llm import KvEventPublisher, register_llm
+from dynamo.llm.disagg import add_arguments, connect_decode, decode_handler, own_cached_tokens, serve_prefill
 from dynamo.runtime import DistributedRuntime, RequestContext, dynamo_worker
 
 BLOCK_SIZE = 16
@@ -72,6 +74,42 @@ async def prefill(request: dict[str, Any], context: RequestContext) -> dict[str,
     return params
 
 
+class PromptCache:
+    """The engine's cache as KV events: every full block of each prompt, stored once."""
+
+    def __init__(self, publisher: KvEventPublisher) -> None:
+        self.publisher = publisher
+        self.event_id = 0
+        self.blocks: dict[tuple[int, ...], int] = {}
+        # An empty cache to start with; this also makes the publisher known to
+        # subscribers before the first prompt (events published before a subscriber
+        # connects are not delivered to it).
+        publisher.publish_cleared(self.event_id)
+
+    def __call__(self, token_ids: list[int]) -> None:
+        full = len(token_ids) // BLOCK_SIZE * BLOCK_SIZE
+        prefixes = [tuple(token_ids[: end]) for end in range(BLOCK_SIZE, full + 1, BLOCK_SIZE)]
+        new = [i for i, prefix in enumerate(prefixes) if prefix not in self.blocks]
+        if not new:
+            return
+        first = new[0]
+        for i in new:
+            self.blocks[prefixes[i]] = len(self.blocks) + 1
+        self.event_id += 1
+        self.publisher.publish_stored(
+            self.event_id, token_ids[first * BLOCK_SIZE: full], [BLOCK_SIZE] * len(new),
+            [self.blocks[prefixes[i]] for i in new], parent_hash=self.blocks[prefixes[first - 1]] if first else None,
+        )
+
+
+def cache_prompt(token_ids: list[int]) -> None:
+    if CACHE is not None:
+        CACHE(token_ids)
+
+
+CACHE: PromptCache | None = None
+
+
 async def generate(
     request: dict[str, Any], context: RequestContext, transfer: dict[str, Any] | None
 ) -> AsyncIterator[dict[str, Any]]:
@@ -83,6 +121,7 @@ async def generate(
             yield {"token_ids": [], "finish_reason": {"error": "the descriptor describes another prompt"}}
             return
         print(f"RECEIVED {context.id()} {json.dumps(transfer['engine_params'], sort_keys=True)}", flush=True)
+    cache_prompt(request["token_ids"])
     max_tokens = (request.get("stop_conditions") or {}).get("max_tokens") or 4
     for i in range(max_tokens):
         last = i == max_tokens - 1
@@ -99,9 +138,18 @@ async def main(runtime: DistributedRuntime) -> None:
         ready = lambda: print(f"READY {runtime.instance_id()}", flush=True)  # noqa: E731
         await serve_prefill(runtime, endpoint, prefill, BLOCK_SIZE, ARGS.max_concurrent_prefills, on_ready=ready)
         return
+    global CACHE
+    CACHE = PromptCache(KvEventPublisher(component, kv_block_size=BLOCK_SIZE))
     if ARGS.role == "decode":
         remote = await connect_decode(endpoint, ARGS)
-        handler = decode_handler(remote, generate)
+        own_cache = own_cached_tokens(component, BLOCK_SIZE, runtime.instance_id())
+
+        async def cached_tokens(token_ids: list[int]) -> int:
+            cached = await own_cache(token_ids)
+            print(f"CACHED {cached}", flush=True)
+            return cached
+
+        handler = decode_handler(remote, generate, cached_tokens)
         print(f"TRANSPORT {remote.transport}", flush=True)
     else:
         async def handler(request: dict[str, Any], context: RequestContext) -> AsyncIterator[dict[str, Any]]:

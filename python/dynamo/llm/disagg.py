@@ -20,12 +20,14 @@ import argparse
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from dynamo._core import Endpoint, RemotePrefill, RequestContext, serve_prefill_worker
+from dynamo._core import Component, Endpoint, KvIndexer, RemotePrefill, RequestContext, serve_prefill_worker
 
 ROLES = ("agg", "prefill", "decode")
 
 #: ``prefill(request, context)``: the engine's transfer parameters for a computed prompt.
 PrefillFunction = Callable[[dict[str, Any], RequestContext], Awaitable[dict[str, Any] | None]]
+#: ``cached_tokens(token_ids)``: how many leading tokens of a prompt the engine has cached.
+CachedTokens = Callable[[list[int]], Awaitable[int]]
 #: ``generate(request, context, transfer)``: the engine's output items.
 GenerateFunction = Callable[[dict[str, Any], RequestContext, dict[str, Any] | None], AsyncIterator[dict[str, Any]]]
 
@@ -77,8 +79,22 @@ async def connect_decode(endpoint: Endpoint, args: Any) -> RemotePrefill:
     )
 
 
+def own_cached_tokens(component: Component, block_size: int, worker_id: int) -> CachedTokens:
+    """``cached_tokens`` for an engine that publishes KV events on ``component`` as
+    ``worker_id``: its cached prefix of a prompt as a KV router sees it (a ``KvIndexer``
+    following the component's events), in tokens. For engines with no query of their
+    own prefix cache (vLLM); the view lags the engine by the events in flight."""
+    indexer = KvIndexer(component, block_size)
+
+    async def cached_tokens(token_ids: list[int]) -> int:
+        matches = await indexer.find_matches_for_request(token_ids)
+        return matches.scores.get(worker_id, 0) * block_size
+
+    return cached_tokens
+
+
 def decode_handler(
-    remote: RemotePrefill, generate: GenerateFunction, cached_tokens: Callable[[list[int]], int] | None = None
+    remote: RemotePrefill, generate: GenerateFunction, cached_tokens: CachedTokens | None = None
 ) -> Callable[[dict[str, Any], RequestContext], AsyncIterator[dict[str, Any]]]:
     """The endpoint handler of a decode worker: the core decides where the prompt is
     prefilled (``cached_tokens``: how much of it the engine has cached, default none)
@@ -91,7 +107,7 @@ def decode_handler(
         token_ids = request.get("token_ids") if isinstance(request, dict) else None
         if isinstance(token_ids, list) and token_ids:
             try:
-                cached = cached_tokens(token_ids) if cached_tokens is not None else 0
+                cached = await cached_tokens(token_ids) if cached_tokens is not None else 0
                 transfer = await remote.prefill(token_ids, context, cached)
             except (TypeError, OverflowError):
                 transfer = None  # not token ids: the engine's validation answers

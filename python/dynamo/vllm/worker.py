@@ -173,7 +173,13 @@ async def serve_role(
     if config.role == "decode":
         remote = await disagg.connect_decode(endpoint, config)
         log.info("decode role: prefill queue on %s", remote.transport)
-        generate = disagg.decode_handler(remote, handler.generate)
+        cached_tokens = None
+        if config.kv_events:
+            # vLLM has no query of its prefix cache: read it back from its own KV events.
+            namespace, component_name, _ = config.endpoint.removeprefix("dyn://").split(".")
+            component = runtime.namespace(namespace).component(component_name)
+            cached_tokens = disagg.own_cached_tokens(component, block_size, runtime.instance_id())
+        generate = disagg.decode_handler(remote, handler.generate, cached_tokens)
     serving = asyncio.create_task(endpoint.serve_endpoint(generate))
     await register_llm(
         endpoint,
