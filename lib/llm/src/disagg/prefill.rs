@@ -55,15 +55,22 @@ impl JobRunner {
             stop_conditions: StopConditions { max_tokens: Some(1), ..Default::default() },
             ..Default::default()
         };
-        match self.engine.prefill_for_transfer(request, ctx, self.worker_id).await {
-            Ok(mut descriptor) => {
+        // Past the deadline the decode worker prefills locally: stop computing (dropping
+        // the engine's future cancels it).
+        let left = Duration::from_millis(job.deadline_unix_ms.saturating_sub(unix_ms()));
+        match tokio::time::timeout(left, self.engine.prefill_for_transfer(request, ctx, self.worker_id)).await {
+            Ok(Ok(mut descriptor)) => {
                 self.metrics.job("done");
                 descriptor.request_id = job.request_id;
                 PrefillEvent::Done(descriptor)
             }
-            Err(e) => {
+            Ok(Err(e)) => {
                 self.metrics.job("failed");
                 PrefillEvent::Failed { message: format!("prefill failed: {e}") }
+            }
+            Err(_) => {
+                self.metrics.job("expired");
+                PrefillEvent::Failed { message: format!("prefill job {} ran past its deadline", job.request_id) }
             }
         }
     }
