@@ -9,10 +9,13 @@ engine itself needs a CUDA GPU: those tests are skipped without one.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
+import json
 import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,8 +32,8 @@ if not HAS_GPU:
 
 from dynamo.vllm import adapter  # noqa: E402
 from dynamo.vllm.args import parse_args  # noqa: E402
-from dynamo.vllm.worker import Handler, configure_kv_events  # noqa: E402
-from vllm.config import KVEventsConfig  # noqa: E402
+from dynamo.vllm.worker import Handler, configure_disagg, configure_kv_events  # noqa: E402
+from vllm.config import KVEventsConfig, KVTransferConfig  # noqa: E402
 from vllm.logprobs import Logprob  # noqa: E402
 from vllm.outputs import CompletionOutput, RequestOutput  # noqa: E402
 from vllm.sampling_params import RequestOutputKind  # noqa: E402
@@ -84,7 +87,8 @@ def test_served_model_name_is_the_public_name_when_no_model_name() -> None:
         (["--model", "/m", "--no-enable-prefix-caching"], "--kv-events needs prefix caching"),
         (["--model", "/m", "--tensor-parallel-size", "two"], "tensor-parallel-size"),
         (["--model", "/m", "--role", "both"], "--role"),
-        (["--model", "/m", "--role", "decode"], "disaggregated vLLM workers are not built yet"),
+        (["--model", "/m", "--role", "decode", "--remote-prefill-timeout", "0"], "--remote-prefill-timeout"),
+        (["--model", "/m", "--role", "prefill", "--max-concurrent-prefills", "0"], "--max-concurrent-prefills"),
     ],
 )
 def test_bad_flags_are_usage_errors(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -130,6 +134,33 @@ def test_a_graph_config_reaches_vllms_parser(monkeypatch: pytest.MonkeyPatch) ->
     assert config.model_name == "qwen3"
 
 
+@pytest.mark.parametrize("graph", ["disagg_vllm", "disagg_router_vllm"])
+def test_disagg_graph_configs_reach_vllms_parser(graph: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """examples/llm/configs/disagg*_vllm.yaml: the Worker (decode) and the PrefillWorker
+    select vLLM; their keys reach vLLM's parser as the components pass them."""
+    from dynamo.sdk.lib.config import ServiceConfig
+    from helpers import EXAMPLES_DIR
+
+    monkeypatch.syspath_prepend(str(EXAMPLES_DIR / "llm"))
+    monkeypatch.delenv("DYNAMO_SERVICE_CONFIG", raising=False)
+    from components.worker import parse_args as worker_args
+
+    path = str(EXAMPLES_DIR / "llm" / "configs" / f"{graph}.yaml")
+    try:
+        engine, flags = worker_args(["-f", path])
+        prefill_engine, prefill_flags = worker_args(["-f", path], service_name="PrefillWorker")
+    finally:
+        ServiceConfig.reset()
+    assert (engine, prefill_engine) == ("vllm", "vllm")
+    decode = parse_args(["--endpoint", "dyn://dynamo.Worker.generate", *flags])
+    assert (decode.role, decode.max_local_prefill_length, decode.max_prefill_queue_size) == ("decode", 512, 2)
+    assert (decode.engine_args.model, decode.engine_args.enforce_eager, decode.model_name) == (
+        "/models/Qwen3-0.6B", True, "qwen3")
+    prefill = parse_args(["--endpoint", "dyn://dynamo.PrefillWorker.generate", "--role", "prefill", *prefill_flags])
+    assert (prefill.role, prefill.max_concurrent_prefills, prefill.kv_events) == ("prefill", 2, False)
+    assert (prefill.engine_args.max_model_len, prefill.engine_args.block_size) == (8192, 16)
+
+
 def test_kv_events_configure_vllms_zmq_publisher_on_loopback() -> None:
     config = parse_args(["--model", "/m"])
     configure_kv_events(config, 45678)
@@ -151,7 +182,8 @@ def test_module_help_lists_dynamo_and_vllm_flags() -> None:
         [sys.executable, "-m", "dynamo.vllm", "--help"], capture_output=True, text=True, timeout=120, env=env
     )
     assert done.returncode == 0, done.stderr
-    flags = ("--endpoint", "--migration-limit", "--kv-cache-block-size", "--tensor-parallel-size", "--enforce-eager")
+    flags = ("--endpoint", "--migration-limit", "--kv-cache-block-size", "--tensor-parallel-size", "--enforce-eager",
+             "--role", "--remote-prefill-timeout", "--kv-transfer-config")
     for flag in flags:
         assert flag in done.stdout
 
@@ -447,6 +479,212 @@ def test_an_invalid_request_is_an_error_item() -> None:
     assert "invalid request" in items[0]["finish_reason"]["error"]
 
 
+# --- disaggregated roles (vLLM's KV connector) -------------------------------------------
+
+
+def tiny_llama(root: Path) -> Path:
+    """A model folder vLLM's config code accepts (a 2-layer Llama's config.json, no
+    weights: engine-config creation reads only the config and the tokenizer)."""
+    from llm_helpers import write_model_dir
+
+    directory = write_model_dir(root)
+    config = json.loads((directory / "config.json").read_text())
+    config.update({
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 1024,
+        "max_position_embeddings": 2048, "torch_dtype": "float32", "rms_norm_eps": 1e-5,
+    })
+    (directory / "config.json").write_text(json.dumps(config))
+    return directory
+
+
+def test_disagg_roles_get_a_kv_connector_vllm_accepts(tmp_path: Path) -> None:
+    model = str(tiny_llama(tmp_path))
+    for role in ("prefill", "decode"):
+        config = parse_args(["--model", model, "--role", role, "--enforce-eager"])
+        configure_disagg(config)
+        engine = config.engine_args.create_engine_config()  # vLLM's own validation, on the CPU
+        kv = engine.kv_transfer_config
+        assert kv is not None and kv.is_kv_transfer_instance
+        assert (kv.kv_connector, kv.kv_role, kv.kv_load_failure_policy) == ("NixlConnector", "kv_both", "recompute")
+    prefill = parse_args(["--model", model, "--role", "prefill"])
+    assert prefill.endpoint == "dyn://dynamo.prefill.generate" and prefill.kv_events is False
+    decode = parse_args([
+        "--model", model, "--role", "decode", "--prefill-endpoint", "ns.pre.generate", "--max-local-prefill-length",
+        "512", "--max-prefill-queue-size", "4", "--remote-prefill-timeout", "12.5",
+    ])
+    assert decode.endpoint == "dyn://dynamo.backend.generate" and decode.kv_events is True
+    assert (decode.prefill_endpoint, decode.max_local_prefill_length, decode.max_prefill_queue_size,
+            decode.remote_prefill_timeout) == ("ns.pre.generate", 512, 4, 12.5)
+    agg = parse_args(["--model", model])
+    configure_disagg(agg, 45999)
+    assert agg.engine_args.kv_transfer_config is None
+
+
+def test_nixls_side_channel_gets_a_port_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VLLM_NIXL_SIDE_CHANNEL_PORT", "0")  # restored (unset) after the test
+    monkeypatch.delenv("VLLM_NIXL_SIDE_CHANNEL_PORT")
+    configure_disagg(parse_args(["--model", "/m", "--role", "decode"]), 45999)
+    assert os.environ["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "45999"
+    import vllm.envs
+
+    assert vllm.envs.VLLM_NIXL_SIDE_CHANNEL_PORT == 45999
+    configure_disagg(parse_args(["--model", "/m", "--role", "prefill"]), 46000)  # set already: kept
+    assert os.environ["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "45999"
+
+
+def test_vllms_own_kv_transfer_config_wins(tmp_path: Path) -> None:
+    config = parse_args([
+        "--model", str(tiny_llama(tmp_path)), "--role", "decode",
+        "--kv-transfer-config", '{"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_consumer"}',
+    ])
+    configure_disagg(config)
+    kv = config.engine_args.kv_transfer_config
+    assert isinstance(kv, KVTransferConfig) and (kv.kv_connector, kv.kv_role) == ("LMCacheConnectorV1", "kv_consumer")
+
+
+def test_a_prefill_request_asks_one_token_and_a_remote_decode() -> None:
+    params = adapter.prefill_sampling_params(
+        request(stop_conditions={"max_tokens": 200, "min_tokens": 0}, sampling_options={"temperature": 0.5})
+    )
+    assert isinstance(params, vllm.SamplingParams)
+    assert (params.max_tokens, params.temperature) == (1, 0.5)
+    assert params.extra_args is not None
+    transfer = params.extra_args["kv_transfer_params"]
+    assert transfer["do_remote_decode"] is True and transfer["do_remote_prefill"] is False
+    # A local request carries no transfer parameters.
+    assert adapter.sampling_params(request()).extra_args is None
+
+
+#: What vLLM 0.32's NixlConnector puts on a prefill's final output (pull mode).
+NIXL_PREFILL_OUTPUT_PARAMS = {
+    "do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": ([3, 4, 5],),
+    "remote_engine_id": "prefill-engine-0", "remote_request_id": "job-1", "remote_host": "10.0.0.7",
+    "remote_port": 5600, "tp_size": 1, "dcp_size": 1, "pp_size": 1, "remote_num_tokens": 40,
+    "remote_blocks_expiry_time": None,
+}
+
+
+def test_prefill_output_to_descriptor_to_decode_params() -> None:
+    """vLLM's real RequestOutput → the prefill's transfer parameters → a descriptor's
+    engine_params (JSON, as they travel) → the decode request's SamplingParams, which
+    vLLM's NIXL metadata reads."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.metadata import NixlConnectorMetadata
+
+    final = output([9], "length")
+    final.kv_transfer_params = dict(NIXL_PREFILL_OUTPUT_PARAMS)
+    params = adapter.prefill_transfer_params(final)
+    descriptor = json.loads(json.dumps({"request_id": "r", "prompt_tokens": 40, "engine_params": params}))
+
+    decode = adapter.sampling_params(request(), adapter.decode_transfer_params(descriptor))
+    assert decode.extra_args is not None
+    transfer = decode.extra_args["kv_transfer_params"]
+    assert transfer["do_remote_prefill"] is True and transfer["do_remote_decode"] is False
+    assert transfer["remote_engine_id"] == "prefill-engine-0" and transfer["remote_request_id"] == "job-1"
+    metadata = NixlConnectorMetadata()
+    metadata.add_new_req_to_recv("decode-1", ([0, 1, 2],), transfer)
+    remote = metadata.reqs_to_recv["decode-1"].remote
+    assert remote is not None
+    assert (remote.engine_id, remote.request_id, remote.host, remote.port) == ("prefill-engine-0", "job-1",
+                                                                                 "10.0.0.7", 5600)
+    assert [list(b) for b in remote.block_ids] == [[3, 4, 5]]
+
+    # No descriptor, or one without parameters: a local prefill.
+    assert adapter.decode_transfer_params(None) is None
+    assert adapter.decode_transfer_params({"request_id": "r", "block_hashes": []}) is None
+
+
+def test_a_prefill_without_transfer_parameters_is_an_error() -> None:
+    with pytest.raises(adapter.RequestError, match="KV connector"):
+        adapter.prefill_transfer_params(output([9], "length"))
+    unfinished = output([9])
+    unfinished.kv_transfer_params = dict(NIXL_PREFILL_OUTPUT_PARAMS)
+    with pytest.raises(adapter.RequestError):
+        adapter.prefill_transfer_params(unfinished)
+
+
+def test_the_handler_prefills_for_transfer_and_decodes_with_the_descriptor() -> None:
+    final = output([9], "length")
+    final.kv_transfer_params = dict(NIXL_PREFILL_OUTPUT_PARAMS)
+    engine = Engine([final])
+    handler = Handler(engine)
+    params = asyncio.run(asyncio.wait_for(handler.prefill(request(), Context()), 10))  # type: ignore[arg-type]
+    assert params == NIXL_PREFILL_OUTPUT_PARAMS
+    _, sent, request_id = engine.seen[0]
+    assert sent.max_tokens == 1 and sent.extra_args["kv_transfer_params"]["do_remote_decode"] is True
+    assert request_id == "req-1"
+
+    engine = Engine([output([5]), output([6], "length")])
+
+    async def decode() -> list[dict[str, Any]]:
+        items = []
+        descriptor = {"request_id": "req-1", "engine_params": params}
+        async for item in Handler(engine).generate(request(), Context(), descriptor):  # type: ignore[arg-type]
+            items.append(item)
+        return items
+
+    items = asyncio.run(asyncio.wait_for(decode(), 10))
+    assert items[-1]["finish_reason"] == "length"
+    _, sent, _ = engine.seen[0]
+    assert sent.extra_args["kv_transfer_params"]["do_remote_prefill"] is True
+    assert sent.extra_args["kv_transfer_params"]["remote_block_ids"] == ([3, 4, 5],)
+
+
+def test_a_prefill_vllm_rejects_fails_the_job() -> None:
+    handler = Handler(Engine([], error=ValueError("prompt too long")))
+    with pytest.raises(ValueError, match="prompt too long"):
+        asyncio.run(asyncio.wait_for(handler.prefill(request(), Context()), 10))  # type: ignore[arg-type]
+    with pytest.raises(adapter.RequestError, match="no output"):
+        asyncio.run(asyncio.wait_for(Handler(Engine([])).prefill(request(), Context()), 10))  # type: ignore[arg-type]
+
+
+async def test_vllm_roles_serve_through_the_core_with_a_stand_in_engine(
+    workers: Any, runtime: Any, namespace: str, model_dir: Path
+) -> None:
+    """`python -m dynamo.vllm`'s serving in real processes (tests/workers/vllm_standin_worker.py:
+    vLLM's parser, configure_disagg, Handler, serve_role; only AsyncLLM stood in for, with
+    vLLM's RequestOutput): a long prompt is prefilled by the prefill worker, whose
+    connector parameters reach the decode request's kv_transfer_params; a short one
+    stays local."""
+    import openai
+    from helpers import WORKERS_DIR, wait_for_instances
+    from llm_helpers import start_frontend
+
+    script = str(WORKERS_DIR / "vllm_standin_worker.py")
+    env = {**workers.env, "VLLM_TARGET_DEVICE": "cpu"}
+    prefill = workers.command(
+        [sys.executable, script, "--model", str(model_dir), "--role", "prefill", "--endpoint",
+         f"{namespace}.prefill.generate"], name="vllm-prefill", env=env,
+    )
+    await wait_for_instances(await runtime.endpoint(f"{namespace}.prefill.generate").client(), 1, timeout=120)
+    decode = workers.command(
+        [sys.executable, script, "--model", str(model_dir), "--role", "decode", "--endpoint",
+         f"{namespace}.backend.generate", "--max-local-prefill-length", "64"], name="vllm-decode", env=env,
+    )
+    frontend = await start_frontend(workers, "dyn")
+    await frontend.wait_models([model_dir.name], timeout=120)
+    assert prefill.find_lines("CONNECTOR") == decode.find_lines("CONNECTOR") == ["CONNECTOR NixlConnector"]
+    client = openai.AsyncOpenAI(base_url=frontend.base_url, api_key="unused", max_retries=0, timeout=60)
+    try:
+        short = await client.completions.create(model=model_dir.name, prompt="w3 w4 w5", max_tokens=3)
+        assert short.choices[0].finish_reason == "length" and short.usage and short.usage.completion_tokens == 3
+        long_prompt = " ".join(f"w{3 + i}" for i in range(200))
+        answer = await client.completions.create(model=model_dir.name, prompt=long_prompt, max_tokens=4)
+        assert answer.choices[0].finish_reason == "length" and answer.usage and answer.usage.completion_tokens == 4
+    finally:
+        await client.close()
+    await decode.wait_for_line("PULL", 10)
+    await prefill.wait_for_line("PREFILL", 10)
+    assert len(decode.find_lines("LOCAL ")) == 1  # printed before PULL, read in order
+    [prefilled] = prefill.find_lines("PREFILL ")
+    [pulled] = decode.find_lines("PULL ")
+    transfer = json.loads(pulled.split(" ", 2)[2])
+    assert transfer["do_remote_prefill"] is True and transfer["do_remote_decode"] is False
+    assert transfer["remote_engine_id"] == f"standin-{prefill.pid}"
+    assert transfer["remote_request_id"] == prefilled.split(" ")[1]
+    assert transfer["remote_block_ids"] == [[0, 1, 2]] and transfer["remote_num_tokens"] >= 200
+
+
 # --- on a GPU ---------------------------------------------------------------------------
 
 #: A local HuggingFace model folder small enough for the GPU at hand (e.g. Qwen3-0.6B).
@@ -482,3 +720,48 @@ async def test_a_vllm_worker_serves_the_openai_frontend(workers: Any) -> None:  
     assert usage and 0 < usage[0].completion_tokens <= 16
     with_logprobs = [c for c in chunks if c.choices and c.choices[0].logprobs and c.choices[0].logprobs.content]
     assert with_logprobs and len(with_logprobs[0].choices[0].logprobs.content[0].top_logprobs) == 2
+
+
+#: What the disaggregated GPU test lacks here.
+DISAGG_MISSING = [
+    what for lacking, what in (
+        (not HAS_GPU, "a CUDA GPU"),
+        (not GPU_MODEL, "DYN_VLLM_TEST_MODEL set to a local model folder"),
+        (importlib.util.find_spec("nixl") is None, "NIXL (pip install nixl)"),
+    ) if lacking
+]
+
+
+@pytest.mark.skipif(bool(DISAGG_MISSING), reason="disaggregated vLLM workers need " + ", ".join(DISAGG_MISSING))
+async def test_disaggregated_vllm_workers_serve_the_frontend(workers: Any) -> None:  # pragma: no cover - GPU only
+    """A prefill and a decode vLLM worker (NixlConnector) on one GPU behind the frontend:
+    a long prompt is prefilled on the prefill worker, a short one on the decode worker."""
+    import openai
+    from helpers import free_port
+    from llm_helpers import start_frontend
+    from test_disagg import metric, wait_metric
+
+    assert GPU_MODEL is not None
+    engine_flags = ["--model", GPU_MODEL, "--model-name", "gpu-model", "--enforce-eager",
+                    "--gpu-memory-utilization", "0.3", "--max-model-len", "2048"]
+    ports = {}
+    for role, side_channel in (("prefill", "5610"), ("decode", "5620")):
+        ports[role] = free_port()
+        env = {**workers.env, "DYN_SYSTEM_ENABLED": "true", "DYN_SYSTEM_HOST": "127.0.0.1",
+               "DYN_SYSTEM_PORT": str(ports[role]), "VLLM_NIXL_SIDE_CHANNEL_PORT": side_channel}
+        workers.command([sys.executable, "-m", "dynamo.vllm", *engine_flags, "--role", role,
+                         "--max-local-prefill-length", "32"], name=f"vllm-{role}", env=env)
+    frontend = await start_frontend(workers, "dyn")
+    await frontend.wait_models(["gpu-model"], timeout=600)
+    client = openai.OpenAI(base_url=frontend.base_url, api_key="unused", max_retries=0, timeout=120)
+    long_prompt = "Summarize this list of numbers: " + " ".join(str(i) for i in range(200))
+    for content in (long_prompt, "Hi"):
+        answer = await asyncio.to_thread(
+            client.chat.completions.create, model="gpu-model", messages=[{"role": "user", "content": content}],
+            max_tokens=16,
+        )
+        assert answer.choices[0].message.content, answer
+        assert answer.choices[0].finish_reason in ("stop", "length")
+    await wait_metric(ports["prefill"], "dynamo_disagg_prefill_jobs_total", 'outcome="done"', 1, timeout=60)
+    assert metric(ports["decode"], "dynamo_disagg_prefills_total", 'source="remote"') == 1
+    assert metric(ports["decode"], "dynamo_disagg_prefills_total", 'source="local"') == 1

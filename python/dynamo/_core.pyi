@@ -6,7 +6,7 @@ cannot drift apart.
 
 import asyncio
 import os
-from collections.abc import Awaitable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, final
 
 __version__: str
@@ -31,8 +31,10 @@ __all__ = [
     "OpenAIPreprocessor",
     "OverlapScores",
     "PayloadTooLargeError",
+    "PrefillWorker",
     "PreprocessedRequest",
     "RadixTree",
+    "RemotePrefill",
     "RequestContext",
     "ResponseStream",
     "StreamDisconnectedError",
@@ -43,6 +45,7 @@ __all__ = [
     "register_llm",
     "run_dynamo_run",
     "run_routing_lab",
+    "serve_prefill_worker",
 ]
 
 class DynamoError(Exception):
@@ -411,6 +414,105 @@ def run_dynamo_run(argv: list[str]) -> int:
     Returns:
         The exit status: 0 on success, 2 for a bad command line, 1 for other errors
         (printed to stderr as ``dynamo-run: error: ...``).
+    """
+
+# Disaggregated serving for Python engines (docs/disagg.md): the core's decision rule,
+# prefill queue, bound and counters, driven from a Python token-level worker.
+
+@final
+class RemotePrefill:
+    """A decode worker's side of disaggregated serving. Per request, ``prefill``
+    decides (by the core's rule) whether the prompt is prefilled by a prefill worker,
+    and if so queues the job and waits, bounded, for the prefill worker's transfer
+    descriptor; the handler then generates with the descriptor's ``engine_params``.
+    Counts every prefill in ``dynamo_disagg_prefills_total{source}`` on the system
+    server's ``/metrics``."""
+
+    @staticmethod
+    def connect(
+        endpoint: Endpoint,
+        prefill_endpoint: str | None = None,
+        max_local_prefill_length: int = 1000,
+        max_prefill_queue_size: int = 2,
+        remote_prefill_timeout: float = 30.0,
+    ) -> Coroutine[Any, Any, RemotePrefill]:
+        """Connect the decode worker serving ``endpoint`` to the prefill queue: the
+        request plane, or the JetStream stream ``{namespace}_prefill_queue`` when the
+        event plane is NATS (the server must run with JetStream).
+
+        Arguments:
+            endpoint: the decode worker's endpoint (its runtime registers the counters;
+                once per process).
+            prefill_endpoint: the prefill workers' ``namespace.component.endpoint``
+                (default ``{namespace}.prefill.generate``).
+            max_local_prefill_length: a prompt goes remote only if its uncached part is
+                longer than this (tokens)...
+            max_prefill_queue_size: ...and fewer than this many jobs wait (0: never).
+            remote_prefill_timeout: seconds from queueing to the descriptor, after which
+                the worker prefills locally.
+
+        Raises:
+            ValueError: a timeout that is not a positive number.
+            ConfigError: a malformed ``prefill_endpoint``.
+            DynamoError: the queue cannot be opened (e.g. NATS without JetStream).
+        """
+    @property
+    def transport(self) -> str:
+        """Where prefill jobs go: ``"request_plane"`` or ``"jetstream"``."""
+    def prefill(
+        self, token_ids: list[int], context: RequestContext, cached_tokens: int = 0
+    ) -> Coroutine[Any, Any, dict[str, Any] | None]:
+        """Have the prompt prefilled remotely if the rule says so.
+
+        Arguments:
+            token_ids: the prompt.
+            context: the handler's request context (its id names the job; a stopped
+                request stops waiting).
+            cached_tokens: how much of the prompt the engine has in its prefix cache
+                (the rule counts only the rest).
+
+        Returns:
+            The transfer descriptor (``request_id``, ``source_worker``, ``block_size``,
+            ``block_hashes``, ``prompt_tokens`` and, when the prefill engine gave them,
+            ``engine_params``) once a prefill worker computed the prompt; ``None`` when
+            the engine must prefill locally: by the rule, with no prefill worker up, or
+            after the remote prefill failed or ran out of time (never an exception).
+        """
+
+@final
+class PrefillWorker:
+    """A prefill worker started by :func:`serve_prefill_worker`."""
+
+    def shutdown(self) -> Coroutine[Any, Any, None]:
+        """Stop pulling jobs from the JetStream queue. The endpoint serves until the
+        runtime shuts down."""
+
+def serve_prefill_worker(
+    endpoint: Endpoint,
+    prefill: Callable[[dict[str, Any], RequestContext], Awaitable[dict[str, Any] | None]],
+    block_size: int,
+    max_concurrent_prefills: int = 2,
+) -> Coroutine[Any, Any, PrefillWorker]:
+    """Serve prefill jobs on ``endpoint`` (and pull them from the JetStream queue when
+    the event plane is NATS), at most ``max_concurrent_prefills`` at a time; the
+    endpoint registers no model. Counts jobs in
+    ``dynamo_disagg_prefill_jobs_total{outcome}``.
+
+    Arguments:
+        endpoint: where decode workers send jobs (``{namespace}.prefill.generate`` by
+            default on their side).
+        prefill: ``async def prefill(request: dict, context: RequestContext) -> dict | None``:
+            compute the prompt of ``request`` (a ``PreprocessedRequest`` dict:
+            ``token_ids``, ``stop_conditions.max_tokens`` = 1) and return the engine's
+            transfer parameters, which reach the decode side as the descriptor's
+            ``engine_params`` unchanged (``None``: none). An exception fails the job
+            (the decode worker prefills locally). Cancelled when the job is given up.
+        block_size: the engine's KV block size (tokens), for the descriptor's block hashes.
+        max_concurrent_prefills: jobs computed at once; the rest wait in the queue.
+
+    Raises:
+        TypeError: ``prefill`` is not callable.
+        ValueError: ``block_size`` or ``max_concurrent_prefills`` below 1.
     """
 
 # KV-aware routing: the index of the fleet's caches and what engines publish to it.

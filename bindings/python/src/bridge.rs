@@ -4,7 +4,8 @@
 //! if the queue was empty, write one byte to a socket the asyncio loop watches
 //! (`loop.add_reader`). The loop thread then runs every queued job at once, under the
 //! GIL it already holds. Results that are ready at once (a buffered item, a send that
-//! found queue space) skip the loop entirely through [`Ready`].
+//! found queue space) skip the loop entirely through [`Ready`]. The other way round,
+//! [`LoopBridge::run_coroutine`] lets Rust await a Python coroutine run on the loop.
 
 use std::future::Future;
 use std::io::{Read, Write};
@@ -13,6 +14,8 @@ use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
+
+use bytes::Bytes;
 
 use parking_lot::Mutex;
 use pyo3::exceptions::{PyRuntimeError, PyStopIteration};
@@ -117,6 +120,110 @@ impl LoopBridge {
         let canceller = Py::new(py, AbortOnCancel { handle: task.abort_handle() })?;
         py_future.call_method1(py, "add_done_callback", (canceller,))?;
         Ok(py_future)
+    }
+}
+
+/// A Python task started for Rust by [`LoopBridge::run_coroutine`].
+struct CoroutineCall {
+    /// The asyncio task, until it is done (dropped on the loop thread).
+    task: Option<Py<PyAny>>,
+    /// The Rust side stopped waiting: cancel the task when it starts.
+    abandoned: bool,
+    /// Where the outcome goes: the result as JSON, or the exception as text.
+    reply: Option<tokio::sync::oneshot::Sender<Result<Bytes, String>>>,
+}
+
+impl CoroutineCall {
+    fn answer(&mut self, outcome: Result<Bytes, String>) {
+        if let Some(reply) = self.reply.take() {
+            let _ = reply.send(outcome);
+        }
+    }
+}
+
+impl LoopBridge {
+    /// Run a Python coroutine on this loop and await its result, as JSON, from Rust:
+    /// `start` runs on the loop thread and returns the awaitable (e.g. calls an async
+    /// function). An exception comes back as its text. Dropping the returned future
+    /// cancels the Python task.
+    pub fn run_coroutine<F>(self: &Arc<Self>, start: F) -> impl Future<Output = Result<Bytes, String>> + Send + 'static
+    where
+        F: FnOnce(Python<'_>) -> PyResult<Py<PyAny>> + Send + 'static,
+    {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let call = Arc::new(Mutex::new(CoroutineCall { task: None, abandoned: false, reply: Some(reply) }));
+        let on_loop = call.clone();
+        self.push(move |py| {
+            let started = (|| -> PyResult<Py<PyAny>> {
+                let awaitable = start(py)?;
+                let task = py.import("asyncio")?.call_method1("ensure_future", (awaitable,))?;
+                task.call_method1("add_done_callback", (Py::new(py, CoroutineDone { call: on_loop.clone() })?,))?;
+                Ok(task.unbind())
+            })();
+            let mut state = on_loop.lock();
+            match started {
+                Ok(task) if state.abandoned => {
+                    let _ = task.call_method0(py, "cancel");
+                }
+                Ok(task) => {
+                    if state.reply.is_some() {
+                        state.task = Some(task);
+                    }
+                }
+                Err(e) => state.answer(Err(e.to_string())),
+            }
+        });
+        let guard = CancelCoroutine { bridge: self.clone(), call };
+        async move {
+            let outcome = answer.await.unwrap_or_else(|_| Err("the asyncio loop closed before answering".to_string()));
+            drop(guard);
+            outcome
+        }
+    }
+}
+
+/// The done-callback of a [`LoopBridge::run_coroutine`] task.
+#[pyclass(module = "dynamo._core")]
+struct CoroutineDone {
+    call: Arc<Mutex<CoroutineCall>>,
+}
+
+#[pymethods]
+impl CoroutineDone {
+    fn __call__(&self, task: &Bound<'_, PyAny>) {
+        let outcome = if task.call_method0("cancelled").and_then(|c| c.is_truthy()).unwrap_or(true) {
+            Err("the Python task was cancelled".to_string())
+        } else {
+            match task.call_method0("result") {
+                Ok(value) => crate::convert::to_json(&value).map_err(|e| format!("the result is not JSON: {e}")),
+                Err(e) => Err(e.to_string()),
+            }
+        };
+        let mut state = self.call.lock();
+        state.task = None;
+        state.answer(outcome);
+    }
+}
+
+/// Cancels the Python task of a [`LoopBridge::run_coroutine`] call nobody awaits any more.
+struct CancelCoroutine {
+    bridge: Arc<LoopBridge>,
+    call: Arc<Mutex<CoroutineCall>>,
+}
+
+impl Drop for CancelCoroutine {
+    fn drop(&mut self) {
+        let task = {
+            let mut state = self.call.lock();
+            state.abandoned = true;
+            state.reply = None;
+            state.task.take()
+        };
+        if let Some(task) = task {
+            self.bridge.push(move |py| {
+                let _ = task.call_method0(py, "cancel");
+            });
+        }
     }
 }
 

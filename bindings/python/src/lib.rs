@@ -4,6 +4,7 @@
 mod bridge;
 mod client;
 mod convert;
+mod disagg;
 mod errors;
 mod events;
 mod kv;
@@ -34,6 +35,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<preprocessor::PyChunkStream>()?;
     errors::register(m)?;
     llm::register(m)?;
+    disagg::register(m)?;
     kv_index::register(m)?;
     kv_router::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -155,7 +155,7 @@ impl PyRequestContext {
         self.shared.context.clone()
     }
 
-    fn new(context: RequestContext, bridge: Arc<LoopBridge>) -> Self {
+    pub(crate) fn new(context: RequestContext, bridge: Arc<LoopBridge>) -> Self {
         let shared = Arc::new(ContextShared {
             context: context.clone(),
             task: Mutex::new(None),

@@ -4,7 +4,7 @@
 computes each prompt's KV cache and hands it to the decode Worker that asked. It
 registers no model: frontends never see it.
 
-The engine is chosen by configuration (``engine: mocker``); every other key of the
+The engine is chosen by configuration (``engine: mocker`` or ``vllm``); every other key of the
 PrefillWorker's configuration becomes a flag of the engine's own parser
 (``max-concurrent-prefills: 2`` → ``--max-concurrent-prefills 2``), as for the Worker.
 
@@ -37,13 +37,14 @@ def endpoint() -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Serve prefill jobs with the configured engine until SIGINT/SIGTERM."""
     engine, flags = worker_args(argv, service_name=PrefillWorker.name)
-    if engine == "mocker":
-        from dynamo.mocker.__main__ import main as mocker_main
+    engine_argv = ["--endpoint", endpoint(), "--role", "prefill", *flags]
+    if engine == "vllm":
+        from dynamo.vllm.__main__ import main as vllm_main
 
-        return mocker_main(["--endpoint", endpoint(), "--role", "prefill", *flags])
-    print(f"{PrefillWorker.name}: engine '{engine}' is not available in this build (use engine: mocker)",
-          file=sys.stderr)
-    return 2
+        return vllm_main(engine_argv)
+    from dynamo.mocker.__main__ import main as mocker_main
+
+    return mocker_main(engine_argv)
 
 
 if __name__ == "__main__":

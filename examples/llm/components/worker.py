@@ -54,6 +54,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     engine, flags = parse_args(argv)
     deploy = Worker()
     endpoint = f"dyn://{deploy.namespace}.{deploy.name}.generate"
+    if "--role" in flags and flags[flags.index("--role") + 1] == "decode" and "--prefill-endpoint" not in flags:
+        # Disaggregated (`role: decode`): the graph's PrefillWorker takes the long prefills.
+        from components.prefill_worker import endpoint as prefill_endpoint
+
+        flags = [*flags, "--prefill-endpoint", prefill_endpoint()]
     # The engine's own parser validates the engine flags (an unknown key is a clear error).
     if engine == "vllm":
         from dynamo.vllm.__main__ import main as vllm_main
@@ -61,11 +66,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return vllm_main(["--endpoint", endpoint, *flags])
     from dynamo.mocker.__main__ import main as mocker_main
 
-    if "--role" in flags and flags[flags.index("--role") + 1] == "decode" and "--prefill-endpoint" not in flags:
-        # Disaggregated (`role: decode`): the graph's PrefillWorker takes the long prefills.
-        from components.prefill_worker import endpoint as prefill_endpoint
-
-        flags = [*flags, "--prefill-endpoint", prefill_endpoint()]
     return mocker_main(["--endpoint", endpoint, *flags])
 
 

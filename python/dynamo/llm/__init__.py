@@ -3,7 +3,8 @@
 KV-aware routing's building blocks: the index of the fleet's caches (``RadixTree``,
 ``KvIndexer``, ``compute_block_hash_for_seq``) and what engines publish to it
 (``KvEventPublisher``, ``WorkerMetricsPublisher``, ``ZmqKvEventPublisher`` for vLLM's
-ZMQ events). See docs/kv-routing.md.
+ZMQ events). See docs/kv-routing.md. Disaggregated serving for a Python engine:
+``RemotePrefill`` (decode side) and ``serve_prefill_worker`` (docs/disagg.md).
 
 ```python
 @dynamo_worker()
@@ -28,11 +29,14 @@ from dynamo._core import (
     KvRouter,
     OpenAIPreprocessor,
     OverlapScores,
+    PrefillWorker,
     PreprocessedRequest,
     RadixTree,
+    RemotePrefill,
     WorkerMetricsPublisher,
     compute_block_hash_for_seq,
     run_dynamo_run,
+    serve_prefill_worker,
 )
 from dynamo._core import register_llm as _register_llm
 from dynamo.llm.zmq_kv import ZmqKvEventPublisher, ZmqKvEventPublisherConfig
@@ -45,14 +49,17 @@ __all__ = [
     "ModelType",
     "OpenAIPreprocessor",
     "OverlapScores",
+    "PrefillWorker",
     "PreprocessedRequest",
     "RadixTree",
+    "RemotePrefill",
     "WorkerMetricsPublisher",
     "ZmqKvEventPublisher",
     "ZmqKvEventPublisherConfig",
     "compute_block_hash_for_seq",
     "register_llm",
     "run_dynamo_run",
+    "serve_prefill_worker",
 ]
 
 

@@ -48,28 +48,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "--migration-limit", type=int,
         help="times a frontend may continue a broken stream of this model on another worker (registered with it)",
     )
+    from dynamo.llm import disagg as disagg_flags
+
     disagg = parser.add_argument_group("disaggregated serving (docs/disagg.md)")
-    disagg.add_argument(
-        "--role", choices=("agg", "prefill", "decode"), default="agg",
-        help="agg: prefill and decode here (default); prefill: take prefill jobs, register no model; "
-        "decode: serve the model, send long prefills to prefill workers",
-    )
-    disagg.add_argument(
-        "--prefill-endpoint", help="decode: the prefill workers' endpoint (default NAMESPACE.prefill.generate)"
-    )
-    disagg.add_argument(
-        "--max-local-prefill-length", type=int,
-        help="decode: prefill remotely only when the prompt's uncached part is longer than this (tokens; default 1000)",
-    )
-    disagg.add_argument(
-        "--max-prefill-queue-size", type=int,
-        help="decode: ...and fewer than this many prefill jobs wait (default 2; 0 never sends)",
-    )
-    disagg.add_argument(
-        "--remote-prefill-timeout", type=float,
-        help="decode: seconds a remote prefill may take before prefilling locally (default 30)",
-    )
-    disagg.add_argument("--max-concurrent-prefills", type=int, help="prefill: jobs computed at once (default 2)")
+    # Only the flags given are passed on to dynamo-run, which holds the defaults.
+    disagg_flags.add_arguments(disagg, defaults=False)
     disagg.add_argument("--kv-transfer-bandwidth", type=float, help="GB/s of a simulated KV handoff (default 25)")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="debug logs (-vv: trace)")
     args = parser.parse_args(argv)

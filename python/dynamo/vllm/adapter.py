@@ -1,7 +1,9 @@
 """The one module that knows vLLM's request and response objects: a ``PreprocessedRequest``
 dict (what the frontend sends a token-level worker) becomes a ``TokensPrompt`` and
 ``SamplingParams``; each ``RequestOutput`` vLLM yields becomes an ``LLMEngineOutput`` dict;
-vLLM's scheduler stats become the load metrics a KV-aware router reads.
+vLLM's scheduler stats become the load metrics a KV-aware router reads; for disaggregated
+serving, the KV-transfer configuration, a prefill request's parameters, the transfer
+parameters its output carries, and the decode request's parameters.
 
 Everything else in ``dynamo.vllm`` is engine-agnostic plumbing (flags, registration,
 serving, events) exercised in CI without vLLM; this module is tested against the real
@@ -14,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from vllm import SamplingParams, TokensPrompt
-from vllm.config import VllmConfig
+from vllm.config import KVTransferConfig, VllmConfig
 from vllm.outputs import RequestOutput
 from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 from vllm.v1.metrics.loggers import StatLoggerBase
@@ -37,7 +39,7 @@ def tokens_prompt(request: Mapping[str, Any]) -> TokensPrompt:
     return TokensPrompt(prompt_token_ids=token_ids)
 
 
-def sampling_params(request: Mapping[str, Any]) -> SamplingParams:
+def sampling_params(request: Mapping[str, Any], kv_transfer_params: Mapping[str, Any] | None = None) -> SamplingParams:
     """vLLM's sampling parameters for a ``PreprocessedRequest``.
 
     * ``sampling_options``: temperature, top_p, top_k, min_p, the three penalties and seed
@@ -49,6 +51,7 @@ def sampling_params(request: Mapping[str, Any]) -> SamplingParams:
     * ``eos_token_ids`` from the model card are stop tokens too, unless ``ignore_eos``.
     * ``output_options.logprobs`` = N: each token's log probability and N alternatives.
     * ``response_format`` ``json_object`` / ``json_schema``: vLLM structured outputs.
+    * ``kv_transfer_params``: for vLLM's KV connector, in ``extra_args`` (disaggregation).
     """
     options: Mapping[str, Any] = request.get("sampling_options") or {}
     stop: Mapping[str, Any] = request.get("stop_conditions") or {}
@@ -72,7 +75,68 @@ def sampling_params(request: Mapping[str, Any]) -> SamplingParams:
         structured_outputs=structured_outputs(request.get("response_format")),
         detokenize=False,
         output_kind=RequestOutputKind.DELTA,
+        extra_args={"kv_transfer_params": dict(kv_transfer_params)} if kv_transfer_params is not None else None,
     )
+
+
+# --- disaggregated serving: vLLM's KV connector (NixlConnector by default) ---------------
+
+#: The KV connector of a prefill or decode worker unless ``--kv-transfer-config`` names one.
+DEFAULT_KV_CONNECTOR = "NixlConnector"
+
+#: What a prefill request tells vLLM's connector: keep the KV for a remote decode, and
+#: return its transfer parameters with the output (the keys vLLM's own P/D proxy sends).
+PREFILL_TRANSFER_PARAMS: Mapping[str, Any] = {
+    "do_remote_decode": True,
+    "do_remote_prefill": False,
+    "remote_engine_id": None,
+    "remote_block_ids": None,
+    "remote_host": None,
+    "remote_port": None,
+}
+
+
+def kv_transfer_config(given: KVTransferConfig | None) -> KVTransferConfig:
+    """The KV-transfer configuration of a prefill or decode worker: the one given with
+    vLLM's ``--kv-transfer-config`` unchanged, else ``NixlConnector`` with ``kv_role``
+    ``kv_both`` (either side of a transfer) and ``kv_load_failure_policy`` ``recompute``:
+    a decode whose KV cannot be pulled computes the prompt itself, as the core's
+    fallback does, instead of failing the request."""
+    if given is not None and given.kv_connector:
+        return given
+    return KVTransferConfig(kv_connector=DEFAULT_KV_CONNECTOR, kv_role="kv_both", kv_load_failure_policy="recompute")
+
+
+def prefill_sampling_params(request: Mapping[str, Any]) -> SamplingParams:
+    """A prefill worker's request: the prompt's sampling parameters, one token, and the
+    connector told to hold the KV for a remote decode."""
+    one_token = {**request, "stop_conditions": {**(request.get("stop_conditions") or {}), "max_tokens": 1}}
+    return sampling_params(one_token, PREFILL_TRANSFER_PARAMS)
+
+
+def prefill_transfer_params(output: RequestOutput) -> dict[str, Any]:
+    """The transfer parameters vLLM's connector put on a prefill's final output (remote
+    engine id, block ids, host and port ...): what the decode side's engine needs."""
+    params = output.kv_transfer_params
+    if not output.finished or not isinstance(params, dict) or not params:
+        raise RequestError(
+            "vLLM finished the prefill without KV transfer parameters: is a KV connector configured "
+            "(--kv-transfer-config)?"
+        )
+    return dict(params)
+
+
+def decode_transfer_params(transfer: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The ``kv_transfer_params`` of a decode request whose prompt a prefill worker
+    computed: the prefill's parameters (the descriptor's ``engine_params``) with
+    ``do_remote_prefill`` set, so that the connector pulls the KV instead of computing
+    it. ``None`` for a local prefill (no descriptor, or one without parameters)."""
+    if transfer is None:
+        return None
+    params = transfer.get("engine_params")
+    if not isinstance(params, Mapping) or not params:
+        return None
+    return {**params, "do_remote_prefill": True, "do_remote_decode": False}
 
 
 def structured_outputs(response_format: Mapping[str, Any] | None) -> StructuredOutputsParams | None:

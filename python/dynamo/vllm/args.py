@@ -20,7 +20,8 @@ if TYPE_CHECKING:
     from vllm.engine.arg_utils import AsyncEngineArgs
 
 DEFAULT_ENDPOINT = "dyn://dynamo.backend.generate"
-ROLES = ("agg", "prefill", "decode")
+#: Where a prefill worker serves unless told (where decode workers look by default).
+DEFAULT_PREFILL_ENDPOINT = "dyn://dynamo.prefill.generate"
 
 
 @dataclasses.dataclass
@@ -35,6 +36,13 @@ class Config:
     """What vLLM loads (a folder or a HuggingFace id)."""
     migration_limit: int
     role: str
+    """``agg``, ``prefill`` or ``decode`` (docs/disagg.md)."""
+    prefill_endpoint: str | None
+    """Decode: the prefill workers' endpoint (default ``NAMESPACE.prefill.generate``)."""
+    max_local_prefill_length: int
+    max_prefill_queue_size: int
+    remote_prefill_timeout: float
+    max_concurrent_prefills: int
     kv_events: bool
     """Publish vLLM's KV cache events (for ``--router-mode kv``)."""
     kv_events_port: int
@@ -48,12 +56,17 @@ def parser() -> argparse.ArgumentParser:
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
+    from dynamo.llm import disagg
+
     p = FlexibleArgumentParser(
         prog="python -m dynamo.vllm",
         description="Serve a vLLM engine as a Dynamo token-level worker and register its model.",
     )
     group = p.add_argument_group("Dynamo")
-    group.add_argument("--endpoint", default=DEFAULT_ENDPOINT, help=f"where to serve (default {DEFAULT_ENDPOINT})")
+    group.add_argument(
+        "--endpoint",
+        help=f"where to serve (default {DEFAULT_ENDPOINT}; with --role prefill {DEFAULT_PREFILL_ENDPOINT})",
+    )
     group.add_argument("--model-path", help="alias of vLLM's --model")
     group.add_argument(
         "--model-name", help="the public model name (default: --served-model-name, else the model's folder name)"
@@ -63,9 +76,6 @@ def parser() -> argparse.ArgumentParser:
     group.add_argument(
         "--migration-limit", type=int, default=0,
         help="times a frontend may continue a broken stream of this model on another worker (default 0)",
-    )
-    group.add_argument(
-        "--role", choices=ROLES, default="agg", help="disaggregation role (default agg; prefill/decode not built yet)"
     )
     group.add_argument(
         "--kv-events", action=argparse.BooleanOptionalAction, default=True,
@@ -78,6 +88,13 @@ def parser() -> argparse.ArgumentParser:
     group.add_argument(
         "--metrics", action=argparse.BooleanOptionalAction, default=True,
         help="publish load metrics from vLLM's scheduler (default on)",
+    )
+    disagg.add_arguments(
+        p.add_argument_group(
+            "Dynamo: disaggregated serving",
+            "prefill and decode workers run vLLM's KV connector (--kv-transfer-config; default NixlConnector, "
+            "kv_role kv_both); see docs/disagg.md",
+        )
     )
     return AsyncEngineArgs.add_cli_args(p)
 
@@ -123,8 +140,15 @@ def parse_args(argv: Sequence[str]) -> Config:
     if ns.migration_limit < 0:
         p.error("--migration-limit must be at least 0")
     tensor_parallel(ns, list(argv), p)
-    if ns.role != "agg":
-        p.error(f"--role {ns.role}: disaggregated vLLM workers are not built yet (docs/vllm.md); use --role agg")
+    if ns.role == "prefill":
+        # A prefill worker's cache serves no router: its blocks leave with the transfer.
+        ns.kv_events = False
+    if ns.max_concurrent_prefills < 1 or ns.max_local_prefill_length < 0 or ns.max_prefill_queue_size < 0:
+        p.error("--max-concurrent-prefills must be at least 1; the prefill thresholds at least 0")
+    if not ns.remote_prefill_timeout > 0:
+        p.error("--remote-prefill-timeout must be a positive number of seconds")
+    if ns.endpoint is None:
+        ns.endpoint = DEFAULT_PREFILL_ENDPOINT if ns.role == "prefill" else DEFAULT_ENDPOINT
     endpoint = ns.endpoint if ns.endpoint.startswith("dyn://") else f"dyn://{ns.endpoint}"
     if len(endpoint.removeprefix("dyn://").split(".")) != 3:
         p.error(f"--endpoint {ns.endpoint!r}: expected namespace.component.endpoint")
@@ -141,6 +165,11 @@ def parse_args(argv: Sequence[str]) -> Config:
         model_path=str(ns.model),
         migration_limit=ns.migration_limit,
         role=ns.role,
+        prefill_endpoint=ns.prefill_endpoint,
+        max_local_prefill_length=ns.max_local_prefill_length,
+        max_prefill_queue_size=ns.max_prefill_queue_size,
+        remote_prefill_timeout=ns.remote_prefill_timeout,
+        max_concurrent_prefills=ns.max_concurrent_prefills,
         kv_events=ns.kv_events,
         kv_events_port=ns.kv_events_port,
         metrics=ns.metrics,

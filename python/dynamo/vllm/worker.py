@@ -2,6 +2,12 @@
 ``generate`` on the endpoint, register the model (kind ``backend``) with vLLM's context
 length and KV block size, and stream each request's tokens back.
 
+Disaggregated (``--role prefill|decode``, docs/disagg.md): both engines run vLLM's KV
+connector; a prefill worker serves the core's prefill jobs with ``Handler.prefill``
+(registering no model), a decode worker wraps ``Handler.generate`` in the core's
+remote-prefill step (``dynamo.llm.disagg``) and passes the prefill's transfer parameters
+to vLLM, whose connector pulls the KV.
+
 The frontend tokenizes (with the model card registered here), detokenizes, applies stop
 strings and counts usage; this worker only turns token ids into token ids.
 """
@@ -10,12 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from dynamo.llm import register_llm
-from dynamo.runtime import DistributedRuntime, RequestContext
+from dynamo.llm import disagg, register_llm
+from dynamo.runtime import DistributedRuntime, Endpoint, RequestContext
 
 from . import adapter
 from .args import Config
@@ -40,13 +47,17 @@ class Handler:
         self.engine = engine
         self.runtime = runtime
 
-    async def generate(self, request: dict[str, Any], context: RequestContext) -> AsyncIterator[dict[str, Any]]:
+    async def generate(
+        self, request: dict[str, Any], context: RequestContext, transfer: dict[str, Any] | None = None
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Stream the request's tokens; ``transfer``: a prefill worker's descriptor of
+        the prompt's KV (decode role), which vLLM's connector then pulls."""
         from vllm.v1.engine.exceptions import EngineDeadError
 
         request_id = context.id()
         try:
             prompt = adapter.tokens_prompt(request)
-            params = adapter.sampling_params(request)
+            params = adapter.sampling_params(request, adapter.decode_transfer_params(transfer))
         except (adapter.RequestError, ValueError, TypeError) as e:
             yield {"token_ids": [], "finish_reason": {"error": f"invalid request: {e}"}}
             return
@@ -74,6 +85,46 @@ class Handler:
             return
         # vLLM's stream ended without a finished output: never report that as a normal end.
         yield {"token_ids": [], "finish_reason": {"error": "vLLM ended the stream without finishing the request"}}
+
+
+    async def prefill(self, request: dict[str, Any], context: RequestContext) -> dict[str, Any]:
+        """A prefill job (prefill role): compute the prompt (one token), leaving its KV
+        with vLLM's connector for the decode worker; return the connector's transfer
+        parameters. Raising fails the job (the decode worker then prefills locally)."""
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        request_id = context.id()
+        prompt = adapter.tokens_prompt(request)
+        params = adapter.prefill_sampling_params(request)
+        final = None
+        try:
+            async for output in self.engine.generate(prompt, params, request_id):
+                final = output
+                if context.is_stopped() and not output.finished:
+                    await self.engine.abort(request_id)
+                    raise adapter.RequestError("the prefill job was given up")
+        except EngineDeadError as e:
+            log.error("vLLM engine died: %s; shutting the worker down", e)
+            if self.runtime is not None:
+                self.runtime.shutdown()
+            raise
+        if final is None:
+            raise adapter.RequestError("vLLM produced no output for the prefill")
+        return adapter.prefill_transfer_params(final)
+
+
+def configure_disagg(config: Config, side_channel_port: int | None = None) -> None:
+    """Give a prefill or decode worker's engine its KV connector
+    (``adapter.kv_transfer_config``). With NixlConnector and no
+    ``VLLM_NIXL_SIDE_CHANNEL_PORT`` in the environment, its side channel (the handshake
+    decode workers connect to) gets ``side_channel_port``: every worker would otherwise
+    take vLLM's default, 5600, and two on one host would collide."""
+    if config.role == "agg":
+        return
+    kv = adapter.kv_transfer_config(config.engine_args.kv_transfer_config)
+    config.engine_args.kv_transfer_config = kv
+    if kv.kv_connector == adapter.DEFAULT_KV_CONNECTOR and side_channel_port is not None:
+        os.environ.setdefault("VLLM_NIXL_SIDE_CHANNEL_PORT", str(side_channel_port))
 
 
 def configure_kv_events(config: Config, port: int) -> None:
@@ -107,6 +158,45 @@ def local_model_dir(model: str) -> str | None:
         return None
 
 
+async def serve_role(
+    runtime: DistributedRuntime, config: Config, endpoint: Endpoint, handler: Handler, context_length: int,
+    block_size: int,
+) -> None:
+    """Serve ``handler`` in ``config.role`` until the runtime shuts down: prefill jobs
+    (no model registered), or ``generate`` (behind the core's remote-prefill step for a
+    decode worker) with the model registered."""
+    if config.role == "prefill":
+        log.info("serving prefill jobs (vLLM, KV block %d) on %s", block_size, config.endpoint)
+        await disagg.serve_prefill(runtime, endpoint, handler.prefill, block_size, config.max_concurrent_prefills)
+        return
+    generate: Any = handler.generate
+    if config.role == "decode":
+        remote = await disagg.connect_decode(endpoint, config)
+        log.info("decode role: prefill queue on %s", remote.transport)
+        cached_tokens = None
+        if config.kv_events:
+            # vLLM has no query of its prefix cache: read it back from its own KV events.
+            namespace, component_name, _ = config.endpoint.removeprefix("dyn://").split(".")
+            component = runtime.namespace(namespace).component(component_name)
+            cached_tokens = disagg.own_cached_tokens(component, block_size, runtime.instance_id())
+        generate = disagg.decode_handler(remote, handler.generate, cached_tokens)
+    serving = asyncio.create_task(endpoint.serve_endpoint(generate))
+    await register_llm(
+        endpoint,
+        model_path=local_model_dir(config.model_path),
+        model_name=config.model_name,
+        kind="backend",
+        context_length=context_length,
+        kv_cache_block_size=block_size,
+        migration_limit=config.migration_limit,
+    )
+    log.info(
+        "serving %s (vLLM, role %s, context %d, KV block %d) on %s",
+        config.model_name, config.role, context_length, block_size, config.endpoint,
+    )
+    await serving
+
+
 async def serve(runtime: DistributedRuntime, config: Config) -> None:
     """Run the engine and serve it until the runtime shuts down."""
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -134,22 +224,9 @@ async def serve(runtime: DistributedRuntime, config: Config) -> None:
             events = ZmqKvEventPublisher(
                 component, ZmqKvEventPublisherConfig(kv_block_size=cache_config.block_size, zmq_endpoint=zmq_endpoint)
             )
-        handler = Handler(engine, runtime)
-        serving = asyncio.create_task(endpoint.serve_endpoint(handler.generate))
-        await register_llm(
-            endpoint,
-            model_path=local_model_dir(config.model_path),
-            model_name=config.model_name,
-            kind="backend",
-            context_length=model_config.max_model_len,
-            kv_cache_block_size=cache_config.block_size,
-            migration_limit=config.migration_limit,
+        await serve_role(
+            runtime, config, endpoint, Handler(engine, runtime), model_config.max_model_len, cache_config.block_size
         )
-        log.info(
-            "serving %s (vLLM, context %d, KV block %d) on %s",
-            config.model_name, model_config.max_model_len, cache_config.block_size, config.endpoint,
-        )
-        await serving
     finally:
         if events is not None:
             await events.shutdown()

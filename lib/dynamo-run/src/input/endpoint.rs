@@ -14,7 +14,7 @@
 use std::sync::Arc;
 
 use dynamo_llm::disagg::{
-    serve_prefill_worker, DisaggDecodeEngine, DisaggMetrics, DisaggRole, KvHandoff, PrefillQueue, PrefillQueueKind,
+    default_prefill_endpoint, serve_prefill_worker, DisaggDecodeEngine, DisaggMetrics, DisaggRole, KvHandoff, PrefillQueue, PrefillQueueKind,
 };
 use dynamo_llm::discovery::{
     register_model, serve_openai_engine, serve_token_engine, ModelDiscoveryError, ModelRegistration,
@@ -84,7 +84,7 @@ async fn serve(
             let engine: Arc<dyn TokenEngine> = if role == DisaggRole::Decode {
                 let prefill_id = match &config.prefill_endpoint {
                     Some(id) => id.clone(),
-                    None => EndpointId::parse(&format!("{}.prefill.generate", id.namespace))?,
+                    None => default_prefill_endpoint(&id.namespace)?,
                 };
                 let queue = PrefillQueue::connect(runtime, &prefill_id).await?;
                 let transport = match queue.kind() {

@@ -18,7 +18,7 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 
 use super::config::DisaggConfig;
-use super::handoff::{KvHandoff, PrefillEvent, PrefillJob};
+use super::handoff::{KvPrefill, PrefillEvent, PrefillJob};
 use super::jetstream::JetStreamQueue;
 use super::metrics::DisaggMetrics;
 use crate::engine::RequestContext;
@@ -30,7 +30,7 @@ const PULL_WAIT: Duration = Duration::from_secs(1);
 /// Runs prefill jobs on the engine.
 #[derive(Clone)]
 struct JobRunner {
-    engine: Arc<dyn KvHandoff>,
+    engine: Arc<dyn KvPrefill>,
     slots: Arc<Semaphore>,
     worker_id: u64,
     metrics: DisaggMetrics,
@@ -55,15 +55,22 @@ impl JobRunner {
             stop_conditions: StopConditions { max_tokens: Some(1), ..Default::default() },
             ..Default::default()
         };
-        match self.engine.prefill_for_transfer(request, ctx, self.worker_id).await {
-            Ok(mut descriptor) => {
+        // Past the deadline the decode worker prefills locally: stop computing (dropping
+        // the engine's future cancels it).
+        let left = Duration::from_millis(job.deadline_unix_ms.saturating_sub(unix_ms()));
+        match tokio::time::timeout(left, self.engine.prefill_for_transfer(request, ctx, self.worker_id)).await {
+            Ok(Ok(mut descriptor)) => {
                 self.metrics.job("done");
                 descriptor.request_id = job.request_id;
                 PrefillEvent::Done(descriptor)
             }
-            Err(e) => {
+            Ok(Err(e)) => {
                 self.metrics.job("failed");
                 PrefillEvent::Failed { message: format!("prefill failed: {e}") }
+            }
+            Err(_) => {
+                self.metrics.job("expired");
+                PrefillEvent::Failed { message: format!("prefill job {} ran past its deadline", job.request_id) }
             }
         }
     }
@@ -106,7 +113,7 @@ enum Step {
 /// runtime's event plane is NATS). Returns once the endpoint is discoverable.
 pub async fn serve_prefill_worker(
     endpoint: &Endpoint,
-    engine: Arc<dyn KvHandoff>,
+    engine: Arc<dyn KvPrefill>,
     config: &DisaggConfig,
     metrics: DisaggMetrics,
 ) -> dynamo_runtime::Result<PrefillWorker> {

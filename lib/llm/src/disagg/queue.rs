@@ -33,6 +33,12 @@ pub enum PrefillQueueKind {
     JetStream,
 }
 
+/// The prefill workers' endpoint a decode worker of `namespace` uses unless told
+/// otherwise: `{namespace}.prefill.generate`.
+pub fn default_prefill_endpoint(namespace: &str) -> dynamo_runtime::Result<EndpointId> {
+    EndpointId::parse(&format!("{namespace}.prefill.generate"))
+}
+
 /// Where a decode worker sends prefill jobs.
 pub struct PrefillQueue {
     /// The prefill workers' endpoint (also tells whether any is up).

@@ -10,7 +10,7 @@ use tokio::sync::oneshot;
 use crate::kv_router::protocols::hash_full_blocks;
 use super::engine::MockerEngine;
 use super::scheduler::Command;
-use crate::disagg::{KvHandoff, KvTransferDescriptor};
+use crate::disagg::{KvHandoff, KvPrefill, KvTransferDescriptor};
 use crate::engine::{EngineError, RequestContext, TokenEngine};
 use crate::protocols::common::PreprocessedRequest;
 
@@ -27,14 +27,7 @@ impl MockerEngine {
 }
 
 #[async_trait]
-impl KvHandoff for MockerEngine {
-    async fn cached_prefix_tokens(&self, tokens: &[u32]) -> Result<usize, EngineError> {
-        let block_size = self.args().block_size;
-        let hashes = hash_full_blocks(tokens, block_size).into_iter().map(|h| h.block_hash).collect();
-        let blocks = self.ask(|reply| Command::CachedPrefix { hashes, reply }).await?;
-        Ok(blocks * block_size)
-    }
-
+impl KvPrefill for MockerEngine {
     async fn prefill_for_transfer(
         &self,
         mut request: PreprocessedRequest,
@@ -57,7 +50,19 @@ impl KvHandoff for MockerEngine {
             block_size,
             block_hashes: hash_full_blocks(&tokens, block_size).into_iter().map(|h| h.block_hash).collect(),
             prompt_tokens: tokens.len(),
+            engine_params: None,
         })
+    }
+
+}
+
+#[async_trait]
+impl KvHandoff for MockerEngine {
+    async fn cached_prefix_tokens(&self, tokens: &[u32]) -> Result<usize, EngineError> {
+        let block_size = self.args().block_size;
+        let hashes = hash_full_blocks(tokens, block_size).into_iter().map(|h| h.block_hash).collect();
+        let blocks = self.ask(|reply| Command::CachedPrefix { hashes, reply }).await?;
+        Ok(blocks * block_size)
     }
 
     async fn receive_kv(&self, tokens: &[u32], descriptor: &KvTransferDescriptor) -> Result<usize, EngineError> {
