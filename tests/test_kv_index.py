@@ -50,8 +50,15 @@ def test_radix_tree_with_the_reference_json():
     assert scores.scores == {1: 1}
     tree.apply_event(1, '{"event_id": 8, "data": {"removed": {"block_hashes": [111]}}}')
     assert tree.find_matches([5756925433886871916]).scores == {}
-    tree.apply_event(1, '{"event_id": 9, "data": "cleared"}')
-    assert tree.stats()["events"] == 3
+    # Hashes are 64-bit: from a list, taken modulo 2^64; anything but ints is refused.
+    tree.apply_event(1, b'{"event_id": 9, "data": {"stored": {"parent_hash": null, '
+                        b'"blocks": [{"block_hash": 112, "tokens_hash": 18446744073709551615}]}}}')
+    assert tree.find_matches([-1]).scores == tree.find_matches([2**64 - 1]).scores == {1: 1}
+    assert tree.find_matches((2**64 - 1,)).scores == {1: 1}  # any sequence
+    with pytest.raises(ValueError, match="must be an int"):
+        tree.find_matches([1.5])
+    tree.apply_event(1, '{"event_id": 10, "data": "cleared"}')
+    assert tree.stats()["events"] == 4
     with pytest.raises(ValueError, match="invalid KV event"):
         tree.apply_event(1, b'{"event_id": 1, "data": {"stolen": {}}}')
     with pytest.raises(ValueError, match="JSON as bytes or str"):

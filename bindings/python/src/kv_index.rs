@@ -62,9 +62,27 @@ fn token_list(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
     list_ints(obj).unwrap_or_else(|| obj.extract())
 }
 
-/// Block hashes from a list (fast) or any sequence of ints.
+/// Block hashes from a list (fast) or any sequence of ints. From a list, each int is
+/// taken modulo 2^64 (a negative one as its two's complement, as for engines' signed
+/// block ids): hashes are full 64-bit values, which CPython stores in three digits, and
+/// the checked conversion of those costs as much as the index lookup behind it.
 fn hash_list(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
-    list_ints(obj).unwrap_or_else(|| obj.extract())
+    let Ok(list) = obj.cast::<PyList>() else { return obj.extract() };
+    let mut out = Vec::with_capacity(list.len());
+    for i in 0..list.len() {
+        // SAFETY: as in `list_ints`: `i` is within the list's length, which cannot change
+        // while we hold the GIL and call no Python code (the item is checked to be an int
+        // first, so the conversion runs no `__index__`); the item is borrowed.
+        unsafe {
+            let item = ffi::PyList_GetItem(list.as_ptr(), i as ffi::Py_ssize_t);
+            if ffi::PyLong_Check(item) == 0 {
+                let item = Bound::from_borrowed_ptr(obj.py(), item);
+                return Err(PyValueError::new_err(format!("a block hash must be an int, got {item:?}")));
+            }
+            out.push(ffi::PyLong_AsUnsignedLongLongMask(item));
+        }
+    }
+    Ok(out)
 }
 
 fn nonzero_block_size(block_size: usize) -> PyResult<usize> {
