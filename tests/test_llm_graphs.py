@@ -158,7 +158,15 @@ async def test_agg_router_graph_routes_by_kv_cache(workers, runtime, namespace) 
         while (await indexer.find_matches_for_request(prompt)).scores != {worker: 8}:
             assert asyncio.get_running_loop().time() < deadline, "the worker's KV events did not arrive"
             await asyncio.sleep(0.1)
-        await asyncio.sleep(1.0)  # the Router's own subscription sees the same events
+        # The Router's own subscription gets the same events: probe it with the first two
+        # blocks until it has them (a probe sent elsewhere meanwhile is counted there as
+        # two predicted blocks, fewer than the eight the worker holds).
+        probe = {"token_ids": prompt[: 2 * BLOCK_SIZE]}
+        while [item.data() async for item in await router.generate(probe)] != [
+            {"worker_id": worker, "prefix_hit_rate": 1.0}
+        ]:
+            assert asyncio.get_running_loop().time() < deadline, "the Router did not follow the KV events"
+            await asyncio.sleep(0.2)
         stream = await router.generate({"token_ids": [*prompt, 5, 6, 7]})
         assert [item.data() async for item in stream] == [{"worker_id": worker, "prefix_hit_rate": 1.0}]
 

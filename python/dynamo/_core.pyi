@@ -730,6 +730,9 @@ def run_routing_lab(
     ``output_length``, ``hash_ids``) through ``workers`` simulated mocker engines on a
     virtual clock, routing with ``policy`` (``kv``, ``approx``, ``round-robin``,
     ``random``), without the GIL. ``python -m dynamo.router.lab`` is its command line.
+    ``engine_args`` is a JSON object of mocker settings (docs/mocker.md); the lab's
+    workers have 26,624 KV blocks (an 80 GB GPU serving an 8B model) unless it sets
+    ``num_gpu_blocks``.
 
     Returns:
         ``policy``, ``requests``, ``completed``, ``rejected``, ``hit_rate``,

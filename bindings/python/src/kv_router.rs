@@ -6,7 +6,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use dynamo_llm::kv_router::lab::{self, LabConfig, LabError, Policy};
-use dynamo_llm::engines::mocker::MockerArgs;
 use dynamo_llm::kv_router::{KvRouter, KvRouterConfig, ScheduleError, SchedulerConfig, SelectorWeights};
 use dynamo_runtime::Client;
 use pyo3::exceptions::{PyOSError, PyValueError};
@@ -121,10 +120,7 @@ pub fn run_routing_lab<'py>(
     engine_args: Option<&str>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let policy: Policy = policy.parse().map_err(lab_error)?;
-    let engine = match engine_args {
-        Some(json) => MockerArgs::from_json(json).map_err(|e| PyValueError::new_err(format!("engine_args: {e}")))?,
-        None => MockerArgs::default(),
-    };
+    let engine = lab::lab_engine_args(engine_args).map_err(|e| PyValueError::new_err(format!("engine_args: {e}")))?;
     let config = LabConfig {
         workers,
         trace_block_size,

@@ -16,7 +16,6 @@
 //! and the router sees every streamed token's timing (the straggler penalty).
 //! The same trace, policy, configuration and seed give the same report.
 
-use std::collections::HashMap;
 use std::io::BufRead;
 use std::path::Path;
 use std::str::FromStr;
@@ -29,10 +28,31 @@ use serde::Deserialize;
 use super::router::{KvRouter, KvRouterConfig};
 use super::scheduler::{ScheduleError, SchedulerConfig};
 use super::protocols::{KvCacheEvent, RouterEvent};
-use crate::engines::mocker::{MockerArgs, SimOutput, SimWorker};
+use crate::engines::mocker::{ArgsError, MockerArgs, SimOutput, SimWorker};
 
 /// Default tokens per trace block (the Mooncake traces' 512).
 pub const DEFAULT_TRACE_BLOCK_SIZE: usize = 512;
+
+/// Default KV cache of a lab worker, in blocks of the engine's 16 tokens: one 80 GB GPU
+/// serving the model the mocker's timing model and `kv_bytes_per_token` (128 KiB)
+/// describe, Llama-3-8B in fp16: 16 GB of weights and ~12 GB of activations and
+/// headroom leave 52 GiB, 416 Ki tokens. (The mocker's own default, 16,384 blocks,
+/// is 262 Ki tokens: about twenty of a long-context trace's prompts.)
+pub const DEFAULT_LAB_GPU_BLOCKS: usize = 26_624;
+
+/// The engine settings of a lab worker: the mocker's (JSON keys as in
+/// `--extra-engine-args`, `None` for none), with the lab's cache size
+/// [`DEFAULT_LAB_GPU_BLOCKS`] unless `num_gpu_blocks` is given.
+pub fn lab_engine_args(json: Option<&str>) -> Result<MockerArgs, ArgsError> {
+    let mut settings: serde_json::Map<String, serde_json::Value> = match json {
+        Some(json) => serde_json::from_str(json)?,
+        None => serde_json::Map::new(),
+    };
+    settings.entry("num_gpu_blocks").or_insert(DEFAULT_LAB_GPU_BLOCKS.into());
+    let args: MockerArgs = serde_json::from_value(serde_json::Value::Object(settings))?;
+    args.validate()?;
+    Ok(args)
+}
 
 /// One request of a trace.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -118,7 +138,8 @@ pub struct LabConfig {
     pub workers: usize,
     /// Tokens per trace block.
     pub trace_block_size: usize,
-    /// Every worker's engine (its `block_size` is also the router's).
+    /// Every worker's engine (its `block_size` is also the router's); default the
+    /// mocker's with [`DEFAULT_LAB_GPU_BLOCKS`] (see [`lab_engine_args`]).
     pub engine: MockerArgs,
     /// The KV router's cost, temperature, straggler penalty (policies `kv`, `approx`).
     pub scheduler: SchedulerConfig,
@@ -135,7 +156,7 @@ impl Default for LabConfig {
         LabConfig {
             workers: 4,
             trace_block_size: DEFAULT_TRACE_BLOCK_SIZE,
-            engine: MockerArgs::default(),
+            engine: MockerArgs { num_gpu_blocks: DEFAULT_LAB_GPU_BLOCKS, ..MockerArgs::default() },
             scheduler: SchedulerConfig::default(),
             slow_worker_factor: 1.0,
             time_scale: 1.0,
@@ -291,7 +312,8 @@ pub fn run(trace: &[TraceRequest], policy: Policy, config: &LabConfig) -> Result
     let arrival = |i: usize| trace[i].timestamp / config.time_scale;
 
     let mut step_end: Vec<Option<f64>> = vec![None; n];
-    let mut streams: HashMap<u64, Stream> = HashMap::new();
+    // Requests in flight, by their index in the trace.
+    let mut streams: Vec<Option<Stream>> = vec![None; trace.len()];
     let mut ttft = vec![f64::NAN; trace.len()];
     let mut itl: Vec<f32> = Vec::new();
     let mut outputs: Vec<SimOutput> = Vec::new();
@@ -346,7 +368,7 @@ pub fn run(trace: &[TraceRequest], policy: Policy, config: &LabConfig) -> Result
                     continue;
                 }
                 per_worker[w] += 1;
-                streams.insert(i as u64, Stream { worker: w, sent, arrival: t, last: None });
+                streams[i] = Some(Stream { worker: w, sent, arrival: t, last: None });
                 if step_end[w].is_none() {
                     step_end[w] = workers[w].start_step().map(|ms| t + ms);
                 }
@@ -355,7 +377,7 @@ pub fn run(trace: &[TraceRequest], policy: Policy, config: &LabConfig) -> Result
                 outputs.clear();
                 workers[w].finish_step(&mut outputs);
                 for out in &outputs {
-                    let Some(stream) = streams.get_mut(&out.request) else { continue };
+                    let Some(stream) = streams[out.request as usize].as_mut() else { continue };
                     if out.token {
                         tokens_out += 1;
                         last_token = last_token.max(t);
@@ -386,7 +408,7 @@ pub fn run(trace: &[TraceRequest], policy: Policy, config: &LabConfig) -> Result
                         if let Some((sent, blocks)) = stream.sent {
                             router.load().lock().forget_sent(ids[stream.worker], sent, blocks, at(t));
                         }
-                        streams.remove(&out.request);
+                        streams[out.request as usize] = None;
                     }
                 }
                 let events = workers[w].take_events();
@@ -524,6 +546,18 @@ mod tests {
             penalised.per_worker,
             unpenalised.per_worker
         );
+    }
+
+    #[test]
+    fn lab_workers_default_to_a_gpu_sized_cache() {
+        assert_eq!(LabConfig::default().engine.num_gpu_blocks, DEFAULT_LAB_GPU_BLOCKS);
+        assert_eq!(lab_engine_args(None).unwrap(), LabConfig::default().engine);
+        let args = lab_engine_args(Some(r#"{"block_size": 32}"#)).unwrap();
+        assert_eq!((args.block_size, args.num_gpu_blocks), (32, DEFAULT_LAB_GPU_BLOCKS));
+        assert_eq!(lab_engine_args(Some(r#"{"num_gpu_blocks": 1000}"#)).unwrap().num_gpu_blocks, 1000);
+        assert!(lab_engine_args(Some(r#"{"num_gpu_block": 1}"#)).unwrap_err().to_string().contains("num_gpu_block"));
+        assert!(lab_engine_args(Some("[1]")).is_err());
+        assert!(lab_engine_args(Some(r#"{"num_gpu_blocks": 0}"#)).is_err());
     }
 
     #[test]
