@@ -349,7 +349,7 @@ pub fn run(trace: &[TraceRequest], policy: Policy, config: &LabConfig) -> Result
                     Policy::Random => Ok((rng.random_range(0..n), None)),
                     Policy::Kv | Policy::Approx => {
                         router.route_with(&tokens, &ids, at(t), &mut rng).map(|d| {
-                            (d.worker as usize, Some((d.sent, d.request_blocks as u64 + 1)))
+                            (d.worker as usize, Some((d.sent, d.new_blocks())))
                         })
                     }
                 };

@@ -80,6 +80,20 @@ pub struct KvDecision {
     pub sent: u64,
 }
 
+impl KvDecision {
+    /// KV blocks the request adds on its worker: those it was not predicted to find
+    /// there (the prompt's uncached full blocks, its partial block and what it decodes
+    /// into, counted as one). Cached prefix blocks are shared, not added per request.
+    pub fn new_blocks(&self) -> u64 {
+        new_blocks(self.request_blocks, self.overlap_blocks)
+    }
+}
+
+/// See [`KvDecision::new_blocks`].
+pub(crate) fn new_blocks(request_blocks: usize, overlap_blocks: usize) -> u64 {
+    request_blocks.saturating_sub(overlap_blocks) as u64 + 1
+}
+
 /// An approximate KV-cache-aware router over a set of workers. Shared by every
 /// request to one model (`Arc`); thread safe.
 #[derive(Debug)]
@@ -165,7 +179,7 @@ impl KvRouter {
                 replica: self.replica.id,
                 request: decision.sent,
                 worker: decision.worker,
-                blocks: decision.request_blocks as u64 + 1,
+                blocks: decision.new_blocks(),
                 block_size: self.config.block_size,
                 hashes,
             });
@@ -183,7 +197,7 @@ impl KvRouter {
     /// blocks also stop counting in the worker's predicted load.
     pub fn start_decision(&self, decision: &KvDecision) -> InflightGuard {
         let guard =
-            self.inflight.start_with_blocks(decision.worker, decision.request_blocks as u64 + 1, Some(decision.sent));
+            self.inflight.start_with_blocks(decision.worker, decision.new_blocks(), Some(decision.sent));
         if !self.replica.is_syncing() {
             return guard;
         }

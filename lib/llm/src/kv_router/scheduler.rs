@@ -402,7 +402,7 @@ impl LoadTracker {
             ?candidates,
             "kv routing decision"
         );
-        let sent = self.record_sent(chosen.worker, request_blocks as u64 + 1, now);
+        let sent = self.record_sent(chosen.worker, super::router::new_blocks(request_blocks, chosen.overlap_blocks), now);
         Ok(Choice { worker: chosen.worker, overlap_blocks: chosen.overlap_blocks, sent })
     }
 }
