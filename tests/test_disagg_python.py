@@ -15,8 +15,8 @@ from typing import Any
 import openai
 import pytest
 from helpers import WORKERS_DIR, WorkerPool, WorkerProcess, free_port
-from llm_helpers import HTTP_TIMEOUT, Frontend, start_frontend
-from test_disagg import metric, prompt, wait_metric
+from llm_helpers import start_frontend
+from test_disagg import Graph, client, prompt, wait_metric
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -25,25 +25,6 @@ WORKER = WORKERS_DIR / "handoff_engine_worker.py"
 MAX_LOCAL = 64
 #: `prompt(FAILING_PROMPT, n)` starts with `w900`, which the test engine's prefill refuses.
 FAILING_PROMPT = 897
-
-
-class Graph:
-    def __init__(self, prefill: WorkerProcess, prefill_port: int, decode: WorkerProcess, decode_port: int,
-                 frontend: Frontend):
-        self.prefill, self.prefill_port = prefill, prefill_port
-        self.decode, self.decode_port = decode, decode_port
-        self.frontend = frontend
-
-    def prefills(self, source: str) -> float:
-        return metric(self.decode_port, "dynamo_disagg_prefills_total", f'source="{source}"')
-
-    def jobs(self, outcome: str) -> float:
-        return metric(self.prefill_port, "dynamo_disagg_prefill_jobs_total", f'outcome="{outcome}"')
-
-    def client(self) -> openai.AsyncOpenAI:
-        return openai.AsyncOpenAI(
-            base_url=self.frontend.base_url, api_key="unused", max_retries=0, timeout=HTTP_TIMEOUT
-        )
 
 
 def engine(pool: WorkerPool, role: str, endpoint: str, model_dir: Path, port: int, *args: str) -> WorkerProcess:
@@ -86,7 +67,7 @@ async def test_python_engine_prefills_remotely_by_the_core_rule(
     workers: WorkerPool, namespace: str, model_dir: Path
 ) -> None:
     graph = await start_graph(workers, namespace, model_dir)
-    c = graph.client()
+    c = client(graph.frontend)
     try:
         for i in range(3):
             short = await c.completions.create(model=model_dir.name, prompt=prompt(i * 10, 8), max_tokens=4)
@@ -137,7 +118,7 @@ async def test_python_prefill_worker_killed_mid_job_is_bounded(
         workers, namespace, model_dir, prefill_args=("--prefill-delay", "30"),
         decode_args=("--max-prefill-queue-size", "100", "--remote-prefill-timeout", "8"),
     )
-    c = graph.client()
+    c = client(graph.frontend)
     try:
         async def one(i: int) -> str:
             try:
@@ -179,7 +160,7 @@ async def test_a_prefill_given_up_is_cancelled_in_python(workers: WorkerPool, na
         workers, namespace, model_dir, prefill_args=("--prefill-delay", "30"),
         decode_args=("--remote-prefill-timeout", "1"),
     )
-    c = graph.client()
+    c = client(graph.frontend)
     try:
         started = time.monotonic()
         answer = await asyncio.wait_for(

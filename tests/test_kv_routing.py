@@ -147,13 +147,20 @@ async def post_ok(frontend: Any, body: dict[str, Any]) -> None:
 APPROX = ("--router-mode", "kv", "--no-kv-events", "--kv-overlap-weight", "2")
 
 
-async def test_two_frontends_share_their_routing_decisions(
+async def three_mockers_and_their_kv_events(
     runtime: Any, workers: WorkerPool, namespace: str, model_dir: Path, tmp_path: Path
-) -> None:
+) -> Any:
+    """Three fast mocker workers, up; a subscription to their KV events."""
     start_fast_mockers(workers, namespace, model_dir, tmp_path, 3)
     component = runtime.namespace(namespace).component("mocker")
     await wait_for_instances(await component.endpoint("generate").client(), 3)
-    events = await component.subscribe("kv_events")
+    return await component.subscribe("kv_events")
+
+
+async def test_two_frontends_share_their_routing_decisions(
+    runtime: Any, workers: WorkerPool, namespace: str, model_dir: Path, tmp_path: Path
+) -> None:
+    events = await three_mockers_and_their_kv_events(runtime, workers, namespace, model_dir, tmp_path)
     frontends = [await start_frontend(workers, "dyn", *APPROX) for _ in range(2)]
     for frontend in frontends:
         await frontend.wait_models([model_dir.name])
@@ -175,10 +182,7 @@ async def test_two_frontends_share_their_routing_decisions(
 async def test_a_new_frontend_starts_from_a_peers_snapshot(
     runtime: Any, workers: WorkerPool, namespace: str, model_dir: Path, tmp_path: Path
 ) -> None:
-    start_fast_mockers(workers, namespace, model_dir, tmp_path, 3)
-    component = runtime.namespace(namespace).component("mocker")
-    await wait_for_instances(await component.endpoint("generate").client(), 3)
-    events = await component.subscribe("kv_events")
+    events = await three_mockers_and_their_kv_events(runtime, workers, namespace, model_dir, tmp_path)
     first = await start_frontend(workers, "dyn", *APPROX)
     await first.wait_models([model_dir.name])
     for prefix in range(4):

@@ -19,7 +19,7 @@ use super::inflight::{InflightGuard, InflightTracker};
 use super::protocols::{compute_block_hash_for_seq, LoadMetricsEvent, RouterEvent, KV_EVENTS_SUBJECT, LOAD_METRICS_SUBJECT};
 use super::radix::{RadixTree, SnapshotBlock};
 use super::replica::{self, ReplicaState, SyncMessage};
-use super::scheduler::{LoadTracker, ScheduleError, SchedulerConfig};
+use super::scheduler::{new_blocks, LoadTracker, ScheduleError, SchedulerConfig};
 
 /// Default tokens per KV-cache block, when the model does not say.
 pub const DEFAULT_BLOCK_SIZE: u32 = 16;
@@ -87,11 +87,6 @@ impl KvDecision {
     pub fn new_blocks(&self) -> u64 {
         new_blocks(self.request_blocks, self.overlap_blocks)
     }
-}
-
-/// See [`KvDecision::new_blocks`].
-pub(crate) fn new_blocks(request_blocks: usize, overlap_blocks: usize) -> u64 {
-    request_blocks.saturating_sub(overlap_blocks) as u64 + 1
 }
 
 /// An approximate KV-cache-aware router over a set of workers. Shared by every

@@ -167,6 +167,13 @@ impl WorkerLoad {
     }
 }
 
+/// KV blocks a request of `request_blocks` full blocks adds on a worker predicted to
+/// hold `overlap_blocks` of them: cached prefix blocks are shared, not added per request;
+/// the partial block and what it decodes into count as one.
+pub(crate) fn new_blocks(request_blocks: usize, overlap_blocks: usize) -> u64 {
+    request_blocks.saturating_sub(overlap_blocks) as u64 + 1
+}
+
 /// The worker [`LoadTracker::schedule`] chose.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Choice {
@@ -402,7 +409,7 @@ impl LoadTracker {
             ?candidates,
             "kv routing decision"
         );
-        let sent = self.record_sent(chosen.worker, super::router::new_blocks(request_blocks, chosen.overlap_blocks), now);
+        let sent = self.record_sent(chosen.worker, new_blocks(request_blocks, chosen.overlap_blocks), now);
         Ok(Choice { worker: chosen.worker, overlap_blocks: chosen.overlap_blocks, sent })
     }
 }
