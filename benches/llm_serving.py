@@ -474,7 +474,7 @@ def mocker_scenario(args: argparse.Namespace, log_dir: Path) -> list[Result]:
                                     "--model-name", "tinyllama-chat", "--endpoint", "dyn://bench.mocker.generate",
                                     "--num-workers", "2", "--extra-engine-args", str(engine_args)], env)
         processes.start("frontend-dyn", [*DYNAMO_RUN, "in=http", "out=dyn", "--http-port", str(port),
-                                         *ROUTER_MODES[args.router_mode]], env)
+                                         *ROUTER_MODES[args.router_mode], *args.router_args.split()], env)
         wait_for_models(port, ["tinyllama-chat"], processes)
         run_async(wait_for_instances(env, "bench.mocker.generate", 2))
         bodies = prefix_workload(args.requests)
@@ -558,7 +558,11 @@ def main() -> None:
     parser.add_argument("--router-mode", choices=list(ROUTER_MODES), default="round-robin",
                         help="the frontend's router in the mocker scenario (default round-robin; approx: "
                              "--router-mode kv --no-kv-events)")
+    parser.add_argument("--router-args", default="",
+                        help="more frontend router flags (mocker scenario), e.g. --router-args='--kv-overlap-weight 4'")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--log-dir", type=Path, help="keep the processes' logs here (default: a temporary folder); "
+                        "DYN_LOG sets their level, e.g. DYN_LOG=warn,dynamo_llm::kv_router=debug")
     parser.add_argument("--timeout", type=float, default=600.0, help="bound on the whole run (s)")
     args = parser.parse_args()
 
@@ -566,14 +570,15 @@ def main() -> None:
     signal.alarm(int(args.timeout))
     results: list[Result] = []
     with tempfile.TemporaryDirectory(prefix="llm-bench-") as tmp:
-        log_dir = Path(tmp)
+        log_dir = args.log_dir or Path(tmp)
+        log_dir.mkdir(parents=True, exist_ok=True)
         if args.scenario in ("echo", "all"):
             print("frontend + echo_full (DYN_TOKEN_ECHO_DELAY_MS=0), 2-character streaming chats", flush=True)
             results += echo_scenario(args, log_dir)
         if args.scenario in ("mocker", "all"):
             print(f"frontend + 2 mocker workers ({NUM_GPU_BLOCKS} blocks each, speedup_ratio {args.speedup_ratio}), "
                   f"{SYSTEM_PROMPTS} shared ~1k-token system prompts, max_tokens {MAX_TOKENS}, {args.requests} "
-                  f"requests per level, router {' '.join(ROUTER_MODES[args.router_mode][1:])}", flush=True)
+                  f"requests per level, router {' '.join([*ROUTER_MODES[args.router_mode][1:], args.router_args])}", flush=True)
             results += mocker_scenario(args, log_dir)
     if args.json:
         args.json.write_text(json.dumps([r.summary() for r in results], indent=2))

@@ -1,7 +1,8 @@
 //! Requests in flight per worker, as the router counts them: an [`InflightGuard`] is
 //! taken when a request is sent and released when its response stream ends or is
-//! dropped ([`GuardedStream`]), which also reports the stream's timing (first item,
-//! gaps between items) to the [`LoadTracker`] for the straggler penalty.
+//! dropped ([`GuardedStream`]), which also reports the stream's timing (its first item,
+//! and its mean time per item after the first) to the [`LoadTracker`] for the straggler
+//! penalty.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -40,7 +41,17 @@ impl InflightTracker {
     /// dropped; then also forget its sent blocks `sent` ([`LoadTracker::forget_sent`]).
     pub fn start_with_blocks(&self, worker: u64, blocks: u64, sent: Option<u64>) -> InflightGuard {
         self.load.lock().start_request(worker, blocks);
-        InflightGuard { tracker: self.clone(), worker, blocks, sent, started: Instant::now(), last: None, on_end: None }
+        InflightGuard {
+            tracker: self.clone(),
+            worker,
+            blocks,
+            sent,
+            started: Instant::now(),
+            first: None,
+            last: None,
+            items: 0,
+            on_end: None,
+        }
     }
 
     /// Requests in flight on `worker`.
@@ -57,7 +68,9 @@ pub struct InflightGuard {
     blocks: u64,
     sent: Option<u64>,
     started: Instant,
+    first: Option<Instant>,
     last: Option<Instant>,
+    items: u32,
     on_end: Option<OnEnd>,
 }
 
@@ -85,12 +98,12 @@ impl InflightGuard {
     /// An item of the response arrived now.
     fn observe_item(&mut self) {
         let now = Instant::now();
-        let mut load = self.tracker.load.lock();
-        match self.last {
-            None => load.record_ttft(self.worker, now - self.started),
-            Some(last) => load.record_itl(self.worker, now - last),
+        if self.first.is_none() {
+            self.first = Some(now);
+            self.tracker.load.lock().record_ttft(self.worker, now - self.started);
         }
         self.last = Some(now);
+        self.items += 1;
     }
 }
 
@@ -98,6 +111,9 @@ impl Drop for InflightGuard {
     fn drop(&mut self) {
         let mut load = self.tracker.load.lock();
         load.finish_request(self.worker, self.blocks);
+        if let (Some(first), Some(last), true) = (self.first, self.last, self.items >= 2) {
+            load.record_tpot(self.worker, (last - first) / (self.items - 1));
+        }
         if let Some(sent) = self.sent {
             load.forget_sent(self.worker, sent, self.blocks, Instant::now());
         }
@@ -173,6 +189,6 @@ mod tests {
         drop(dropped);
         assert_eq!(tracker.get(7), 0);
         let timing = tracker.load().lock().timing(7).expect("items were timed");
-        assert_eq!(timing.samples, 1, "one gap between two items (the first is the TTFT)");
+        assert_eq!(timing.samples, 1, "one stream of two items (the other had none)");
     }
 }

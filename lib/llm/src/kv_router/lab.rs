@@ -13,7 +13,7 @@
 //! The loop is discrete-event: the next thing to happen is either the next arrival or
 //! the end of a worker's step, whichever is earlier; nothing sleeps. After each step
 //! the worker's KV events (policy `kv` only) and load metrics reach the router at once,
-//! and the router sees every streamed token's timing (the straggler penalty).
+//! and the router sees each stream's timing (the straggler penalty).
 //! The same trace, policy, configuration and seed give the same report.
 
 use std::io::BufRead;
@@ -282,7 +282,10 @@ struct Stream {
     /// The router's id of the request's counted blocks, and their number.
     sent: Option<(u64, u64)>,
     arrival: f64,
+    /// Times of its first and latest tokens, and its tokens.
+    first: Option<f64>,
     last: Option<f64>,
+    tokens: u32,
 }
 
 /// Replay `trace` with `policy`.
@@ -368,7 +371,7 @@ pub fn run(trace: &[TraceRequest], policy: Policy, config: &LabConfig) -> Result
                     continue;
                 }
                 per_worker[w] += 1;
-                streams[i] = Some(Stream { worker: w, sent, arrival: t, last: None });
+                streams[i] = Some(Stream { worker: w, sent, arrival: t, first: None, last: None, tokens: 0 });
                 if step_end[w].is_none() {
                     step_end[w] = workers[w].start_step().map(|ms| t + ms);
                 }
@@ -389,21 +392,21 @@ pub fn run(trace: &[TraceRequest], policy: Policy, config: &LabConfig) -> Result
                                     router.load().lock().record_ttft(ids[stream.worker], elapsed);
                                 }
                             }
-                            Some(last) => {
-                                itl.push((t - last) as f32);
-                                if uses_router {
-                                    let gap = Duration::from_secs_f64((t - last) / 1000.0);
-                                    router.load().lock().record_itl(ids[stream.worker], gap);
-                                }
-                            }
+                            Some(last) => itl.push((t - last) as f32),
                         }
+                        stream.first.get_or_insert(t);
                         stream.last = Some(t);
+                        stream.tokens += 1;
                     }
                     if out.finished {
                         if out.token || stream.last.is_some() {
                             completed += 1;
                         } else {
                             rejected += 1;
+                        }
+                        if let (true, Some(first), Some(last)) = (uses_router && stream.tokens >= 2, stream.first, stream.last) {
+                            let per_token = Duration::from_secs_f64((last - first) / 1000.0 / f64::from(stream.tokens - 1));
+                            router.load().lock().record_tpot(ids[stream.worker], per_token);
                         }
                         if let Some((sent, blocks)) = stream.sent {
                             router.load().lock().forget_sent(ids[stream.worker], sent, blocks, at(t));
@@ -532,7 +535,7 @@ mod tests {
 
     #[test]
     fn a_slow_worker_gets_less_with_the_straggler_penalty() {
-        let trace = conversations(16, 6, 20.0);
+        let trace = conversations(16, 12, 20.0);
         let slow = LabConfig { slow_worker_factor: 6.0, ..config() };
         let penalised = run(&trace, Policy::Kv, &slow).unwrap();
         let off = LabConfig {

@@ -1,21 +1,26 @@
 //! The router's view of each worker's load, and the choice of a worker from it.
 //!
 //! A worker's decode load is, when it publishes load metrics (`load_metrics`, as the
-//! mocker does), the KV blocks its last metrics report in use plus the blocks of the
-//! requests this router (or a replica sharing its decisions) sent it since — kept
+//! mocker does), the KV blocks its last metrics report in use, plus the blocks its
+//! queued requests will want (each as many as its running requests hold on average: a
+//! worker whose cache is full reports about the same blocks in use whatever its queue),
+//! plus the blocks of the requests this router (or a replica sharing its decisions) sent
+//! it since — kept
 //! until metrics received [`METRICS_LAG`] after the send must include them, or until the
 //! request's stream ends; and minus the blocks of requests that ended since metrics that
 //! still counted them (until metrics received [`METRICS_LAG`] after the end). Without
 //! metrics (or when they are older than [`METRICS_STALE`]), it is the blocks of the
 //! requests the router has in flight there.
 //!
-//! Streams routed through the router report their timing (first item, gaps between
-//! items); a worker whose time per item is [`SchedulerConfig::straggler_threshold`]
-//! times the fleet's (the lower median over the workers with enough samples) or more,
+//! Streams routed through the router report their timing (the first item, and when they
+//! end their mean time per item after it); a worker whose time per item (the median over
+//! its latest streams) is [`SchedulerConfig::straggler_threshold`] times the fleet's
+//! (the lower median over the workers with enough streams timed) or more,
 //! and at least [`STRAGGLER_MIN_EXCESS`] more, is a straggler: its cost is multiplied
 //! by that ratio (see [`super::selector`]).
 //!
-//! With a busy threshold, a worker whose predicted KV usage is at or above it is busy;
+//! With a busy threshold, a worker whose predicted KV demand (that decode load, as a
+//! fraction of its KV blocks; a queue can take it over 1) is at or above it is busy;
 //! when every candidate is busy the router refuses ([`ScheduleError::AllBusy`]; the
 //! frontend answers 503 with `Retry-After`) instead of queueing more.
 //!
@@ -35,13 +40,15 @@ pub const METRICS_LAG: Duration = Duration::from_millis(250);
 pub const METRICS_STALE: Duration = Duration::from_secs(5);
 /// Default ratio to the fleet's time per item from which a worker is a straggler.
 pub const DEFAULT_STRAGGLER_THRESHOLD: f64 = 2.0;
-/// Samples of a worker's timing needed before it is compared with the fleet.
+/// Streams of a worker timed before it is compared with the fleet.
 pub const STRAGGLER_MIN_SAMPLES: u64 = 8;
 /// A straggler's time per item also exceeds the fleet's by this much: differences of
 /// fractions of a millisecond are network jitter, not a slow engine.
 pub const STRAGGLER_MIN_EXCESS: Duration = Duration::from_millis(2);
-/// Weight of a new sample in the moving averages of timing.
+/// Weight of a new sample in the moving average of the time to the first item.
 const EWMA_ALPHA: f64 = 0.1;
+/// Streams whose median time per item is a worker's.
+const TPOT_WINDOW: usize = 32;
 /// Cap on the cost multiplier of a straggler.
 const MAX_SLOWNESS: f64 = 100.0;
 
@@ -104,8 +111,21 @@ impl SchedulerConfig {
 struct Reported {
     active_blocks: u64,
     total_blocks: u64,
+    running: u64,
     waiting: u64,
     received: Instant,
+}
+
+impl Reported {
+    /// KV blocks the queued requests will want: each as many as a running request holds
+    /// on average (at least one).
+    fn queued_blocks(&self) -> u64 {
+        if self.waiting == 0 {
+            return 0;
+        }
+        let per_request = if self.running > 0 { self.active_blocks.div_ceil(self.running) } else { 1 };
+        self.waiting * per_request.max(1)
+    }
 }
 
 /// An exponentially weighted moving average with a sample count.
@@ -119,6 +139,36 @@ impl Ewma {
     fn add(&mut self, x: f64) {
         self.value = if self.samples == 0 { x } else { self.value + EWMA_ALPHA * (x - self.value) };
         self.samples += 1;
+    }
+}
+
+/// The median of the latest [`TPOT_WINDOW`] samples, with the count of all samples.
+///
+/// A worker's time per item is judged by the median over its latest streams of each
+/// stream's mean time per item after the first, not by the gaps between items: one engine
+/// step gives every running sequence the same gap, so at high concurrency a window of
+/// gaps spans a single step, and a step that carries a long prefill chunk would make a
+/// healthy worker look several times slower. A stream's mean spans its whole decode, and
+/// the median ignores the odd slow stream (preempted when the cache was full), while a
+/// straggler's streams are all slow.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct RecentMedian {
+    window: VecDeque<f64>,
+    median: f64,
+    samples: u64,
+}
+
+impl RecentMedian {
+    fn add(&mut self, x: f64) {
+        if self.window.len() == TPOT_WINDOW {
+            self.window.pop_front();
+        }
+        self.window.push_back(x);
+        self.samples += 1;
+        let mut sorted: Vec<f64> = self.window.iter().copied().collect();
+        let mid = (sorted.len() - 1) / 2;
+        sorted.select_nth_unstable_by(mid, f64::total_cmp);
+        self.median = sorted[mid];
     }
 }
 
@@ -141,8 +191,8 @@ struct WorkerLoad {
     released: VecDeque<(Instant, u64)>,
     inflight_requests: u64,
     inflight_blocks: u64,
-    /// Seconds per streamed item after the first.
-    itl: Ewma,
+    /// Seconds per streamed item after the first, of each stream.
+    tpot: RecentMedian,
     /// Seconds to the first item.
     ttft: Ewma,
 }
@@ -157,7 +207,7 @@ impl WorkerLoad {
             Some(r) => {
                 let sent: u64 = self.pending.iter().map(|p| p.blocks).sum();
                 let ended: u64 = self.released.iter().map(|(_, b)| b).sum();
-                (r.active_blocks + sent).saturating_sub(ended) as f64
+                (r.active_blocks + r.queued_blocks() + sent).saturating_sub(ended) as f64
             }
             None => {
                 let peers: u64 = self.pending.iter().filter(|p| p.peer).map(|p| p.blocks).sum();
@@ -188,11 +238,11 @@ pub struct Choice {
 /// What a worker's timing looks like to the router (for reports and tests).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct WorkerTiming {
-    /// Moving average of the seconds between streamed items.
-    pub itl_s: f64,
+    /// Median over its latest streams of their seconds per item after the first.
+    pub tpot_s: f64,
     /// Moving average of the seconds to the first item.
     pub ttft_s: f64,
-    /// Items timed.
+    /// Streams timed.
     pub samples: u64,
 }
 
@@ -221,6 +271,7 @@ impl LoadTracker {
         load.reported = Some(Reported {
             active_blocks: metrics.kv_active_blocks,
             total_blocks: metrics.kv_total_blocks,
+            running: metrics.request_active_slots,
             waiting: metrics.num_requests_waiting,
             received: now,
         });
@@ -288,9 +339,10 @@ impl LoadTracker {
         self.workers.entry(worker).or_default().ttft.add(elapsed.as_secs_f64());
     }
 
-    /// An item of a stream from `worker` came `gap` after the previous one.
-    pub fn record_itl(&mut self, worker: u64, gap: Duration) {
-        self.workers.entry(worker).or_default().itl.add(gap.as_secs_f64());
+    /// A stream from `worker` took `per_item` per item after its first (its last item's
+    /// time less its first's, over the items after the first).
+    pub fn record_tpot(&mut self, worker: u64, per_item: Duration) {
+        self.workers.entry(worker).or_default().tpot.add(per_item.as_secs_f64());
     }
 
     /// Requests in flight on `worker` from this router.
@@ -298,7 +350,7 @@ impl LoadTracker {
         self.workers.get(&worker).map_or(0, |l| l.inflight_requests)
     }
 
-    /// Predicted KV blocks in use on `worker` at `now`.
+    /// Predicted KV blocks in use on `worker` at `now`, and wanted by its queue.
     pub fn decode_blocks(&self, worker: u64, now: Instant) -> f64 {
         self.workers.get(&worker).map_or(0.0, |l| l.decode_blocks(now))
     }
@@ -311,17 +363,17 @@ impl LoadTracker {
     /// The timing observed for `worker`.
     pub fn timing(&self, worker: u64) -> Option<WorkerTiming> {
         let l = self.workers.get(&worker)?;
-        (l.itl.samples > 0 || l.ttft.samples > 0)
-            .then_some(WorkerTiming { itl_s: l.itl.value, ttft_s: l.ttft.value, samples: l.itl.samples })
+        (l.tpot.samples > 0 || l.ttft.samples > 0)
+            .then_some(WorkerTiming { tpot_s: l.tpot.median, ttft_s: l.ttft.value, samples: l.tpot.samples })
     }
 
     /// The cost multiplier of each of `workers` (1 unless a straggler).
     pub fn slowness(&self, workers: &[u64]) -> Vec<f64> {
         let timed: Vec<(u64, f64)> = workers
             .iter()
-            .filter_map(|w| self.workers.get(w).map(|l| (*w, l.itl)))
-            .filter(|(_, itl)| itl.samples >= STRAGGLER_MIN_SAMPLES && itl.value > 0.0)
-            .map(|(w, itl)| (w, itl.value))
+            .filter_map(|w| self.workers.get(w).map(|l| (*w, &l.tpot)))
+            .filter(|(_, tpot)| tpot.samples >= STRAGGLER_MIN_SAMPLES && tpot.median > 0.0)
+            .map(|(w, tpot)| (w, tpot.median))
             .collect();
         if timed.len() < 2 || !self.config.straggler_threshold.is_finite() {
             return vec![1.0; workers.len()];
@@ -343,7 +395,7 @@ impl LoadTracker {
             .collect()
     }
 
-    /// Whether `worker`'s predicted KV usage is at or above the busy threshold (never
+    /// Whether `worker`'s predicted KV demand is at or above the busy threshold (never
     /// without a threshold or fresh metrics).
     pub fn is_busy(&self, worker: u64, now: Instant) -> bool {
         let (Some(threshold), Some(load)) = (self.config.busy_threshold, self.workers.get(&worker)) else {
@@ -449,6 +501,38 @@ mod tests {
     }
 
     #[test]
+    fn a_queue_counts_as_load_when_the_cache_is_full() {
+        let t0 = Instant::now();
+        let mut tracker = LoadTracker::new(SchedulerConfig::default());
+        let full = |running, waiting| ForwardPassMetrics {
+            kv_active_blocks: 600,
+            kv_total_blocks: 640,
+            request_active_slots: running,
+            num_requests_waiting: waiting,
+            ..Default::default()
+        };
+        // Both caches are full; worker 1 has 30 requests queued behind its 20 running (30
+        // blocks each on average), worker 2 has 2.
+        tracker.update_metrics(1, &full(20, 30), t0);
+        tracker.update_metrics(2, &full(20, 2), t0);
+        assert_eq!(tracker.decode_blocks(1, t0), 600.0 + 30.0 * 30.0);
+        assert_eq!(tracker.decode_blocks(2, t0), 600.0 + 2.0 * 30.0);
+        // Worker 1 holds the request's 10 blocks, but the 28 extra queued requests (840
+        // blocks) outweigh the 10 × 8 blocks of prefill they save.
+        let weights = SelectorWeights { overlap_weight: 8.0, temperature: 0.0 };
+        let mut tracker_w8 = LoadTracker::new(SchedulerConfig { weights, ..Default::default() });
+        tracker_w8.update_metrics(1, &full(20, 30), t0);
+        tracker_w8.update_metrics(2, &full(20, 2), t0);
+        assert_eq!(tracker_w8.schedule(&[(1, 10), (2, 0)], 10, t0, &mut rng()).unwrap().worker, 2);
+        // With equal queues the cached prefix wins.
+        tracker_w8.update_metrics(1, &full(20, 2), t0);
+        assert_eq!(tracker_w8.schedule(&[(1, 10), (2, 0)], 10, t0, &mut rng()).unwrap().worker, 1);
+        // Nothing running: each queued request counts one block.
+        tracker.update_metrics(1, &ForwardPassMetrics { num_requests_waiting: 3, ..full(0, 0) }, t0);
+        assert_eq!(tracker.decode_blocks(1, t0), 603.0);
+    }
+
+    #[test]
     fn optimistic_accounting_spreads_a_burst_until_metrics_catch_up() {
         let t0 = Instant::now();
         let mut tracker = LoadTracker::new(SchedulerConfig::default());
@@ -542,9 +626,9 @@ mod tests {
         let t0 = Instant::now();
         let mut tracker = LoadTracker::new(SchedulerConfig::default());
         for _ in 0..20 {
-            tracker.record_itl(1, Duration::from_millis(10));
-            tracker.record_itl(2, Duration::from_millis(10));
-            tracker.record_itl(3, Duration::from_millis(50));
+            tracker.record_tpot(1, Duration::from_millis(10));
+            tracker.record_tpot(2, Duration::from_millis(10));
+            tracker.record_tpot(3, Duration::from_millis(50));
         }
         let slowness = tracker.slowness(&[1, 2, 3, 4]);
         assert_eq!((slowness[0], slowness[1], slowness[3]), (1.0, 1.0, 1.0));
@@ -555,24 +639,44 @@ mod tests {
         // Without the penalty it would.
         let mut off = LoadTracker::new(SchedulerConfig { straggler_threshold: f64::INFINITY, ..Default::default() });
         for _ in 0..20 {
-            off.record_itl(3, Duration::from_millis(50));
-            off.record_itl(1, Duration::from_millis(10));
+            off.record_tpot(3, Duration::from_millis(50));
+            off.record_tpot(1, Duration::from_millis(10));
         }
         assert_eq!(off.schedule(&[(1, 0), (2, 0), (3, 16)], 16, t0, &mut rng()).unwrap().worker, 3);
         // Tiny times (jitter) are no judgement either.
         let mut fast = LoadTracker::new(SchedulerConfig::default());
         for _ in 0..20 {
-            fast.record_itl(1, Duration::from_micros(100));
-            fast.record_itl(2, Duration::from_micros(900));
+            fast.record_tpot(1, Duration::from_micros(100));
+            fast.record_tpot(2, Duration::from_micros(900));
         }
         assert_eq!(fast.slowness(&[1, 2]), vec![1.0, 1.0]);
         // Too few samples: no judgement.
         let mut young = LoadTracker::new(SchedulerConfig::default());
-        young.record_itl(1, Duration::from_millis(10));
-        young.record_itl(2, Duration::from_millis(100));
+        young.record_tpot(1, Duration::from_millis(10));
+        young.record_tpot(2, Duration::from_millis(100));
         assert_eq!(young.slowness(&[1, 2]), vec![1.0, 1.0]);
         let timing = tracker.timing(3).unwrap();
-        assert!((timing.itl_s - 0.05).abs() < 1e-9 && timing.samples == 20);
+        assert!((timing.tpot_s - 0.05).abs() < 1e-9 && timing.samples == 20);
+    }
+
+    #[test]
+    fn a_few_slow_streams_do_not_make_a_worker_a_straggler() {
+        let t0 = Instant::now();
+        let mut tracker = LoadTracker::new(SchedulerConfig::default());
+        // Worker 2 is as fast as worker 1 but one stream in three stalled (preempted when
+        // its cache was full): an average would be ~10× worker 1's.
+        for i in 0..60 {
+            tracker.record_tpot(1, Duration::from_millis(8));
+            tracker.record_tpot(2, Duration::from_millis(if i % 3 == 0 { 200 } else { 9 }));
+        }
+        assert_eq!(tracker.slowness(&[1, 2]), vec![1.0, 1.0]);
+        assert_eq!(tracker.timing(2).unwrap().tpot_s, 0.009);
+        assert_eq!(tracker.schedule(&[(1, 0), (2, 16)], 16, t0, &mut rng()).unwrap().worker, 2);
+        // When most of its streams are slow, it is one (the window follows the latest).
+        for _ in 0..20 {
+            tracker.record_tpot(2, Duration::from_millis(40));
+        }
+        assert_eq!(tracker.slowness(&[1, 2]), vec![1.0, 5.0]);
     }
 
     #[test]
