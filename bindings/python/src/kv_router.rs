@@ -40,7 +40,7 @@ impl PyKvRouter {
 #[pymethods]
 impl PyKvRouter {
     #[new]
-    #[pyo3(signature = (endpoint, block_size=16, overlap_weight=1.0, temperature=0.0, busy_threshold=None, use_kv_events=true, replica_sync=true))]
+    #[pyo3(signature = (endpoint, block_size=16, overlap_weight=8.0, temperature=0.0, busy_threshold=None, use_kv_events=true, replica_sync=true))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -103,7 +103,7 @@ fn lab_error(e: LabError) -> PyErr {
 /// engines on a virtual clock, routing with `policy` (`kv`, `approx`, `round-robin`,
 /// `random`); returns the report as a dict. Runs without the GIL.
 #[pyfunction]
-#[pyo3(signature = (trace_path, policy, workers=4, trace_block_size=512, seed=0, slow_worker_factor=1.0, time_scale=1.0, overlap_weight=1.0, temperature=0.0, busy_threshold=None, engine_args=None))]
+#[pyo3(signature = (trace_path, policy, workers=4, trace_block_size=512, seed=0, slow_worker_factor=1.0, time_scale=1.0, overlap_weight=8.0, temperature=0.0, busy_threshold=None, engine_args=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn run_routing_lab<'py>(
     py: Python<'py>,

@@ -8,7 +8,7 @@ The choice is made by a routing policy (``policy`` in the Router's configuration
   workers' KV events and load metrics and sends a prompt where the cost of prefilling
   what is not cached, plus the worker's load, is lowest (docs/kv-routing.md).
   ``prefix_hit_rate`` is the share of the prompt's full blocks the chosen worker holds.
-  Keys: ``kv-cache-block-size`` (16), ``overlap-weight`` (1.0), ``temperature`` (0.0),
+  Keys: ``kv-cache-block-size`` (16), ``overlap-weight`` (8.0), ``temperature`` (0.0),
   ``busy-threshold`` (none), ``use-kv-events`` (true; false: predict the caches from the
   Router's own choices).
 - ``prefix-hash``: rendezvous hashing of the prompt's first KV block over the live
@@ -73,7 +73,7 @@ class KvPolicy:
         busy = config.get("busy-threshold")
         try:
             self.block_size = int(config.get("kv-cache-block-size", DEFAULT_BLOCK_SIZE))
-            self.overlap_weight = float(config.get("overlap-weight", 1.0))
+            self.overlap_weight = float(config.get("overlap-weight", 8.0))
             self.temperature = float(config.get("temperature", 0.0))
             self.busy_threshold = None if busy is None else float(busy)
         except (TypeError, ValueError) as exc:

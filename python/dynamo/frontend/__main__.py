@@ -40,7 +40,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--endpoint", help="serve only the models registered on this namespace.component.endpoint")
     parser.add_argument("--migration-limit", type=int, help="times a broken stream is continued on another worker")
     kv = parser.add_argument_group("--router-mode kv (docs/kv-routing.md)")
-    kv.add_argument("--kv-overlap-weight", type=float, help="weight of a KV block still to prefill (default 1)")
+    kv.add_argument("--kv-overlap-weight", type=float, help="weight of a KV block still to prefill (default 8)")
     kv.add_argument("--router-temperature", type=float, help="softmax temperature over the workers' cost (default 0)")
     kv.add_argument("--kv-events", action=argparse.BooleanOptionalAction, default=None,
                     help="follow the workers' KV events (default), or predict from routing decisions only")

@@ -29,7 +29,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--workers", required=True, help="the workers' endpoint, dyn://namespace.component.endpoint")
     parser.add_argument("--endpoint", default=DEFAULT_ENDPOINT, help=f"where to serve (default {DEFAULT_ENDPOINT})")
     parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block of the workers (default 16)")
-    parser.add_argument("--kv-overlap-weight", type=float, default=1.0, help="weight of a block to prefill (default 1)")
+    parser.add_argument("--kv-overlap-weight", type=float, default=8.0, help="weight of a block to prefill (default 8)")
     parser.add_argument("--router-temperature", type=float, default=0.0, help="softmax temperature (default 0)")
     parser.add_argument("--busy-threshold", type=float, help="KV usage fraction at which a worker is busy")
     events = parser.add_mutually_exclusive_group()

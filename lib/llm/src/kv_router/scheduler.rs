@@ -2,11 +2,11 @@
 //!
 //! A worker's decode load is, when it publishes load metrics (`load_metrics`, as the
 //! mocker does), the KV blocks its last metrics report in use, plus the blocks its
-//! queued requests will want (each as many as its running requests hold on average: a
-//! worker whose cache is full reports about the same blocks in use whatever its queue),
+//! queued requests will want (a worker whose cache is full reports about the same blocks
+//! in use whatever its queue): each as many as the moving average of the new blocks of
+//! the requests routed there, or before any, as its running requests hold on average;
 //! plus the blocks of the requests this router (or a replica sharing its decisions) sent
-//! it since — kept
-//! until metrics received [`METRICS_LAG`] after the send must include them, or until the
+//! it since — kept until metrics received [`METRICS_LAG`] after the send must include them, or until the
 //! request's stream ends; and minus the blocks of requests that ended since metrics that
 //! still counted them (until metrics received [`METRICS_LAG`] after the end). Without
 //! metrics (or when they are older than [`METRICS_STALE`]), it is the blocks of the
@@ -45,7 +45,8 @@ pub const STRAGGLER_MIN_SAMPLES: u64 = 8;
 /// A straggler's time per item also exceeds the fleet's by this much: differences of
 /// fractions of a millisecond are network jitter, not a slow engine.
 pub const STRAGGLER_MIN_EXCESS: Duration = Duration::from_millis(2);
-/// Weight of a new sample in the moving average of the time to the first item.
+/// Weight of a new sample in the moving averages of the time to the first item and of
+/// the new blocks of requests sent.
 const EWMA_ALPHA: f64 = 0.1;
 /// Streams whose median time per item is a worker's.
 const TPOT_WINDOW: usize = 32;
@@ -117,14 +118,17 @@ struct Reported {
 }
 
 impl Reported {
-    /// KV blocks the queued requests will want: each as many as a running request holds
-    /// on average (at least one).
-    fn queued_blocks(&self) -> u64 {
+    /// KV blocks the queued requests will want: each as many as `per_request`, or without
+    /// it as many as a running request holds on average; at least one.
+    fn queued_blocks(&self, per_request: Option<f64>) -> f64 {
         if self.waiting == 0 {
-            return 0;
+            return 0.0;
         }
-        let per_request = if self.running > 0 { self.active_blocks.div_ceil(self.running) } else { 1 };
-        self.waiting * per_request.max(1)
+        let per_request = per_request.unwrap_or_else(|| match self.running {
+            0 => 1.0,
+            running => self.active_blocks as f64 / running as f64,
+        });
+        self.waiting as f64 * per_request.max(1.0)
     }
 }
 
@@ -191,6 +195,8 @@ struct WorkerLoad {
     released: VecDeque<(Instant, u64)>,
     inflight_requests: u64,
     inflight_blocks: u64,
+    /// Moving average of the new blocks of the requests sent to it (by any replica).
+    new_blocks: Ewma,
     /// Seconds per streamed item after the first, of each stream.
     tpot: RecentMedian,
     /// Seconds to the first item.
@@ -207,7 +213,8 @@ impl WorkerLoad {
             Some(r) => {
                 let sent: u64 = self.pending.iter().map(|p| p.blocks).sum();
                 let ended: u64 = self.released.iter().map(|(_, b)| b).sum();
-                (r.active_blocks + r.queued_blocks() + sent).saturating_sub(ended) as f64
+                let per_request = (self.new_blocks.samples > 0).then_some(self.new_blocks.value);
+                ((r.active_blocks + sent) as f64 + r.queued_blocks(per_request) - ended as f64).max(0.0)
             }
             None => {
                 let peers: u64 = self.pending.iter().filter(|p| p.peer).map(|p| p.blocks).sum();
@@ -299,7 +306,9 @@ impl LoadTracker {
     fn push_sent(&mut self, worker: u64, blocks: u64, now: Instant, peer: bool) -> u64 {
         self.next_sent += 1;
         let id = self.next_sent;
-        self.workers.entry(worker).or_default().pending.push_back(Pending { id, sent: now, blocks, peer });
+        let load = self.workers.entry(worker).or_default();
+        load.pending.push_back(Pending { id, sent: now, blocks, peer });
+        load.new_blocks.add(blocks as f64);
         id
     }
 
@@ -483,8 +492,9 @@ mod tests {
     #[test]
     fn temperature_zero_repeats_the_same_choice() {
         let t0 = Instant::now();
-        let mut a = LoadTracker::new(SchedulerConfig::default());
-        let mut b = LoadTracker::new(SchedulerConfig::default());
+        let weights = SelectorWeights { overlap_weight: 1.0, temperature: 0.0 };
+        let mut a = LoadTracker::new(SchedulerConfig { weights, ..Default::default() });
+        let mut b = LoadTracker::new(SchedulerConfig { weights, ..Default::default() });
         for (w, active) in [(1, 40), (2, 10), (3, 25)] {
             a.update_metrics(w, &metrics(active, 100), t0);
             b.update_metrics(w, &metrics(active, 100), t0);
@@ -530,6 +540,13 @@ mod tests {
         // Nothing running: each queued request counts one block.
         tracker.update_metrics(1, &ForwardPassMetrics { num_requests_waiting: 3, ..full(0, 0) }, t0);
         assert_eq!(tracker.decode_blocks(1, t0), 603.0);
+        // Once requests were routed to it, a queued one counts as many blocks as they
+        // added on average (cached prefixes are shared, not wanted again).
+        tracker.record_sent(1, 4, t0);
+        tracker.record_sent(1, 4, t0);
+        let later = t0 + METRICS_LAG;
+        tracker.update_metrics(1, &full(20, 30), later);
+        assert_eq!(tracker.decode_blocks(1, later), 600.0 + 30.0 * 4.0);
     }
 
     #[test]

@@ -8,15 +8,22 @@
 //!
 //! `slowness` is 1 for a worker as fast as the fleet and its observed time per output
 //! token relative to the fleet's median for a straggler (see
-//! [`super::scheduler::LoadTracker`]). With `temperature` 0 the cheapest worker wins
+//! [`super::scheduler::LoadTracker`]). A straggler's cached prefix does not count (its
+//! `overlap_blocks` are taken as 0): at a weight that holds cache affinity, a prefix
+//! would otherwise keep its conversations on a slow worker. With `temperature` 0 the cheapest worker wins
 //! (ties broken uniformly at random); above 0 a worker is drawn with probability
 //! `softmax(−cost / max_cost / temperature)`, so equally good workers share a burst of
 //! requests instead of all taking the same one (herding).
 
 use rand::Rng;
 
-/// Default weight of a prefill block against a decode block.
-pub const DEFAULT_OVERLAP_WEIGHT: f64 = 1.0;
+/// Default weight of a prefill block against a decode block. A worker's blocks in use
+/// swing by more than a cached prefix saves as its running requests change; at weight 1
+/// that noise outweighed the prefix and KV routing did little better than round-robin
+/// on prefix-heavy traffic. 8 was the best of 1–64 on the serving benchmark and the
+/// routing lab (docs/performance.md); above it, hot prefixes pile onto their workers
+/// (TTFT p99 grows).
+pub const DEFAULT_OVERLAP_WEIGHT: f64 = 8.0;
 /// Default softmax temperature (0: always the cheapest).
 pub const DEFAULT_TEMPERATURE: f64 = 0.0;
 
@@ -74,7 +81,8 @@ pub fn costs(candidates: &[Candidate], request_blocks: usize, weights: SelectorW
     candidates
         .iter()
         .map(|c| {
-            let prefill = request_blocks.saturating_sub(c.overlap_blocks) as f64;
+            let overlap = if c.slowness > 1.0 { 0 } else { c.overlap_blocks };
+            let prefill = request_blocks.saturating_sub(overlap) as f64;
             let work = weights.overlap_weight * prefill + c.decode_blocks.max(0.0) + request_blocks as f64;
             c.slowness.max(1.0) * work
         })
@@ -128,8 +136,15 @@ mod tests {
         Candidate::new(worker, overlap_blocks, decode_blocks)
     }
 
+    /// Weight 1 keeps the arithmetic of the tests plain.
+    const W1: SelectorWeights = SelectorWeights { overlap_weight: 1.0, temperature: 0.0 };
+
+    fn pick_with(candidates: &[Candidate], request_blocks: usize, weights: SelectorWeights) -> u64 {
+        select(candidates, request_blocks, weights, &mut rand::rng()).map(|c| c.worker).unwrap()
+    }
+
     fn pick(candidates: &[Candidate], request_blocks: usize) -> u64 {
-        select(candidates, request_blocks, SelectorWeights::default(), &mut rand::rng()).map(|c| c.worker).unwrap()
+        pick_with(candidates, request_blocks, W1)
     }
 
     fn counts(candidates: &[Candidate], request_blocks: usize, weights: SelectorWeights, n: usize) -> Vec<usize> {
@@ -151,8 +166,9 @@ mod tests {
     fn costs_follow_the_formula() {
         let w = SelectorWeights { overlap_weight: 2.0, temperature: 0.0 };
         let slow = Candidate { slowness: 3.0, ..c(3, 4, 0.0) };
-        // 2×(4−1) + 10 + 4 = 20; 2×0 + 0 + 4 = 4; 3 × 4 = 12.
-        assert_eq!(costs(&[c(1, 1, 10.0), c(2, 4, 0.0), slow], 4, w), vec![20.0, 4.0, 12.0]);
+        // 2×(4−1) + 10 + 4 = 20; 2×0 + 0 + 4 = 4; 3 × (2×4 + 0 + 4) = 36 (a straggler's
+        // cached blocks do not count).
+        assert_eq!(costs(&[c(1, 1, 10.0), c(2, 4, 0.0), slow], 4, w), vec![20.0, 4.0, 36.0]);
     }
 
     #[test]
@@ -162,6 +178,10 @@ mod tests {
         assert_eq!(pick(&[c(1, 0, 0.0), c(2, 4, 3.0)], 4), 2);
         // ...not 5.
         assert_eq!(pick(&[c(1, 0, 0.0), c(2, 4, 5.0)], 4), 1);
+        // At the default weight (8) they are worth 31 blocks, not 33.
+        let default = SelectorWeights::default();
+        assert_eq!(pick_with(&[c(1, 0, 0.0), c(2, 4, 31.0)], 4, default), 2);
+        assert_eq!(pick_with(&[c(1, 0, 0.0), c(2, 4, 33.0)], 4, default), 1);
     }
 
     #[test]
@@ -171,12 +191,12 @@ mod tests {
         for _ in 0..50 {
             assert_eq!(pick(&cands, 4), 3);
         }
-        assert_eq!(probabilities(&cands, 4, SelectorWeights::default()), vec![0.0, 0.0, 1.0]);
+        assert_eq!(probabilities(&cands, 4, W1), vec![0.0, 0.0, 1.0]);
     }
 
     #[test]
     fn ties_are_broken_at_random() {
-        let seen = counts(&[c(1, 2, 1.0), c(2, 2, 1.0)], 4, SelectorWeights::default(), 400);
+        let seen = counts(&[c(1, 2, 1.0), c(2, 2, 1.0)], 4, W1, 400);
         assert!(seen[0] > 100 && seen[1] > 100, "both workers are chosen: {seen:?}");
     }
 
@@ -184,23 +204,28 @@ mod tests {
     fn temperature_spreads_a_burst_over_near_equal_workers() {
         // Worker 1 is a little better; at temperature 0 it takes everything.
         let cands = [c(1, 0, 0.0), c(2, 0, 1.0), c(3, 0, 1.0), c(4, 0, 50.0)];
-        let cold = counts(&cands, 8, SelectorWeights::default(), 600);
+        let cold = counts(&cands, 8, W1, 600);
         assert_eq!(cold, vec![600, 0, 0, 0]);
-        let warm = counts(&cands, 8, SelectorWeights { temperature: 0.5, ..Default::default() }, 600);
+        let warm = counts(&cands, 8, SelectorWeights { temperature: 0.5, ..W1 }, 600);
         assert!(warm[1] > 100 && warm[2] > 100, "near-equal workers share the burst: {warm:?}");
         assert!(warm[3] < warm[1] / 2, "a much busier worker gets little: {warm:?}");
-        let p = probabilities(&cands, 8, SelectorWeights { temperature: 0.5, ..Default::default() });
+        let p = probabilities(&cands, 8, SelectorWeights { temperature: 0.5, ..W1 });
         assert!(p[0] > p[1] && p[1] == p[2] && p[2] > p[3], "cheaper is likelier: {p:?}");
         assert!((p.iter().sum::<f64>() - 1.0).abs() < 1e-9);
     }
 
     #[test]
     fn a_slow_worker_loses_its_affinity() {
-        // Worker 1 holds the whole prefix but is 4× slower than the fleet.
+        // Worker 1 holds the whole prefix but is 4× slower than the fleet: at the default
+        // weight, a prefix worth 64 blocks of prefill does not keep the request there.
+        let default = SelectorWeights::default();
         let slow = Candidate { slowness: 4.0, ..c(1, 8, 2.0) };
-        assert_eq!(pick(&[slow, c(2, 0, 2.0)], 8), 2);
+        assert_eq!(pick_with(&[slow, c(2, 0, 2.0)], 8, default), 2);
         // At normal speed the prefix wins.
-        assert_eq!(pick(&[c(1, 8, 2.0), c(2, 0, 2.0)], 8), 1);
+        assert_eq!(pick_with(&[c(1, 8, 2.0), c(2, 0, 2.0)], 8, default), 1);
+        // A straggler still takes work when the fleet is 4× as loaded.
+        let slow_idle = Candidate { slowness: 4.0, ..c(1, 8, 0.0) };
+        assert_eq!(pick_with(&[slow_idle, c(2, 0, 300.0)], 8, default), 1);
     }
 
     #[test]
