@@ -41,6 +41,31 @@ def test_block_hashes_match_the_reference():
         compute_block_hash_for_seq([-1], 1)
 
 
+def test_token_lists_of_any_ints_hash_like_tuples():
+    # Lists are read in place where the interpreter's layout allows; every other shape
+    # (tuples, large ints, bools, int subclasses) goes through the checked conversion, so
+    # both must agree, and bad values must fail the same way wherever they sit.
+    class Token(int):
+        pass
+
+    tokens = [0, 1, 255, 256, 2**30 - 1, 2**30, 2**31 + 5, 2**32 - 1, 31_999, True, Token(7)] * 3
+    tokens += list(range(64 - len(tokens) % 64))
+    hashes = compute_block_hash_for_seq(tokens, 16)
+    assert len(hashes) == len(tokens) // 16
+    assert compute_block_hash_for_seq(tuple(tokens), 16) == hashes
+    assert compute_block_hash_for_seq([int(t) for t in tokens], 16) == hashes
+    # A different token anywhere changes its block's hash only.
+    changed = list(tokens)
+    changed[40] = 2**30 + 1
+    same = [a == b for a, b in zip(compute_block_hash_for_seq(changed, 16), hashes, strict=True)]
+    assert same == [i != 2 for i in range(len(hashes))]
+    for bad, error in [(-1, OverflowError), (2**32, OverflowError), (2**64, OverflowError), (1.5, TypeError),
+                       ("7", TypeError), (None, TypeError)]:
+        for at in (0, 17, len(tokens) - 1):
+            with pytest.raises(error):
+                compute_block_hash_for_seq([*tokens[:at], bad, *tokens[at + 1:]], 16)
+
+
 def test_radix_tree_with_the_reference_json():
     tree = RadixTree()
     tree.apply_event(1, b'{"event_id": 7, "data": {"stored": {"parent_hash": null, '

@@ -11,13 +11,14 @@ use dynamo_llm::kv_router::protocols::{
 };
 use dynamo_llm::kv_router::{self, RadixTree};
 use parking_lot::Mutex;
-use pyo3::exceptions::{PyOverflowError, PyValueError};
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyString};
 use pyo3::ffi;
 
 use crate::bridge::{block_on, ready, tokio};
 use crate::errors::to_py;
+use crate::int_list;
 use crate::runtime::PyComponent;
 
 /// An engine's block id: engines may hand out signed 64-bit ids, taken bitwise.
@@ -34,32 +35,12 @@ fn block_ids(objs: &[Bound<'_, PyAny>]) -> PyResult<Vec<u64>> {
     objs.iter().map(block_id).collect()
 }
 
-/// The ints of a list, read straight through the C API (hashing an 8k-token prompt is
-/// dominated by this conversion otherwise); `None` when `obj` is not a list.
-fn list_ints<T: TryFrom<u64>>(obj: &Bound<'_, PyAny>) -> Option<PyResult<Vec<T>>> {
-    let list = obj.cast::<PyList>().ok()?;
-    let py = obj.py();
-    let mut out = Vec::with_capacity(list.len());
-    for i in 0..list.len() {
-        // SAFETY: `list` is a list and `i` is within its length, which cannot change while
-        // we hold the GIL and call no Python code; the item is borrowed for this iteration.
-        let v = unsafe { ffi::PyLong_AsUnsignedLongLong(ffi::PyList_GetItem(list.as_ptr(), i as ffi::Py_ssize_t)) };
-        if v == u64::MAX {
-            if let Some(err) = PyErr::take(py) {
-                return Some(Err(err));
-            }
-        }
-        match T::try_from(v) {
-            Ok(v) => out.push(v),
-            Err(_) => return Some(Err(PyOverflowError::new_err(format!("{v} is out of range")))),
-        }
-    }
-    Some(Ok(out))
-}
-
 /// Token ids from a list (fast) or any sequence of ints.
 fn token_list(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
-    list_ints(obj).unwrap_or_else(|| obj.extract())
+    match obj.cast::<PyList>() {
+        Ok(list) => int_list::list_ints(list),
+        Err(_) => obj.extract(),
+    }
 }
 
 /// Block hashes from a list (fast) or any sequence of ints. From a list, each int is
@@ -69,19 +50,18 @@ fn token_list(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
 fn hash_list(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
     let Ok(list) = obj.cast::<PyList>() else { return obj.extract() };
     let mut out = Vec::with_capacity(list.len());
-    for i in 0..list.len() {
-        // SAFETY: as in `list_ints`: `i` is within the list's length, which cannot change
-        // while we hold the GIL and call no Python code (the item is checked to be an int
-        // first, so the conversion runs no `__index__`); the item is borrowed.
+    int_list::for_each_item(list, |item| {
+        // SAFETY: `item` is a borrowed item of the list, alive while we hold the GIL; it is
+        // checked to be an int first, so the conversion runs no `__index__`.
         unsafe {
-            let item = ffi::PyList_GetItem(list.as_ptr(), i as ffi::Py_ssize_t);
             if ffi::PyLong_Check(item) == 0 {
                 let item = Bound::from_borrowed_ptr(obj.py(), item);
                 return Err(PyValueError::new_err(format!("a block hash must be an int, got {item:?}")));
             }
             out.push(ffi::PyLong_AsUnsignedLongLongMask(item));
         }
-    }
+        Ok(())
+    })?;
     Ok(out)
 }
 

@@ -66,7 +66,7 @@ impl PyKvRouter {
         block_on(py, async move {
             let client = endpoint.client().await?;
             let router = KvRouter::new(config);
-            router.follow_component(&endpoint.component()).await?;
+            router.follow_component(endpoint.component()).await?;
             Ok::<_, dynamo_runtime::Error>(PyKvRouter { router, client })
         })
         .map_err(to_py)

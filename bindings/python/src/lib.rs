@@ -7,6 +7,7 @@ mod convert;
 mod disagg;
 mod errors;
 mod events;
+mod int_list;
 mod kv;
 mod kv_index;
 mod kv_router;

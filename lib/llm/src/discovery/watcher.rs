@@ -226,7 +226,7 @@ impl ModelWatcher {
                     RouterMode::Kv => {
                         let block_size = KvRouterConfig::with_block_size(entry.kv_cache_block_size).block_size;
                         let router = KvRouter::new(KvRouterConfig { block_size, ..self.kv_config });
-                        router.follow_component(&endpoint.component()).await?;
+                        router.follow_component(endpoint.component()).await?;
                         RemoteTokenEngine::with_kv_router(client, router)
                     }
                     mode => RemoteTokenEngine::new(client, mode),

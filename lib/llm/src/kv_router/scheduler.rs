@@ -100,7 +100,7 @@ impl SchedulerConfig {
                 return Err(format!("busy threshold must be in (0, 1], got {t}"));
             }
         }
-        if !(self.straggler_threshold >= 1.0) {
+        if self.straggler_threshold.is_nan() || self.straggler_threshold < 1.0 {
             return Err(format!("straggler threshold must be >= 1, got {}", self.straggler_threshold));
         }
         Ok(())
