@@ -57,7 +57,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "--time-scale", type=float, default=1.0,
         help="arrival-rate multiplier: timestamps are divided by it (default 1)",
     )
-    parser.add_argument("--kv-overlap-weight", type=float, default=8.0, help="kv/approx: prefill block weight (default 8)")
+    parser.add_argument(
+        "--kv-overlap-weight", type=float, default=8.0, help="kv/approx: prefill block weight (default 8)"
+    )
     parser.add_argument("--router-temperature", type=float, default=0.0, help="kv/approx: softmax temperature")
     parser.add_argument("--busy-threshold", type=float, help="kv/approx: KV usage fraction that refuses requests")
     parser.add_argument("--engine-args", type=Path, help="JSON file of mocker settings (see docs/mocker.md)")
