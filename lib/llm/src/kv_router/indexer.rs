@@ -5,9 +5,9 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dynamo_runtime::events::Subscription;
 use dynamo_runtime::{Component, Result};
 use parking_lot::Mutex;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::protocols::{compute_block_hash_for_seq_salted, RouterEvent, KV_EVENTS_SUBJECT};
@@ -22,11 +22,13 @@ pub struct KvIndexer {
     tree: Arc<Mutex<RadixTree>>,
     block_size: usize,
     cancel: CancellationToken,
+    events: JoinHandle<()>,
 }
 
 impl Drop for KvIndexer {
     fn drop(&mut self) {
         self.cancel.cancel();
+        self.events.abort();
     }
 }
 
@@ -38,9 +40,13 @@ impl KvIndexer {
         let subscription = component.subscribe(KV_EVENTS_SUBJECT).await?;
         let tree = Arc::new(Mutex::new(RadixTree::new()));
         let cancel = CancellationToken::new();
-        tokio::spawn(follow_events(subscription, tree.clone(), cancel.clone()));
+        let applied = tree.clone();
+        let events = super::spawn_follow(subscription, "KV event", move |event: RouterEvent| {
+            applied.lock().apply_router_event(&event);
+            true
+        });
         tokio::spawn(forget_departed_workers(component, tree.clone(), cancel.clone()));
-        Ok(KvIndexer { tree, block_size: block_size.max(1), cancel })
+        Ok(KvIndexer { tree, block_size: block_size.max(1), cancel, events })
     }
 
     /// Tokens per block.
@@ -62,22 +68,6 @@ impl KvIndexer {
     /// The index itself (to dump it, read its counters, or remove a worker by hand).
     pub fn tree(&self) -> &Mutex<RadixTree> {
         &self.tree
-    }
-}
-
-async fn follow_events(mut subscription: Subscription, tree: Arc<Mutex<RadixTree>>, cancel: CancellationToken) {
-    loop {
-        let event = tokio::select! {
-            _ = cancel.cancelled() => return,
-            event = subscription.next_event() => match event {
-                Some(event) => event,
-                None => return,
-            },
-        };
-        match serde_json::from_slice::<RouterEvent>(&event.payload) {
-            Ok(event) => tree.lock().apply_router_event(&event),
-            Err(e) => tracing::warn!(subject = event.subject, error = %e, "ignoring a malformed KV event"),
-        }
     }
 }
 

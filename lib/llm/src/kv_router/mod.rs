@@ -4,7 +4,7 @@
 //! they publish them (the mocker does). A request's tokens are hashed per full block
 //! ([`protocols::compute_block_hash_for_seq`]); the [`RadixTree`] of the fleet's caches
 //! says how many leading blocks each worker holds, and each worker is scored by that and
-//! by the requests the router has in flight on it.
+//! by its load (its metrics, its queue, the requests sent since) and its speed.
 //!
 //! - [`protocols`]: block hashing, KV events, load metrics, subjects: what engines publish.
 //! - [`publisher`]: how an engine publishes its KV events and load metrics.
@@ -46,3 +46,25 @@ pub use replica::{SyncMessage, ROUTER_SYNC_SUBJECT};
 pub use router::{KvDecision, KvRouter, KvRouterConfig, DEFAULT_BLOCK_SIZE, DEFAULT_MAX_BLOCKS_PER_WORKER, DEFAULT_TTL};
 pub use scheduler::{Choice, LoadTracker, ScheduleError, SchedulerConfig, WorkerTiming, DEFAULT_STRAGGLER_THRESHOLD};
 pub use selector::{Candidate, SelectorWeights, DEFAULT_OVERLAP_WEIGHT, DEFAULT_TEMPERATURE};
+
+/// Spawn a task that parses each payload of `subscription` as a `T` and hands it to
+/// `apply`, until the subscription ends or `apply` returns `false`; a malformed payload
+/// is logged and skipped. The followers of [`KvRouter`] and [`KvIndexer`].
+pub(crate) fn spawn_follow<T: serde::de::DeserializeOwned + Send + 'static>(
+    mut subscription: dynamo_runtime::events::Subscription,
+    what: &'static str,
+    mut apply: impl FnMut(T) -> bool + Send + 'static,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        while let Some(event) = subscription.next_event().await {
+            match serde_json::from_slice::<T>(&event.payload) {
+                Ok(item) => {
+                    if !apply(item) {
+                        return;
+                    }
+                }
+                Err(e) => tracing::warn!(subject = event.subject, error = %e, "ignoring a malformed {what}"),
+            }
+        }
+    })
+}

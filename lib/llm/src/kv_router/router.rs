@@ -300,21 +300,19 @@ impl KvRouter {
     /// Feed each payload of `subscription`, parsed as a `T`, to `apply` on a task that
     /// holds only a weak reference (aborted when the router is dropped) and ends with the
     /// subscription; a malformed payload is logged and skipped.
-    fn follow<T: DeserializeOwned + 'static>(
+    fn follow<T: DeserializeOwned + Send + 'static>(
         self: &Arc<Self>,
-        mut subscription: Subscription,
+        subscription: Subscription,
         what: &'static str,
         apply: fn(&KvRouter, &T),
     ) {
         let weak = Arc::downgrade(self);
-        let task = tokio::spawn(async move {
-            while let Some(event) = subscription.next_event().await {
-                let Some(router) = weak.upgrade() else { return };
-                match serde_json::from_slice::<T>(&event.payload) {
-                    Ok(item) => apply(&router, &item),
-                    Err(e) => tracing::warn!(subject = event.subject, error = %e, "ignoring a malformed {what}"),
-                }
+        let task = super::spawn_follow(subscription, what, move |item: T| match weak.upgrade() {
+            Some(router) => {
+                apply(&router, &item);
+                true
             }
+            None => false,
         });
         self.tasks.lock().push(task);
     }
