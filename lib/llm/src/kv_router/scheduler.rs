@@ -6,18 +6,18 @@
 //! in use whatever its queue): each as many as the moving average of the new blocks of
 //! the requests routed there, or before any, as its running requests hold on average;
 //! plus the blocks of the requests this router (or a replica sharing its decisions) sent
-//! it since — kept until metrics received [`METRICS_LAG`] after the send must include them, or until the
-//! request's stream ends; and minus the blocks of requests that ended since metrics that
-//! still counted them (until metrics received [`METRICS_LAG`] after the end). Without
-//! metrics (or when they are older than [`METRICS_STALE`]), it is the blocks of the
-//! requests the router has in flight there.
+//! it since — kept until metrics received [`METRICS_LAG`] after the send must include
+//! them, or until the request's stream ends; and minus the blocks of requests that ended
+//! since metrics that still counted them (until metrics received [`METRICS_LAG`] after
+//! the end). Without metrics (or when they are older than [`METRICS_STALE`]), it is the
+//! blocks of the requests the router has in flight there.
 //!
 //! Streams routed through the router report their timing (the first item, and when they
 //! end their mean time per item after it); a worker whose time per item (the median over
 //! its latest streams) is [`SchedulerConfig::straggler_threshold`] times the fleet's
 //! (the lower median over the workers with enough streams timed) or more,
-//! and at least [`STRAGGLER_MIN_EXCESS`] more, is a straggler: its cost is multiplied
-//! by that ratio (see [`super::selector`]).
+//! and at least [`STRAGGLER_MIN_EXCESS`] more, is a straggler: its cached prefix does not
+//! count and its cost is multiplied by that ratio (see [`super::selector`]).
 //!
 //! With a busy threshold, a worker whose predicted KV demand (that decode load, as a
 //! fraction of its KV blocks; a queue can take it over 1) is at or above it is busy;

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! cost = slowness × (overlap_weight × (request_blocks − overlap_blocks)   prefill still to compute
-//!                    + decode_blocks                                      KV blocks in use there
+//!                    + decode_blocks                                      KV blocks in use there, and queued
 //!                    + request_blocks)                                    what this request will hold
 //! ```
 //!
@@ -10,8 +10,8 @@
 //! token relative to the fleet's median for a straggler (see
 //! [`super::scheduler::LoadTracker`]). A straggler's cached prefix does not count (its
 //! `overlap_blocks` are taken as 0): at a weight that holds cache affinity, a prefix
-//! would otherwise keep its conversations on a slow worker. With `temperature` 0 the cheapest worker wins
-//! (ties broken uniformly at random); above 0 a worker is drawn with probability
+//! would otherwise keep its conversations on a slow worker. With `temperature` 0 the
+//! cheapest worker wins (ties broken uniformly at random); above 0 a worker is drawn with probability
 //! `softmax(−cost / max_cost / temperature)`, so equally good workers share a burst of
 //! requests instead of all taking the same one (herding).
 
@@ -20,9 +20,9 @@ use rand::Rng;
 /// Default weight of a prefill block against a decode block. A worker's blocks in use
 /// swing by more than a cached prefix saves as its running requests change; at weight 1
 /// that noise outweighed the prefix and KV routing did little better than round-robin
-/// on prefix-heavy traffic. 8 was the best of 1–64 on the serving benchmark and the
-/// routing lab (docs/performance.md); above it, hot prefixes pile onto their workers
-/// (TTFT p99 grows).
+/// on prefix-heavy traffic (the serving benchmark and the routing lab in
+/// docs/performance.md); above 8, hot prefixes pile onto their workers
+/// (TTFT p99 grows). Of the weights tried (1–64), 8 had the best median TTFT.
 pub const DEFAULT_OVERLAP_WEIGHT: f64 = 8.0;
 /// Default softmax temperature (0: always the cheapest).
 pub const DEFAULT_TEMPERATURE: f64 = 0.0;
