@@ -11,9 +11,11 @@
 //!   one-digit value has `size` 1 (3.10–3.11) or the tag `1 << 3` (3.12+); zero has
 //!   `size` 0 or the tag 1.
 //!
-//! Nothing is assumed blindly: at first use [`layout`] reads probe objects both ways and
-//! keeps the in-place path only if every value agrees, and any other item (another type,
-//! a larger or negative int) goes through the API call as before.
+//! abi3 wheels install on CPython only, whose list head has had this shape throughout.
+//! At first use [`layout`] reads probe objects both ways and keeps the in-place path
+//! only if every item pointer and value agrees (a 15-bit-digit build, for one, fails
+//! it); any other item (another type, a larger or negative int) goes through the API
+//! call as before.
 
 use std::sync::OnceLock;
 
