@@ -102,6 +102,16 @@ def client(frontend: Frontend) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=frontend.base_url, api_key="unused", max_retries=0, timeout=HTTP_TIMEOUT)
 
 
+async def long_completion(c: openai.AsyncOpenAI, model: str, i: int) -> str:
+    """Complete the i-th distinct prompt that is too long to prefill locally: its finish
+    reason, or the error."""
+    try:
+        response = await c.completions.create(model=model, prompt=prompt(i * 199, 3 * MAX_LOCAL), max_tokens=3)
+        return response.choices[0].finish_reason or "none"
+    except openai.APIError as e:
+        return f"error: {e}"
+
+
 async def test_long_prompts_prefill_remotely_short_ones_locally(
     workers: WorkerPool, namespace: str, model_dir: Path, tmp_path: Path
 ) -> None:
@@ -147,17 +157,8 @@ async def test_prefill_worker_killed_mid_load_is_bounded(
     )
     c = client(graph.frontend)
     try:
-        async def one(i: int) -> str:
-            try:
-                response = await c.completions.create(
-                    model=model_dir.name, prompt=prompt(i * 199, 3 * MAX_LOCAL), max_tokens=3
-                )
-                return response.choices[0].finish_reason or "none"
-            except openai.APIError as e:
-                return f"error: {e}"
-
         started = time.monotonic()
-        requests = [asyncio.create_task(one(i)) for i in range(6)]
+        requests = [asyncio.create_task(long_completion(c, model_dir.name, i)) for i in range(6)]
         await wait_metric(graph.prefill_port, "dynamo_disagg_prefill_jobs_total", 'outcome="done"', 1)
         graph.prefill.kill()  # SIGKILL while it holds the other jobs
         outcomes = await asyncio.wait_for(asyncio.gather(*requests), timeout=40)

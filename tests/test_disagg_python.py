@@ -12,17 +12,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-import openai
 import pytest
 from helpers import WORKERS_DIR, WorkerPool, WorkerProcess, free_port
 from llm_helpers import start_frontend
-from test_disagg import Graph, client, prompt, wait_metric
+from test_disagg import MAX_LOCAL, Graph, client, long_completion, prompt, wait_metric
 
 pytestmark = pytest.mark.timeout(150)
 
 WORKER = WORKERS_DIR / "handoff_engine_worker.py"
-#: Decode worker setting: prompts whose uncached part is longer go to the prefill worker.
-MAX_LOCAL = 64
 #: `prompt(FAILING_PROMPT, n)` starts with `w900`, which the test engine's prefill refuses.
 FAILING_PROMPT = 897
 
@@ -120,17 +117,8 @@ async def test_python_prefill_worker_killed_mid_job_is_bounded(
     )
     c = client(graph.frontend)
     try:
-        async def one(i: int) -> str:
-            try:
-                response = await c.completions.create(
-                    model=model_dir.name, prompt=prompt(i * 199, 3 * MAX_LOCAL), max_tokens=3
-                )
-                return response.choices[0].finish_reason or "none"
-            except openai.APIError as e:
-                return f"error: {e}"
-
         started = time.monotonic()
-        requests = [asyncio.create_task(one(i)) for i in range(4)]
+        requests = [asyncio.create_task(long_completion(c, model_dir.name, i)) for i in range(4)]
         await graph.prefill.wait_for_line("PREFILLING", 20)
         graph.prefill.kill()  # SIGKILL while it computes (and holds) jobs
         outcomes = await asyncio.wait_for(asyncio.gather(*requests), timeout=40)
