@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
-# The whole test suite: Rust tests, the extension built and installed into the current
-# Python, the stub check, then the Python tests. Run from anywhere: bash scripts/test.sh
+# The whole test suite, set up by itself: the test tools, vLLM for the CPU and etcd/NATS
+# installed (scripts/install-test-deps.sh), the README's quick start run as a user would
+# (scripts/check-quickstart.sh), the Rust tests, the extension built and installed into
+# the current Python, the stub check, the linter, then the Python tests (the real-engine
+# tier included). Run from anywhere: bash scripts/test.sh [pytest args]. CI runs exactly
+# this (.ci/run).
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -8,6 +12,12 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/dynamo-target}"
 PYTHON="${PYTHON:-python}"
 
 step() { printf '\n==> %s\n' "$*"; }
+
+bash scripts/install-test-deps.sh
+
+step "README quick start: pip install -v . && dynamo-run ..., in a fresh virtual environment"
+# Release build, cached in $CARGO_TARGET_DIR between runs; bounded (40 min).
+bash scripts/check-quickstart.sh
 
 step "cargo test (workspace, without the extension crate)"
 # The bindings crate links against libpython only when loaded by Python, so it is

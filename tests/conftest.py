@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import LEASE_TTL, WorkerPool, free_port, shutdown_runtime, spawn
+from helpers import WorkerPool, backend_overrides, free_port, shutdown_runtime, spawn
 
 #: Seconds a test (setup + call + teardown) may take unless marked `@pytest.mark.timeout(n)`.
 DEFAULT_TEST_TIMEOUT = 90
@@ -206,34 +206,6 @@ class BackendEnv(dict):
     def with_(self, **extra: str) -> dict[str, str]:
         """A copy with extra variables, for one subprocess."""
         return {**self, **extra}
-
-
-def backend_overrides(name: str, request: pytest.FixtureRequest, kv_dir: Path) -> dict[str, str]:
-    common = {
-        "DYN_LEASE_TTL": str(LEASE_TTL),
-        "DYN_SHUTDOWN_TIMEOUT": "10",
-        "DYN_TCP_HOST": "127.0.0.1",
-    }
-    if name == "embedded":
-        return {
-            **common,
-            "DYN_DISCOVERY_BACKEND": "file",
-            "DYN_FILE_KV": str(kv_dir),
-            "DYN_REQUEST_PLANE": "tcp",
-            "DYN_EVENT_PLANE": "tcp",
-        }
-    if name == "etcd_nats":
-        etcd: Server = request.getfixturevalue("etcd_server")
-        nats: Server = request.getfixturevalue("nats_server")
-        return {
-            **common,
-            "DYN_DISCOVERY_BACKEND": "etcd",
-            "ETCD_ENDPOINTS": etcd.url,
-            "NATS_SERVER": nats.url,
-            "DYN_REQUEST_PLANE": "nats",
-            "DYN_EVENT_PLANE": "nats",
-        }
-    raise ValueError(f"unknown backend {name!r}")
 
 
 @pytest.fixture(params=BACKENDS)

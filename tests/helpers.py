@@ -290,3 +290,33 @@ class WorkerPool:
     def stop_all(self) -> None:
         for worker in self.started:
             worker.terminate()
+
+
+def backend_overrides(name: str, request: pytest.FixtureRequest, kv_dir: Path) -> dict[str, str]:
+    """The runtime settings of backend `name`: `embedded` (file discovery in `kv_dir`, TCP
+    planes) or `etcd_nats` (the session's etcd and NATS servers, started on demand)."""
+    common = {
+        "DYN_LEASE_TTL": str(LEASE_TTL),
+        "DYN_SHUTDOWN_TIMEOUT": "10",
+        "DYN_TCP_HOST": "127.0.0.1",
+    }
+    if name == "embedded":
+        return {
+            **common,
+            "DYN_DISCOVERY_BACKEND": "file",
+            "DYN_FILE_KV": str(kv_dir),
+            "DYN_REQUEST_PLANE": "tcp",
+            "DYN_EVENT_PLANE": "tcp",
+        }
+    if name == "etcd_nats":
+        etcd = request.getfixturevalue("etcd_server")
+        nats = request.getfixturevalue("nats_server")
+        return {
+            **common,
+            "DYN_DISCOVERY_BACKEND": "etcd",
+            "ETCD_ENDPOINTS": etcd.url,
+            "NATS_SERVER": nats.url,
+            "DYN_REQUEST_PLANE": "nats",
+            "DYN_EVENT_PLANE": "nats",
+        }
+    raise ValueError(f"unknown backend {name!r}")

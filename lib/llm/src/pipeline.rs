@@ -19,6 +19,7 @@ use crate::protocols::openai::{
     CompletionResponse,
 };
 use crate::protocols::{logprobs, unix_now};
+use crate::tokenizer::UTF8_CONTEXT_TOKENS;
 
 /// Serves a [`TokenEngine`] for one model card as an [`OpenAIEngine`].
 pub struct Pipeline {
@@ -62,6 +63,7 @@ impl Pipeline {
             shape,
             pending: Vec::new(),
             offset: 0,
+            sampled: Vec::new(),
         })
     }
 
@@ -86,11 +88,15 @@ struct LogprobCollector {
     shape: LogprobShape,
     pending: Vec<logprobs::TokenLogprob>,
     offset: usize,
+    /// The last sampled ids (at most [`UTF8_CONTEXT_TOKENS`]): what a half character
+    /// among the next tokens may complete.
+    sampled: Vec<u32>,
 }
 
 impl LogprobCollector {
+    /// A token's text after the sampled tokens so far (vLLM's listing).
     fn token_text(&self, id: u32) -> String {
-        self.tokenizer.decode(&[id], false).unwrap_or_default()
+        self.tokenizer.token_text_after(&self.sampled, id)
     }
 
     fn add(&mut self, out: &LLMEngineOutput) {
@@ -103,6 +109,10 @@ impl LogprobCollector {
                 .map(|alts| alts.iter().map(|a| (self.token_text(a.token_id), a.logprob)).collect())
                 .unwrap_or_default();
             self.pending.push(logprobs::TokenLogprob { token: self.token_text(id), logprob, top });
+            if self.sampled.len() == UTF8_CONTEXT_TOKENS {
+                self.sampled.remove(0);
+            }
+            self.sampled.push(id);
         }
     }
 

@@ -26,6 +26,17 @@ use prompt::PromptFormatter;
 /// can make the tokenizer do.
 pub const MAX_PROMPT_BYTES_PER_TOKEN: usize = 16;
 
+/// Who puts the special tokens (a BOS) around a prompt's text.
+#[derive(Clone, Copy)]
+enum Specials {
+    /// A rendered chat template: it wrote what the model expects, so the text is
+    /// tokenized as it is (as vLLM's and HF's chat paths tokenize it).
+    FromTemplate,
+    /// A completion prompt or a raw chat prompt: the tokenizer adds them, unless the
+    /// text already starts with the BOS.
+    Add,
+}
+
 /// Prompts above this many bytes are counted piece by piece before being tokenized.
 const COUNT_FIRST_BYTES: usize = 1024 * 1024;
 /// Size of the pieces a big prompt is counted in.
@@ -173,7 +184,8 @@ impl Preprocessor {
     pub fn preprocess_chat(&self, request: &ChatCompletionRequest) -> Result<Preprocessed, EngineError> {
         self.check_prompt_bytes(chat_input_bytes(request))?;
         let formatted_prompt = self.render_chat(request)?;
-        let token_ids = self.encode(&formatted_prompt)?;
+        let raw = request.nvext.as_ref().and_then(|n| n.use_raw_prompt).unwrap_or(false);
+        let token_ids = self.encode(&formatted_prompt, if raw { Specials::Add } else { Specials::FromTemplate })?;
         let limits = RequestLimits {
             max_tokens: request.max_tokens(),
             stop: request.stop.as_ref(),
@@ -189,9 +201,9 @@ impl Preprocessor {
     pub fn preprocess_completion(&self, request: &CompletionRequest) -> Result<Preprocessed, EngineError> {
         self.check_prompt_bytes(completion_input_bytes(request))?;
         let (formatted_prompt, token_ids) = match &request.prompt {
-            Prompt::Text(text) => (text.clone(), self.encode(text)?),
+            Prompt::Text(text) => (text.clone(), self.encode(text, Specials::Add)?),
             Prompt::TextList(list) => match list.as_slice() {
-                [text] => (text.clone(), self.encode(text)?),
+                [text] => (text.clone(), self.encode(text, Specials::Add)?),
                 _ => {
                     return Err(EngineError::BadRequest(format!(
                         "prompt must be a string or a list of one string, got a list of {}",
@@ -220,13 +232,15 @@ impl Preprocessor {
         Ok(Preprocessed { request: self.build(token_ids, limits)?, formatted_prompt })
     }
 
-    fn encode(&self, text: &str) -> Result<Vec<u32>, EngineError> {
+    fn encode(&self, text: &str, specials: Specials) -> Result<Vec<u32>, EngineError> {
         if text.len() > COUNT_FIRST_BYTES {
             self.refuse_if_far_too_long(text)?;
         }
-        self.tokenizer
-            .encode_prompt(text, self.card.bos_token.as_deref())
-            .map_err(|e| EngineError::Internal(e.to_string()))
+        match specials {
+            Specials::FromTemplate => self.tokenizer.encode(text, false),
+            Specials::Add => self.tokenizer.encode_prompt(text, self.card.bos_token.as_deref()),
+        }
+        .map_err(|e| EngineError::Internal(e.to_string()))
     }
 
     /// Count a big prompt's tokens piece by piece (a piece's worth of tokenizer memory

@@ -218,13 +218,15 @@ async fn card_from_a_hf_folder_serves_through_the_pipeline() {
     let req = chat_request(r#"{"model":"tiny-words","messages":[{"role":"user","content":"hello world"}]}"#);
     let stream = pipeline.chat(req, RequestContext::new("r")).await.unwrap();
     let response = tokio::time::timeout(LIMIT, ChatAggregator::new("r", "m").fold(stream)).await.unwrap().unwrap();
-    // The BOS is not doubled, and special tokens are not echoed as text.
+    // The BOS is not doubled, and special tokens are not echoed as text. The echo
+    // continues the prompt, so its first word is decoded after it: with a space.
     assert_eq!(response.usage.prompt_tokens, 5);
-    assert_eq!(response.choices[0].message.content.as_deref(), Some("user: hello world assistant:"));
+    assert_eq!(response.choices[0].message.content.as_deref(), Some(" user: hello world assistant:"));
 }
 
 /// Manual check with the real TinyLlama tokenizer (needs /work/shared): streaming
-/// detokenization gives exactly what decoding the whole prompt at once gives.
+/// detokenization gives exactly what decoding the whole text at once gives (the echo
+/// continues the prompt: it is what the prompt twice adds to the prompt once).
 #[tokio::test]
 #[ignore]
 async fn tinyllama_echo_core() {
@@ -234,9 +236,11 @@ async fn tinyllama_echo_core() {
         r#"{"model":"tinyllama-chat","messages":[{"role":"user","content":"Héllo 🦀 wörld, 世界! 😀 ab"}],"nvext":{"ignore_eos":true}}"#,
     );
     let pre = pipeline.preprocessor().preprocess_chat(&req).unwrap();
-    let whole = pipeline.preprocessor().tokenizer().decode(&pre.request.token_ids, true).unwrap();
+    let tokenizer = pipeline.preprocessor().tokenizer();
+    let whole = tokenizer.decode(&pre.request.token_ids, true).unwrap();
+    let twice = tokenizer.decode(&[pre.request.token_ids.clone(), pre.request.token_ids.clone()].concat(), true).unwrap();
     let stream = pipeline.chat(req, RequestContext::new("r")).await.unwrap();
     let response = tokio::time::timeout(LIMIT, ChatAggregator::new("r", "m").fold(stream)).await.unwrap().unwrap();
-    assert_eq!(response.choices[0].message.content.as_deref(), Some(whole.as_str()));
+    assert_eq!(response.choices[0].message.content.as_deref(), twice.strip_prefix(whole.as_str()));
     assert!(whole.contains("Héllo 🦀 wörld, 世界! 😀 ab"), "{whole:?}");
 }

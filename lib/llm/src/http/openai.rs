@@ -88,6 +88,12 @@ fn choice_contexts(ctx: &RequestContext, n: u32) -> Vec<RequestContext> {
     contexts
 }
 
+/// The seed of choice `index` of a seeded request with `n` > 1: `seed + index`, so the
+/// choices differ yet repeat, as vLLM seeds its parallel samples.
+fn choice_seed(seed: Option<i64>, index: usize) -> Option<i64> {
+    seed.map(|s| s.wrapping_add(i64::try_from(index).unwrap_or(i64::MAX)))
+}
+
 fn include_usage(options: &Option<StreamOptions>) -> bool {
     options.as_ref().is_some_and(|o| o.include_usage)
 }
@@ -122,7 +128,11 @@ pub(crate) async fn chat_completions(
     let contexts = choice_contexts(&plan.ctx, n);
     let id = format!("chatcmpl-{}", plan.ctx.id());
     let call = async move {
-        let calls = contexts.into_iter().map(|ctx| engine.chat(request.clone(), ctx));
+        let calls = contexts.into_iter().enumerate().map(|(i, ctx)| {
+            let mut choice = request.clone();
+            choice.seed = choice_seed(request.seed, i);
+            engine.chat(choice, ctx)
+        });
         let streams = futures::future::try_join_all(calls).await?;
         Ok(super::choices::merge(streams, id))
     };
@@ -160,7 +170,11 @@ pub(crate) async fn completions(
     let contexts = choice_contexts(&plan.ctx, n);
     let id = format!("cmpl-{}", plan.ctx.id());
     let call = async move {
-        let calls = contexts.into_iter().map(|ctx| engine.completion(request.clone(), ctx));
+        let calls = contexts.into_iter().enumerate().map(|(i, ctx)| {
+            let mut choice = request.clone();
+            choice.seed = choice_seed(request.seed, i);
+            engine.completion(choice, ctx)
+        });
         let streams = futures::future::try_join_all(calls).await?;
         Ok(super::choices::merge(streams, id))
     };

