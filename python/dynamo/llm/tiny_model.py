@@ -10,7 +10,8 @@ fallback, a BOS added to every sequence), a ``tokenizer_config.json`` with a cha
 that writes the BOS itself, and a ``generation_config.json`` with no sampling defaults.
 
 The weights come from a fixed seed, so the same call makes the same model: its text is
-gibberish, but the same gibberish every time, which is what an equality test needs. The
+gibberish, but the same gibberish every time, which is what an equality test needs. Its
+end-of-sequence logit is held at 0, so greedy decoding runs to ``max_tokens``. The
 sizes keep vLLM's CPU attention kernels happy (head size 64; they refuse 16).
 
 Needs ``torch``, ``transformers`` and ``tokenizers`` (all vLLM dependencies); they are
@@ -128,6 +129,10 @@ def make(path: str | Path, seed: int = 0, max_len: int = 1024) -> Path:
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config).to(torch.bfloat16)
+    with torch.no_grad():
+        # The end-of-sequence logit is always 0, below the best of 2,000 random logits:
+        # greedy decoding writes until max_tokens (sampling may still end it).
+        model.lm_head.weight[config.eos_token_id].zero_()
     model.save_pretrained(out, safe_serialization=True)
     # No sampling defaults: requests mean the same to every server of this model.
     (out / "generation_config.json").write_text(json.dumps({
