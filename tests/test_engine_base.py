@@ -135,3 +135,20 @@ async def test_dynamo_run_runs_a_base_worker_as_its_engine(workers: WorkerPool, 
     await frontend.wait_models(["toy"], 60)
     answer = await asyncio.to_thread(completion, frontend, "toy", "w3 w4", max_tokens=2)
     assert answer.status == 200 and answer.json()["choices"][0]["text"].split() == ["w3", "w4"], answer.body
+
+
+@pytest.mark.parametrize(("engine", "package"), [("sglang", "sglang"), ("trtllm", "tensorrt_llm")])
+def test_a_graph_worker_picks_the_engine_and_says_what_is_missing(engine: str, package: str) -> None:
+    """examples/llm's Worker with `engine: sglang | trtllm` runs `python -m dynamo.<engine>`,
+    which exits 2 naming the package when the engine does not import."""
+    import importlib.util
+    import subprocess
+
+    from helpers import EXAMPLES_DIR
+
+    if importlib.util.find_spec(package) is not None:
+        pytest.skip(f"{package} is installed: the worker would start it")
+    for component in ("components.worker", "components.prefill_worker"):
+        done = subprocess.run([sys.executable, "-m", component, "--engine", engine], cwd=EXAMPLES_DIR / "llm",
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and f"needs the {package} package" in done.stderr, done.stderr
