@@ -8,6 +8,8 @@ only the engine is a toy. Its prompt decides what it does:
 - ``w902``: the engine's stream ends after one token without finishing;
 - ``w903``: slow, a token every 50 ms (so that a caller can stop it); an aborted
   request prints ``ABORTED <request id>``;
+- every engine request prints ``ENDED <request id> <tokens generated>`` when its
+  stream ends, however it ends (finished, aborted, or closed by a caller gone);
 - otherwise ``max_tokens`` tokens ``w3``, ``w4`` ... and ``length``.
 
 Every request prints ``REQUEST <request id> <json of the sampling options>``; every
@@ -59,6 +61,7 @@ class ToyEngine:
             raise ValueError("the toy engine refuses prompts with w900")
         self.cache(token_ids)
         self.running.add(request_id)
+        generated = 0
         try:
             for i in range(max_tokens):
                 if request_id in self.aborted:
@@ -66,12 +69,14 @@ class ToyEngine:
                 if SLOW in token_ids:
                     await asyncio.sleep(0.05)
                 yield FIRST_WORD_TOKEN + i, i == max_tokens - 1
+                generated += 1
                 if DIE in token_ids:
                     raise ToyEngineDead("the toy engine's process exited")
                 if UNFINISHED in token_ids:
                     return
         finally:
             self.running.discard(request_id)
+            print(f"ENDED {request_id} {generated}", flush=True)
 
 
 class ToyAdapter(EngineAdapter):
