@@ -30,9 +30,10 @@ if not HAS_GPU:
     # without a GPU has none unless told to use the CPU one.
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
+from dynamo.engine.handler import Handler  # noqa: E402
 from dynamo.vllm import adapter  # noqa: E402
 from dynamo.vllm.args import parse_args  # noqa: E402
-from dynamo.vllm.worker import Handler, configure_disagg, configure_kv_events  # noqa: E402
+from dynamo.vllm.worker import VllmAdapter, configure_disagg, configure_kv_events  # noqa: E402
 from vllm.config import KVEventsConfig, KVTransferConfig  # noqa: E402
 from vllm.logprobs import Logprob  # noqa: E402
 from vllm.outputs import CompletionOutput, RequestOutput  # noqa: E402
@@ -429,7 +430,7 @@ def run_handler(
 ) -> list[dict[str, Any]]:
     async def collect() -> list[dict[str, Any]]:
         items = []
-        async for item in Handler(engine, runtime).generate(req, context):  # type: ignore[arg-type]
+        async for item in Handler(VllmAdapter(), engine, runtime).generate(req, context):  # type: ignore[arg-type]
             items.append(item)
             context.items += 1
         return items
@@ -607,7 +608,7 @@ def test_the_handler_prefills_for_transfer_and_decodes_with_the_descriptor() -> 
     final = output([9], "length")
     final.kv_transfer_params = dict(NIXL_PREFILL_OUTPUT_PARAMS)
     engine = Engine([final])
-    handler = Handler(engine)
+    handler = Handler(VllmAdapter(), engine)
     params = asyncio.run(asyncio.wait_for(handler.prefill(request(), Context()), 10))  # type: ignore[arg-type]
     assert params == NIXL_PREFILL_OUTPUT_PARAMS
     _, sent, request_id = engine.seen[0]
@@ -619,7 +620,7 @@ def test_the_handler_prefills_for_transfer_and_decodes_with_the_descriptor() -> 
     async def decode() -> list[dict[str, Any]]:
         items = []
         descriptor = {"request_id": "req-1", "engine_params": params}
-        async for item in Handler(engine).generate(request(), Context(), descriptor):  # type: ignore[arg-type]
+        async for item in Handler(VllmAdapter(), engine).generate(request(), Context(), descriptor):  # type: ignore[arg-type]
             items.append(item)
         return items
 
@@ -631,18 +632,18 @@ def test_the_handler_prefills_for_transfer_and_decodes_with_the_descriptor() -> 
 
 
 def test_a_prefill_vllm_rejects_fails_the_job() -> None:
-    handler = Handler(Engine([], error=ValueError("prompt too long")))
+    handler = Handler(VllmAdapter(), Engine([], error=ValueError("prompt too long")))
     with pytest.raises(ValueError, match="prompt too long"):
         asyncio.run(asyncio.wait_for(handler.prefill(request(), Context()), 10))  # type: ignore[arg-type]
     with pytest.raises(adapter.RequestError, match="no output"):
-        asyncio.run(asyncio.wait_for(Handler(Engine([])).prefill(request(), Context()), 10))  # type: ignore[arg-type]
+        asyncio.run(asyncio.wait_for(Handler(VllmAdapter(), Engine([])).prefill(request(), Context()), 10))  # type: ignore[arg-type]
 
 
 async def test_vllm_roles_serve_through_the_core_with_a_stand_in_engine(
     workers: Any, runtime: Any, namespace: str, model_dir: Path
 ) -> None:
     """`python -m dynamo.vllm`'s serving in real processes (tests/workers/vllm_standin_worker.py:
-    vLLM's parser, configure_disagg, Handler, serve_role; only AsyncLLM stood in for, with
+    vLLM's parser, configure_disagg, the base's Handler and serve_role; only AsyncLLM stood in for, with
     vLLM's RequestOutput): a long prompt is prefilled by the prefill worker, whose
     connector parameters reach the decode request's kv_transfer_params; a short one
     stays local."""

@@ -1,5 +1,5 @@
 """Test worker: ``python -m dynamo.vllm`` as it serves — flags through vLLM's own parser,
-``configure_disagg``, ``Handler`` and ``serve_role`` in any role — with a stand-in for
+``configure_disagg``, the worker base's ``Handler`` and ``serve_role`` in any role — with a stand-in for
 ``AsyncLLM`` (which needs a GPU) that answers with vLLM's own ``RequestOutput`` objects
 the way vLLM's NixlConnector does: a prefill request (``do_remote_decode``) finishes
 with ``kv_transfer_params`` naming this process's engine and the request; a decode
@@ -19,10 +19,12 @@ from typing import Any
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
+from dynamo.engine.handler import Handler
+from dynamo.engine.main import free_port
+from dynamo.engine.serve import serve_role
 from dynamo.runtime import DistributedRuntime, dynamo_worker
-from dynamo.vllm.__main__ import free_port
 from dynamo.vllm.args import parse_args
-from dynamo.vllm.worker import Handler, configure_disagg, serve_role
+from dynamo.vllm.worker import VllmAdapter, configure_disagg
 from vllm.outputs import CompletionOutput, RequestOutput
 
 FIRST_WORD_TOKEN = 3
@@ -77,7 +79,7 @@ async def main(runtime: DistributedRuntime) -> None:
     kv = CONFIG.engine_args.kv_transfer_config
     print(f"CONNECTOR {kv.kv_connector if kv else None}", flush=True)
     endpoint = runtime.endpoint(CONFIG.endpoint)
-    await serve_role(runtime, CONFIG, endpoint, Handler(StandInEngine(), runtime), 4096, 16)
+    await serve_role(runtime, CONFIG, endpoint, Handler(VllmAdapter(), StandInEngine(), runtime), 4096, 16)
 
 
 if __name__ == "__main__":

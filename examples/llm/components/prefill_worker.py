@@ -4,7 +4,8 @@
 computes each prompt's KV cache and hands it to the decode Worker that asked. It
 registers no model: frontends never see it.
 
-The engine is chosen by configuration (``engine: mocker`` or ``vllm``); every other key of the
+The engine is chosen by configuration (``engine: mocker``, ``vllm``, ``sglang`` or
+``trtllm``); every other key of the
 PrefillWorker's configuration becomes a flag of the engine's own parser
 (``max-concurrent-prefills: 2`` → ``--max-concurrent-prefills 2``), as for the Worker.
 
@@ -20,6 +21,7 @@ from collections.abc import Sequence
 from dynamo.sdk import BaseDeployment
 
 from components.worker import parse_args as worker_args
+from components.worker import run_engine
 
 
 class PrefillWorker(BaseDeployment):
@@ -37,14 +39,7 @@ def endpoint() -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Serve prefill jobs with the configured engine until SIGINT/SIGTERM."""
     engine, flags = worker_args(argv, service_name=PrefillWorker.name)
-    engine_argv = ["--endpoint", endpoint(), "--role", "prefill", *flags]
-    if engine == "vllm":
-        from dynamo.vllm.__main__ import main as vllm_main
-
-        return vllm_main(engine_argv)
-    from dynamo.mocker.__main__ import main as mocker_main
-
-    return mocker_main(engine_argv)
+    return run_engine(engine, ["--endpoint", endpoint(), "--role", "prefill", *flags])
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The Worker: an LLM engine serving token-level requests on ``{namespace}.Worker.generate``.
 
-The engine is chosen by configuration (``engine: mocker``); every other key of the
+The engine is chosen by configuration (``engine: mocker``, ``vllm``, ``sglang`` or
+``trtllm``: ``python -m dynamo.<engine>``, docs/engines.md); every other key of the
 Worker's configuration becomes a flag of that engine's own argument parser, through
 ``ServiceConfig.as_args("Worker")`` (``speedup-ratio: 10`` → ``--speedup-ratio 10``).
 The engine registers the model (kind ``backend``) so that the Processor and frontends
@@ -13,14 +14,16 @@ find its card.
 
 from __future__ import annotations
 
+import importlib
 import sys
 from collections.abc import Sequence
 
 from dynamo.sdk import BaseDeployment, DynamoArgumentParser
 from dynamo.sdk.lib.config import ServiceConfig
 
-#: Engines the Worker can run (``vllm``: ``python -m dynamo.vllm``, needs the vllm package).
-ENGINES = ("mocker", "vllm")
+#: Engines the Worker can run, each ``python -m dynamo.<engine>`` (all but the mocker need
+#: their engine's package; vllm, sglang and trtllm share the worker base, dynamo.engine).
+ENGINES = ("mocker", "vllm", "sglang", "trtllm")
 DEFAULT_ENGINE = "mocker"
 
 
@@ -49,6 +52,14 @@ def parse_args(argv: Sequence[str] | None = None, service_name: str = Worker.nam
     return args.engine, engine_argv(service_name, ServiceConfig.get_instance())
 
 
+def run_engine(engine: str, argv: list[str]) -> int:
+    """``python -m dynamo.<engine>`` in this process, with ``argv``; its exit status."""
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine {engine!r}; one of {', '.join(ENGINES)}")
+    module = importlib.import_module(f"dynamo.{engine}.__main__")
+    return int(module.main(argv))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Serve the configured engine until SIGINT/SIGTERM; returns the exit status."""
     engine, flags = parse_args(argv)
@@ -60,13 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         flags = [*flags, "--prefill-endpoint", prefill_endpoint()]
     # The engine's own parser validates the engine flags (an unknown key is a clear error).
-    if engine == "vllm":
-        from dynamo.vllm.__main__ import main as vllm_main
-
-        return vllm_main(["--endpoint", endpoint, *flags])
-    from dynamo.mocker.__main__ import main as mocker_main
-
-    return mocker_main(["--endpoint", endpoint, *flags])
+    return run_engine(engine, ["--endpoint", endpoint, *flags])
 
 
 if __name__ == "__main__":

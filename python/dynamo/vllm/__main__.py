@@ -6,49 +6,22 @@
     python -m dynamo.vllm --model /models/llama --role decode --endpoint dyn://dynamo.backend.generate
 
 vLLM's own flags are accepted as ``vllm serve`` takes them; ``--help`` lists Dynamo's in
-their own group.
+their own group. The worker is the shared base (``dynamo.engine``) with vLLM's adapter.
 """
 
 from __future__ import annotations
 
-import asyncio
-import socket
 import sys
 from collections.abc import Sequence
 
-from .args import Config, parse_args
-
-
-def free_port() -> int:
-    """A TCP port free on every interface right now (vLLM's ZMQ event publisher and
-    its NIXL side channel bind every interface)."""
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
+from dynamo.engine.main import main as serve_engine
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status."""
-    try:
-        import vllm  # noqa: F401
-    except ImportError as e:
-        print(f"python -m dynamo.vllm needs the vllm package ({e}); install it with: pip install vllm", file=sys.stderr)
-        return 2
-    config: Config = parse_args(sys.argv[1:] if argv is None else argv)
+    from .worker import VllmAdapter
 
-    from dynamo.runtime import DistributedRuntime, dynamo_worker
-
-    from .worker import configure_disagg, configure_kv_events, serve
-
-    configure_kv_events(config, config.kv_events_port or free_port())
-    configure_disagg(config, free_port() if config.role != "agg" else None)
-
-    @dynamo_worker()
-    async def worker(runtime: DistributedRuntime) -> None:
-        await serve(runtime, config)
-
-    asyncio.run(worker())
-    return 0
+    return serve_engine(VllmAdapter(), argv, "python -m dynamo.vllm")
 
 
 if __name__ == "__main__":

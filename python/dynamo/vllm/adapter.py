@@ -5,14 +5,14 @@ vLLM's scheduler stats become the load metrics a KV-aware router reads; for disa
 serving, the KV-transfer configuration, a prefill request's parameters, the transfer
 parameters its output carries, and the decode request's parameters.
 
-Everything else in ``dynamo.vllm`` is engine-agnostic plumbing (flags, registration,
-serving, events) exercised in CI without vLLM; this module is tested against the real
-``vllm`` package where it is installed.
+The engine-independent part (flags, registration, serving, stream ends, events, roles)
+is the worker base, ``dynamo.engine``; ``worker.py`` plugs this module into it. This
+module is tested against the real ``vllm`` package where it is installed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from vllm import SamplingParams, TokensPrompt
@@ -22,12 +22,11 @@ from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 from vllm.v1.metrics.loggers import StatLoggerBase
 from vllm.v1.metrics.stats import SchedulerStats
 
+from dynamo.engine import RequestError
+from dynamo.engine.logprobs import ranked_logprobs
+
 #: ``sampling_options`` keys passed to vLLM unchanged (same name, same meaning).
 _SAME_NAME = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "seed")
-
-
-class RequestError(ValueError):
-    """The request cannot be run by vLLM (the message says why); answered as an error."""
 
 
 def tokens_prompt(request: Mapping[str, Any]) -> TokensPrompt:
@@ -179,7 +178,7 @@ def engine_output(output: RequestOutput, top_logprobs: int = 0) -> dict[str, Any
     completion = output.outputs[0]
     item: dict[str, Any] = {"token_ids": list(completion.token_ids)}
     if completion.logprobs:
-        log_probs, top = _logprobs(completion.token_ids, completion.logprobs, top_logprobs)
+        log_probs, top = ranked_logprobs(completion.token_ids, completion.logprobs, top_logprobs)
         item["log_probs"] = log_probs
         item["top_log_probs"] = top
     if completion.cumulative_logprob is not None:
@@ -191,21 +190,6 @@ def engine_output(output: RequestOutput, top_logprobs: int = 0) -> dict[str, Any
         # Finished without a reason would read as a truncated stream: say so.
         item["finish_reason"] = {"error": "vLLM finished the request without a finish reason"}
     return item
-
-
-def _logprobs(
-    token_ids: Sequence[int], per_token: Sequence[Mapping[int, Any]], top_n: int
-) -> tuple[list[float], list[list[dict[str, Any]]]]:
-    """Each sampled token's log probability, and the ``top_n`` most likely alternatives,
-    most likely first."""
-    log_probs: list[float] = []
-    top: list[list[dict[str, Any]]] = []
-    for token, candidates in zip(token_ids, per_token, strict=False):
-        chosen = candidates.get(token)
-        log_probs.append(float(chosen.logprob) if chosen is not None else float("-inf"))
-        ranked = sorted(candidates.items(), key=lambda kv: (kv[1].rank if kv[1].rank is not None else 1 << 30))
-        top.append([{"token_id": int(t), "logprob": float(lp.logprob)} for t, lp in ranked[:top_n]])
-    return log_probs, top
 
 
 def load_metrics(
