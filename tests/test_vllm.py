@@ -283,6 +283,15 @@ def test_finish_reasons(finish: str, stop_reason: int | str | None, ours: object
     assert adapter.engine_output(output([5], finish, stop_reason)) == {"token_ids": [5], "finish_reason": ours}
 
 
+def test_the_last_item_carries_the_prompt_tokens_vllm_had_cached() -> None:
+    last = output([5], "length")
+    last.num_cached_tokens = 32
+    assert adapter.engine_output(last)["cached_tokens"] == 32
+    running = output([4])
+    running.num_cached_tokens = 32
+    assert "cached_tokens" not in adapter.engine_output(running)
+
+
 def test_tokens_and_logprobs_of_a_step() -> None:
     step = output(
         [11, 12],

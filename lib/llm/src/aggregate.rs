@@ -20,13 +20,18 @@ use crate::protocols::unix_now;
 struct TokenCount {
     prompt: Option<u32>,
     completion: u32,
+    cached: Option<u32>,
     from_chunk: Option<Usage>,
 }
 
 impl TokenCount {
-    fn add(&mut self, prompt: Option<u32>, completion: u32, chunk_usage: Option<Usage>) {
+    fn add<T>(&mut self, item: &StreamItem<T>, chunk_usage: Option<Usage>) {
+        let (prompt, completion) = (item.prompt_tokens, item.completion_tokens);
         if prompt.is_some() {
             self.prompt = prompt;
+        }
+        if item.cached_tokens.is_some() {
+            self.cached = item.cached_tokens;
         }
         self.completion += completion;
         if chunk_usage.is_some() {
@@ -37,7 +42,7 @@ impl TokenCount {
     fn usage(&self) -> Usage {
         match (self.prompt, self.completion, self.from_chunk) {
             (None, 0, Some(u)) => u,
-            (prompt, completion, _) => Usage::new(prompt.unwrap_or(0), completion),
+            (prompt, completion, _) => Usage::new(prompt.unwrap_or(0), completion).with_cached(self.cached),
         }
     }
 }
@@ -90,9 +95,9 @@ impl ChatAggregator {
 
     /// Add one item.
     pub fn push(&mut self, item: StreamItem<ChatCompletionChunk>) {
+        self.tokens.add(&item, item.data.usage);
         let chunk = item.data;
         self.identity.adopt(chunk.id, chunk.model, chunk.created);
-        self.tokens.add(item.prompt_tokens, item.completion_tokens, chunk.usage);
         for choice in chunk.choices {
             let fold = self.choices.entry(choice.index).or_default();
             if fold.role.is_none() {
@@ -166,9 +171,9 @@ impl CompletionAggregator {
 
     /// Add one item.
     pub fn push(&mut self, item: StreamItem<CompletionResponse>) {
+        self.tokens.add(&item, item.data.usage);
         let chunk = item.data;
         self.identity.adopt(chunk.id, chunk.model, chunk.created);
-        self.tokens.add(item.prompt_tokens, item.completion_tokens, chunk.usage);
         for choice in chunk.choices {
             let (text, finish, folded_logprobs) = self.choices.entry(choice.index).or_default();
             text.push_str(&choice.text);
@@ -220,7 +225,7 @@ mod tests {
             finish_reason: finish.map(String::from),
             logprobs: None,
         };
-        StreamItem { data: ChatCompletionChunk::new("c1", "m", 5, choice), prompt_tokens: prompt, completion_tokens: tokens }
+        StreamItem { data: ChatCompletionChunk::new("c1", "m", 5, choice), prompt_tokens: prompt, completion_tokens: tokens, cached_tokens: None }
     }
 
     #[tokio::test]
@@ -250,7 +255,7 @@ mod tests {
         let mut agg = CompletionAggregator::new("req", "m");
         for (text, finish) in [("a", None), ("b", Some("length"))] {
             let choice = CompletionChoice { index: 0, text: text.into(), finish_reason: finish.map(String::from), logprobs: None };
-            agg.push(StreamItem { data: CompletionResponse::new("cmpl-1", "m", 1, choice), prompt_tokens: Some(3), completion_tokens: 1 });
+            agg.push(StreamItem { data: CompletionResponse::new("cmpl-1", "m", 1, choice), prompt_tokens: Some(3), completion_tokens: 1, cached_tokens: None });
         }
         let resp = agg.finish();
         assert_eq!(resp.choices[0].text, "ab");

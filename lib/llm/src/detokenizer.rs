@@ -173,6 +173,7 @@ impl Detokenizer {
             log_probs: item.log_probs,
             top_log_probs: item.top_log_probs,
             finish_reason: finish.or(item.finish_reason),
+            cached_tokens: item.cached_tokens,
         })
     }
 }

@@ -76,12 +76,14 @@ pub struct StreamItem<T> {
     pub prompt_tokens: Option<u32>,
     /// Tokens generated in this item.
     pub completion_tokens: u32,
+    /// Prompt tokens the engine had cached, when it says (on one item).
+    pub cached_tokens: Option<u32>,
 }
 
 impl<T> StreamItem<T> {
     /// An item with no token accounting.
     pub fn new(data: T) -> Self {
-        StreamItem { data, prompt_tokens: None, completion_tokens: 0 }
+        StreamItem { data, prompt_tokens: None, completion_tokens: 0, cached_tokens: None }
     }
 }
 

@@ -135,6 +135,8 @@ impl LogprobCollector {
 struct ChunkAccounting {
     prompt_tokens: Option<u32>,
     pending_tokens: u32,
+    /// The engine's cached prompt tokens, until an item carries them.
+    cached_tokens: Option<u32>,
     logprobs: Option<LogprobCollector>,
 }
 
@@ -143,6 +145,7 @@ impl ChunkAccounting {
         ChunkAccounting {
             prompt_tokens: Some(u32::try_from(prompt_tokens).unwrap_or(u32::MAX)),
             pending_tokens: 0,
+            cached_tokens: None,
             logprobs,
         }
     }
@@ -166,6 +169,9 @@ impl ChunkAccounting {
         if let Some(collector) = &mut self.logprobs {
             collector.add(&out);
         }
+        if out.cached_tokens.is_some() {
+            self.cached_tokens = out.cached_tokens;
+        }
         let text = out.text.unwrap_or_default();
         if text.is_empty() && out.finish_reason.is_none() {
             self.pending_tokens = tokens;
@@ -179,6 +185,7 @@ impl ChunkAccounting {
             data: make(text, finish, first, logprobs),
             prompt_tokens: self.prompt_tokens.take(),
             completion_tokens: tokens,
+            cached_tokens: self.cached_tokens.take(),
         }))
     }
 }

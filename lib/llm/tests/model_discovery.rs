@@ -86,7 +86,7 @@ impl OpenAIEngine for CharPipeline {
                 let delta = ChatDelta { role: None, content: Some(text) };
                 let chunk = ChatCompletionChunk::new(&id, &model, 1, ChatChunkChoice { index: 0, delta, finish_reason: finish, logprobs: None });
                 let prompt_tokens = std::mem::replace(&mut first, false).then_some(prompt);
-                Ok(StreamItem { data: chunk, prompt_tokens, completion_tokens: tokens })
+                Ok(StreamItem { data: chunk, prompt_tokens, completion_tokens: tokens, cached_tokens: None })
             })
             .boxed())
     }

@@ -174,7 +174,8 @@ def finish_reason(reason: str | None, stop_reason: int | str | None) -> str | di
 def engine_output(output: RequestOutput, top_logprobs: int = 0) -> dict[str, Any]:
     """One ``LLMEngineOutput`` dict from a DELTA ``RequestOutput`` (its first completion:
     the frontend asks for one per request); ``top_logprobs``: the alternatives asked for
-    per token (vLLM adds the sampled token when it is not among them)."""
+    per token (vLLM adds the sampled token when it is not among them). The last item
+    carries the prompt tokens vLLM had cached (``cached_tokens``)."""
     completion = output.outputs[0]
     item: dict[str, Any] = {"token_ids": list(completion.token_ids)}
     if completion.logprobs:
@@ -189,6 +190,10 @@ def engine_output(output: RequestOutput, top_logprobs: int = 0) -> dict[str, Any
     elif output.finished:
         # Finished without a reason would read as a truncated stream: say so.
         item["finish_reason"] = {"error": "vLLM finished the request without a finish reason"}
+    if output.finished and output.num_cached_tokens is not None:
+        # The prompt tokens vLLM found in its prefix cache: the frontend's
+        # usage.prompt_tokens_details.cached_tokens.
+        item["cached_tokens"] = output.num_cached_tokens
     return item
 
 

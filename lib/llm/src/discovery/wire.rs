@@ -30,17 +30,30 @@ pub struct OpenAIWireItem<T> {
     /// Tokens generated in this item.
     #[serde(default)]
     pub completion_tokens: u32,
+    /// Prompt tokens the engine had cached.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_tokens: Option<u32>,
 }
 
 impl<T> From<StreamItem<T>> for OpenAIWireItem<T> {
     fn from(item: StreamItem<T>) -> Self {
-        OpenAIWireItem { data: item.data, prompt_tokens: item.prompt_tokens, completion_tokens: item.completion_tokens }
+        OpenAIWireItem {
+            data: item.data,
+            prompt_tokens: item.prompt_tokens,
+            completion_tokens: item.completion_tokens,
+            cached_tokens: item.cached_tokens,
+        }
     }
 }
 
 impl<T> From<OpenAIWireItem<T>> for StreamItem<T> {
     fn from(item: OpenAIWireItem<T>) -> Self {
-        StreamItem { data: item.data, prompt_tokens: item.prompt_tokens, completion_tokens: item.completion_tokens }
+        StreamItem {
+            data: item.data,
+            prompt_tokens: item.prompt_tokens,
+            completion_tokens: item.completion_tokens,
+            cached_tokens: item.cached_tokens,
+        }
     }
 }
 
@@ -112,7 +125,7 @@ mod tests {
     #[test]
     fn items_round_trip_and_bare_chunks_are_accepted() {
         let chunk = CompletionResponse::new("c", "m", 1, CompletionChoice { text: "x".into(), ..Default::default() });
-        let item = StreamItem { data: chunk.clone(), prompt_tokens: Some(3), completion_tokens: 1 };
+        let item = StreamItem { data: chunk.clone(), prompt_tokens: Some(3), completion_tokens: 1, cached_tokens: Some(2) };
         let bytes = serde_json::to_vec(&OpenAIWireItem::from(item.clone())).unwrap();
         assert_eq!(decode_openai_item::<CompletionResponse>(&bytes).unwrap(), item);
         let bare = serde_json::to_vec(&chunk).unwrap();

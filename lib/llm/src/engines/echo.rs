@@ -184,7 +184,7 @@ fn echo_chars<T: Send + 'static>(
         let ended = finish.is_some();
         let finish = finish.map(|f| f.as_openai().to_string());
         let data = make(text, finish, first, logprobs.then_some(pieces));
-        let item = StreamItem { data, prompt_tokens: first.then_some(prompt_tokens), completion_tokens: consumed };
+        let item = StreamItem { data, prompt_tokens: first.then_some(prompt_tokens), completion_tokens: consumed, cached_tokens: None };
         Some((Ok(item), (echo, jail, make, false, ended)))
     })
     .boxed()

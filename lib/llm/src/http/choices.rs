@@ -35,7 +35,12 @@ mod tests {
 
     fn chunk(text: &str) -> Result<StreamItem<CompletionResponse>, crate::engine::EngineError> {
         let choice = CompletionChoice { index: 0, text: text.into(), finish_reason: None, logprobs: None };
-        Ok(StreamItem { data: CompletionResponse::new("engine-id", "m", 1, choice), prompt_tokens: Some(3), completion_tokens: 1 })
+        Ok(StreamItem {
+            data: CompletionResponse::new("engine-id", "m", 1, choice),
+            prompt_tokens: Some(3),
+            completion_tokens: 1,
+            cached_tokens: None,
+        })
     }
 
     #[tokio::test]

@@ -97,6 +97,7 @@ struct SseState<C> {
     meta: ChunkMeta,
     prompt_tokens: u32,
     completion_tokens: u32,
+    cached_tokens: Option<u32>,
     shutdown: CancellationToken,
     phase: Phase,
 }
@@ -136,6 +137,7 @@ pub(crate) fn sse_response<C: StreamChunk>(
         meta: options.fallback_meta,
         prompt_tokens: 0,
         completion_tokens: 0,
+        cached_tokens: None,
         shutdown: options.shutdown,
         phase: Phase::Streaming,
     };
@@ -175,7 +177,7 @@ impl<C: StreamChunk> SseState<C> {
                     }
                     None if self.include_usage => {
                         self.phase = Phase::Closing;
-                        let usage = Usage::new(self.prompt_tokens, self.completion_tokens);
+                        let usage = Usage::new(self.prompt_tokens, self.completion_tokens).with_cached(self.cached_tokens);
                         let chunk = C::usage_only(self.meta.clone(), usage);
                         self.serialize(&chunk)
                     }
@@ -199,6 +201,9 @@ impl<C: StreamChunk> SseState<C> {
             self.prompt_tokens = p;
         }
         self.completion_tokens += item.completion_tokens;
+        if item.cached_tokens.is_some() {
+            self.cached_tokens = item.cached_tokens;
+        }
         self.meta = item.data.meta();
         self.serialize(&item.data)
     }

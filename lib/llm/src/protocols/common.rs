@@ -154,6 +154,10 @@ pub struct LLMEngineOutput {
     /// Set on the last item.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finish_reason: Option<FinishReason>,
+    /// Prompt tokens the engine found in its prefix cache (on an item of the stream,
+    /// typically the first), when it says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_tokens: Option<u32>,
 }
 
 #[cfg(test)]

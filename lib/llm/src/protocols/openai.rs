@@ -372,11 +372,27 @@ pub struct Usage {
     pub prompt_tokens: u32,
     pub completion_tokens: u32,
     pub total_tokens: u32,
+    /// How many prompt tokens the engine found cached, when it says (vLLM reports it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens_details: Option<PromptTokensDetails>,
+}
+
+/// OpenAI's breakdown of the prompt tokens.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PromptTokensDetails {
+    /// Prompt tokens served from the engine's prefix cache.
+    pub cached_tokens: u32,
 }
 
 impl Usage {
     pub fn new(prompt_tokens: u32, completion_tokens: u32) -> Self {
-        Usage { prompt_tokens, completion_tokens, total_tokens: prompt_tokens + completion_tokens }
+        Usage { prompt_tokens, completion_tokens, total_tokens: prompt_tokens + completion_tokens, prompt_tokens_details: None }
+    }
+
+    /// The same counts with the engine's cached prompt tokens, when it reported them.
+    pub fn with_cached(mut self, cached_tokens: Option<u32>) -> Self {
+        self.prompt_tokens_details = cached_tokens.map(|cached_tokens| PromptTokensDetails { cached_tokens });
+        self
     }
 }
 

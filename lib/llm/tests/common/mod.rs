@@ -232,7 +232,7 @@ impl OpenAIEngine for ScriptEngine {
             };
             let prompt_tokens = first.then_some(prompt);
             first = false;
-            Ok(StreamItem { data: ChatCompletionChunk::new(&id, &model, 1, choice), prompt_tokens, completion_tokens: tokens })
+            Ok(StreamItem { data: ChatCompletionChunk::new(&id, &model, 1, choice), prompt_tokens, completion_tokens: tokens, cached_tokens: None })
         });
         Ok(stream.boxed())
     }
@@ -252,7 +252,7 @@ impl OpenAIEngine for ScriptEngine {
             let choice = CompletionChoice { index: 0, text: content.unwrap_or_default(), finish_reason: finish.map(String::from), logprobs: None };
             let prompt_tokens = first.then_some(prompt);
             first = false;
-            Ok(StreamItem { data: CompletionResponse::new(&id, &model, 1, choice), prompt_tokens, completion_tokens: tokens })
+            Ok(StreamItem { data: CompletionResponse::new(&id, &model, 1, choice), prompt_tokens, completion_tokens: tokens, cached_tokens: None })
         });
         Ok(stream.boxed())
     }
