@@ -470,11 +470,22 @@ def test_a_request_vllm_rejects_ends_with_its_message() -> None:
     assert items == [{"token_ids": [], "finish_reason": {"error": message}}]
 
 
-def test_a_dead_engine_ends_the_stream_with_an_error_and_shuts_the_worker_down() -> None:
+def test_a_dead_engine_fails_the_stream_as_unavailable_and_shuts_the_worker_down() -> None:
+    from dynamo.runtime import StreamDisconnectedError, WorkerUnavailableError
+
     runtime = Runtime()
-    items = run_handler(Engine([output([5])], error=EngineDeadError()), request(), Context(), runtime)
-    assert items[0] == {"token_ids": [5]}
-    assert "the vLLM engine died" in items[-1]["finish_reason"]["error"]
+    items: list[dict[str, Any]] = []
+
+    async def collect() -> None:
+        engine = Engine([output([5])], error=EngineDeadError())
+        async for item in Handler(VllmAdapter(), engine, runtime).generate(request(), Context()):  # type: ignore[arg-type]
+            items.append(item)
+
+    # Not an answer: the stream fails as a dead worker's would (frontends may migrate it).
+    with pytest.raises(WorkerUnavailableError, match="the vLLM engine died") as raised:
+        asyncio.run(asyncio.wait_for(collect(), 10))
+    assert isinstance(raised.value, StreamDisconnectedError)
+    assert items == [{"token_ids": [5]}]
     assert runtime.shut_down
 
 

@@ -29,9 +29,11 @@ ENGINE_START_TIMEOUT = 240.0
 #: vLLM flags every engine here runs with: 256 MiB of host memory for KV (256k tokens of
 #: the tiny model; an explicit size, because the CPU backend's gpu_memory_utilization is a
 #: share of host memory that counts the other engines' use too), eager mode (with the
-#: explicit size, vLLM skips its warm-up pass: a faster start).
+#: explicit size, vLLM skips its warm-up pass: a faster start), KV blocks of 32 tokens (the
+#: CPU attention takes multiples of 32; its default, 128, would make prefixes coarse).
 ENGINE_FLAGS = (
     "--kv-cache-memory-bytes", "256M", "--enforce-eager", "--max-model-len", "1024", "--max-num-seqs", "64",
+    "--block-size", "32",
 )
 
 
@@ -140,3 +142,20 @@ def launch_vllm_server(pool: WorkerPool, model: Path, *args: str) -> tuple[Worke
 def wait_vllm_server(proc: WorkerProcess, port: int) -> None:
     """Wait until vLLM's server lists the model."""
     wait_http(proc, port, "/v1/models", lambda r: models_of(r) == [MODEL])
+
+
+def engine_core_of(worker: WorkerProcess) -> int:
+    """The pid of the vLLM engine process (``VLLM::EngineCore``) under ``worker``,
+    waiting up to 30 s for it to appear."""
+    import psutil
+
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        for child in psutil.Process(worker.pid).children(recursive=True):
+            try:
+                if "EngineCore" in child.name() or "EngineCore" in " ".join(child.cmdline()):
+                    return int(child.pid)
+            except psutil.NoSuchProcess:
+                continue
+        time.sleep(0.2)
+    pytest.fail(f"no EngineCore process under {worker.name}")

@@ -112,6 +112,12 @@ impl Sink {
     fn error(&self, message: &str) {
         self.fail(ErrorKind::Handler, message);
     }
+
+    /// End the stream as unavailable: this worker can no longer serve it (the caller
+    /// may send it elsewhere, as when the worker dies).
+    fn unavailable(&self, message: &str) {
+        self.fail(ErrorKind::Unavailable, message);
+    }
 }
 
 struct ContextShared {

@@ -7,8 +7,9 @@ rules for how a stream ends, whatever the engine.
   generator (engines abort a request whose consumer is gone).
 * A request the engine rejects (prompt too long, bad parameters) ends with an error
   finish reason naming the engine's message; the worker keeps serving.
-* The engine died: the stream ends with an error and the runtime is shut down, so the
-  worker leaves discovery and frontends send new requests elsewhere (or migrate).
+* The engine died: the stream fails as unavailable (``WorkerUnavailableError``, as if
+  the worker had died: frontends migrate it where the model allows) and the runtime is
+  shut down, so the worker leaves discovery and new requests go elsewhere.
 * An engine stream that ends without a finish reason is an error, never a normal end.
 """
 
@@ -19,6 +20,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from dynamo.engine.adapter import EngineAdapter, Failure, RequestError
+from dynamo.runtime import WorkerUnavailableError
 
 log = logging.getLogger("dynamo.engine")
 
@@ -66,9 +68,10 @@ class Handler:
         except Exception as e:
             failure = adapter.failure(e)
             if failure is Failure.DEAD:
-                yield error_item(f"the {adapter.name} engine died: {e}")
+                # Not an answer of the engine: the stream fails as the worker's would,
+                # so a frontend may continue it elsewhere (migration).
                 self._engine_died(e)
-                return
+                raise WorkerUnavailableError(f"the {adapter.name} engine died: {e}") from e
             if failure is Failure.REJECTED:
                 yield error_item(str(e))
                 return

@@ -61,11 +61,20 @@ __all__ = [
     "ResponseStream",
     "StreamDisconnectedError",
     "Subscription",
+    "WorkerUnavailableError",
     "dynamo_endpoint",
     "dynamo_worker",
 ]
 
 logger = logging.getLogger("dynamo.runtime")
+
+
+class WorkerUnavailableError(StreamDisconnectedError):
+    """Raised by an endpoint handler whose worker can no longer serve the stream (its
+    engine died): the caller's stream fails as unavailable, as if the worker had died,
+    so a frontend continues it on another worker where the model's migration limit
+    allows. Any other exception ends the stream with the handler's error."""
+
 
 F = TypeVar("F", bound=Callable[..., Any])
 

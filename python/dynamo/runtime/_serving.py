@@ -12,6 +12,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from dynamo._core import StreamDisconnectedError
+
 logger = logging.getLogger("dynamo.runtime")
 
 
@@ -68,6 +70,10 @@ async def _run(handler: Callable[..., Any], with_context: bool, request: Any, co
     except asyncio.CancelledError:
         # The caller killed the stream (or the loop is closing): nobody reads it.
         return
+    except StreamDisconnectedError as exc:
+        # This worker cannot serve the stream any more (WorkerUnavailableError): the
+        # caller sees it fail as a worker that died would, and may migrate it.
+        sink.unavailable(str(exc))
     except Exception as exc:
         logger.debug("handler failed", exc_info=True)
         sink.error(f"{type(exc).__name__}: {exc}")

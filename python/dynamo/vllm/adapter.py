@@ -218,6 +218,23 @@ def load_metrics(
     }
 
 
+def idle_load_metrics(vllm_config: VllmConfig) -> dict[str, Any]:
+    """The load metrics of a started engine before its first scheduler report: nothing
+    running or waiting, its capacity (KV blocks, request slots) known. vLLM reports
+    stats only while it works, so without this a router would know nothing of an idle
+    worker's size."""
+    return {
+        "data_parallel_rank": None,
+        "request_active_slots": 0,
+        "request_total_slots": vllm_config.scheduler_config.max_num_seqs,
+        "kv_active_blocks": 0,
+        "kv_total_blocks": vllm_config.cache_config.num_gpu_blocks or 0,
+        "num_requests_waiting": 0,
+        "gpu_cache_usage_perc": 0.0,
+        "gpu_prefix_cache_hit_rate": 0.0,
+    }
+
+
 class LoadStatLogger(StatLoggerBase):
     """A vLLM stat logger that hands each scheduler report, as load metrics, to
     ``publish`` (called on vLLM's output-handler task, so it must not block)."""

@@ -49,10 +49,13 @@ class VllmAdapter(EngineAdapter):
     async def start(self, config: WorkerConfig, on_load: LoadCallback | None) -> Any:
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        from .adapter import LoadStatLogger
+        from .adapter import LoadStatLogger, idle_load_metrics
 
         stat_loggers = [LoadStatLogger.factory(on_load)] if on_load is not None else None
-        return AsyncLLM.from_engine_args(config.engine_args, stat_loggers=stat_loggers)
+        engine = AsyncLLM.from_engine_args(config.engine_args, stat_loggers=stat_loggers)
+        if on_load is not None:
+            on_load(idle_load_metrics(engine.vllm_config))
+        return engine
 
     def limits(self, engine: Any) -> tuple[int, int]:
         return engine.vllm_config.model_config.max_model_len, engine.vllm_config.cache_config.block_size

@@ -1,0 +1,218 @@
+"""Every path around a real vLLM engine, on both backends: two ``python -m dynamo.vllm``
+workers behind a frontend with ``--router-mode kv`` and ``--migration-limit 1``.
+
+- vLLM's load metrics (running, waiting, KV usage) and its KV events (from its own ZMQ
+  publisher) arrive; a prompt sharing a cached prefix goes to the worker that holds it,
+  and the response reports the prefix hit (``usage.prompt_tokens_details.cached_tokens``);
+- a client that disconnects aborts the vLLM request (its running count returns to 0);
+- a prompt over ``max_model_len`` is a clear 400 and the worker serves on;
+- the engine process killed mid-stream: the stream moves to the other worker and ends
+  whole, the broken worker leaves discovery, the next requests go to the survivor.
+
+The tests run in file order on one fleet per backend; the kill comes last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import os
+import re
+import signal
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from engine_fleet import MODEL, Fleet, engine_core_of, fleet_env
+from helpers import WorkerPool, WorkerProcess, bounded
+from llm_helpers import post_json, sse_data, wait_for_metrics_from
+
+pytestmark = pytest.mark.timeout(240)
+
+#: Tokens per KV block (--block-size 32: vLLM's CPU attention takes multiples of 32).
+BLOCK = 32
+#: A prompt prefix of many blocks shared by the routing test's requests.
+SHARED = " ".join(f"Paragraph {i} of the shared system prompt says the same thing again." for i in range(16))
+
+
+@pytest.fixture(scope="module", params=["embedded", "etcd_nats"])
+def fleet(request: pytest.FixtureRequest, tiny_model: Path,
+          tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    root = tmp_path_factory.mktemp(f"fleet-{request.param}")
+    logs = root / "logs"
+    logs.mkdir()
+    fleet = Fleet(WorkerPool(fleet_env(request.param, request, root), logs), request.param, tiny_model)
+    fleet.start_frontend("--router-mode", "kv")
+    workers = [fleet.start_worker("--migration-limit", "1") for _ in range(2)]
+    fleet.wait_serving(*workers)
+    yield fleet
+    fleet.pool.stop_all()
+
+
+def instance_id(worker: WorkerProcess) -> int:
+    """The worker's instance id, from its log (``serving endpoint=... instance=HEX``)."""
+    log = re.sub(r"\x1b\[[0-9;]*m", "", worker.stderr_tail(1 << 20))
+    found = re.search(r"serving endpoint=\S+\.generate instance=([0-9a-f]+)", log)
+    assert found, f"no instance id in the log of {worker.name}\n{worker.describe()}"
+    return int(found.group(1), 16)
+
+
+async def runtime_of(fleet: Fleet, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A runtime in this process on the fleet's backend."""
+    from dynamo.runtime import DistributedRuntime
+
+    for key in [k for k in os.environ if k.startswith("DYN_") or k in ("ETCD_ENDPOINTS", "NATS_SERVER")]:
+        monkeypatch.delenv(key)
+    for key, value in fleet.pool.env.items():
+        if key.startswith("DYN_") or key in ("ETCD_ENDPOINTS", "NATS_SERVER"):
+            monkeypatch.setenv(key, value)
+    return DistributedRuntime(asyncio.get_running_loop(), False)
+
+
+async def metrics_of(fleet: Fleet, runtime: Any) -> Any:
+    """The workers' load metrics subscription, once both have been heard."""
+    component = runtime.namespace(fleet.namespace).component("backend")
+    subscription = await component.subscribe("load_metrics")
+    await wait_for_metrics_from(subscription, {instance_id(w) for w in fleet.workers}, timeout=30)
+    return subscription
+
+
+async def wait_metrics(subscription: Any, ok: Any, what: str, timeout: float = 30.0) -> dict[str, Any]:
+    """The first report satisfying ``ok(report)``."""
+    async def listen() -> dict[str, Any]:
+        async for event in subscription:
+            report = event if isinstance(event, dict) else json.loads(event)
+            if ok(report):
+                return report
+        raise AssertionError("the subscription ended")
+
+    return await bounded(listen(), timeout, what)
+
+
+def complete(fleet: Fleet, prompt: str, max_tokens: int = 4, **extra: Any) -> dict[str, Any]:
+    assert fleet.frontend is not None
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, **extra}
+    resp = post_json(fleet.frontend.port, "/v1/completions", body, timeout=60)
+    assert resp.status == 200, resp.body
+    return resp.json()
+
+
+def cached(resp: dict[str, Any]) -> int:
+    return int(((resp.get("usage") or {}).get("prompt_tokens_details") or {}).get("cached_tokens", 0))
+
+
+async def test_load_metrics_and_kv_events_send_a_shared_prefix_to_its_holder(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dynamo.llm import KvIndexer
+    from tokenizers import Tokenizer
+
+    runtime = await runtime_of(fleet, monkeypatch)
+    subscription = await metrics_of(fleet, runtime)
+    report = await wait_metrics(subscription, lambda r: r["kv_total_blocks"] > 0, "a report with the KV size")
+    assert report["request_total_slots"] == 64  # --max-num-seqs
+    assert 0.0 <= report["gpu_cache_usage_perc"] <= 1.0
+
+    indexer = KvIndexer(runtime.namespace(fleet.namespace).component("backend"), BLOCK)
+    tokens = Tokenizer.from_file(str(fleet.model / "tokenizer.json")).encode(SHARED + " first").ids
+    prefix_blocks = len(tokens) // BLOCK
+    assert prefix_blocks >= 6
+    first = complete(fleet, SHARED + " first")
+    assert cached(first) == 0
+
+    async def held() -> dict[int, int]:
+        while True:
+            scores = (await indexer.find_matches_for_request(tokens)).scores
+            if scores and max(scores.values()) >= prefix_blocks - 1:
+                return scores
+            await asyncio.sleep(0.05)
+
+    # vLLM's events reached the event plane (and so the frontend's router).
+    scores = await bounded(held(), 20, "the first prompt's blocks in the KV index")
+    assert len(scores) == 1, scores
+    holder = next(iter(scores))
+    for i in range(4):
+        again = complete(fleet, SHARED + f" question {i}")
+        # Each went to the holder, whose vLLM found the prefix in its cache.
+        assert cached(again) >= (prefix_blocks - 1) * BLOCK, (i, again["usage"])
+    scores = (await indexer.find_matches_for_request(tokens)).scores
+    assert set(scores) == {holder}, f"the prefix reached another worker: {scores}"
+
+
+async def test_a_client_that_disconnects_aborts_the_vllm_request(fleet: Fleet, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert fleet.frontend is not None
+    runtime = await runtime_of(fleet, monkeypatch)
+    subscription = await metrics_of(fleet, runtime)
+    conn = http.client.HTTPConnection("127.0.0.1", fleet.frontend.port, timeout=30)
+    body = {"model": MODEL, "prompt": "Tell a long story", "max_tokens": 1000, "temperature": 0, "stream": True}
+    conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200
+    lines = [resp.readline() for _ in range(4)]
+    assert any(line.startswith(b"data: {") for line in lines), lines  # streaming
+    running = await wait_metrics(subscription, lambda r: r["request_active_slots"] >= 1, "vLLM running the request")
+    conn.sock.shutdown(2) if conn.sock else None
+    conn.close()
+    # vLLM aborted it: the worker that ran it reports no request running or waiting.
+    await wait_metrics(
+        subscription,
+        lambda r: r["worker_id"] == running["worker_id"] and r["request_active_slots"] == 0
+        and r["num_requests_waiting"] == 0,
+        "vLLM's running count back to 0 after the client left",
+        timeout=15,
+    )
+
+
+def test_a_prompt_over_max_model_len_is_a_400_and_the_worker_serves_on(fleet: Fleet) -> None:
+    assert fleet.frontend is not None
+    long_prompt = " ".join(f"word{i}" for i in range(1500))
+    resp = post_json(fleet.frontend.port, "/v1/completions", {"model": MODEL, "prompt": long_prompt, "max_tokens": 4})
+    assert resp.status == 400, resp.body
+    assert "context length" in resp.json()["error"]["message"]
+    assert complete(fleet, "Still there?")["choices"][0]["finish_reason"] == "length"
+
+
+async def test_a_killed_engine_moves_its_stream_and_its_worker_leaves(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert fleet.frontend is not None
+    runtime = await runtime_of(fleet, monkeypatch)
+    subscription = await metrics_of(fleet, runtime)
+    max_tokens = 900
+    result: dict[str, Any] = {}
+
+    def stream() -> None:
+        body = {
+            "model": MODEL, "prompt": "Once upon a time", "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        assert fleet.frontend is not None
+        resp = post_json(fleet.frontend.port, "/v1/completions", body, timeout=120)
+        result["status"], result["body"] = resp.status, resp.body
+
+    client = threading.Thread(target=stream)
+    client.start()
+    running = await wait_metrics(subscription, lambda r: r["request_active_slots"] >= 1, "vLLM running the stream")
+    victim = next(w for w in fleet.workers if instance_id(w) == running["worker_id"])
+    survivor = next(w for w in fleet.workers if w is not victim)
+    os.kill(engine_core_of(victim), signal.SIGKILL)
+    await asyncio.to_thread(client.join, 120)
+    assert not client.is_alive(), "the stream never ended"
+
+    # The stream moved to the survivor and ended whole: every token, a real finish.
+    assert result["status"] == 200, result
+    payloads = sse_data(result["body"])
+    assert payloads[-1] == "[DONE]", payloads[-3:]
+    chunks = [json.loads(p) for p in payloads[:-1]]
+    assert not [c for c in chunks if "error" in c], [c for c in chunks if "error" in c]
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c.get("choices")][-1] == "length"
+    assert chunks[-1]["usage"]["completion_tokens"] == max_tokens
+
+    # The broken worker shut down (it left discovery); new requests go to the survivor.
+    await victim.wait_exit(60)
+    for i in range(3):
+        assert complete(fleet, f"After the crash {i}")["choices"][0]["finish_reason"] == "length"
+    assert survivor.proc.poll() is None
