@@ -10,13 +10,11 @@ the run's end stopping it.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import os
 import signal
 from pathlib import Path
 from typing import Any
 
-import pytest
 from helpers import WorkerPool
 from llm_helpers import chat_body, launch_frontend, write_json, write_model_dir
 
@@ -74,10 +72,14 @@ async def test_the_engine_child_dying_ends_the_run_with_an_error(workers: Worker
     assert "the engine process (python -m dynamo.mocker) exited" in frontend.process.stderr_tail()
 
 
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed: the child would start it")
 async def test_without_vllm_the_run_says_how_to_install_it(workers: WorkerPool, tmp_path: Path) -> None:
     model = write_model_dir(tmp_path)
-    frontend = launch_frontend(workers, "vllm", "--model-path", str(model))
+    # Where vLLM is installed, a package of the same name first on the path hides it.
+    hidden = tmp_path / "no-vllm" / "vllm"
+    hidden.mkdir(parents=True)
+    (hidden / "__init__.py").write_text("raise ImportError(\"No module named 'vllm'\")\n")
+    path = os.pathsep.join(p for p in (str(hidden.parent), os.environ.get("PYTHONPATH")) if p)
+    frontend = launch_frontend(workers, "vllm", "--model-path", str(model), env={**workers.env, "PYTHONPATH": path})
     assert await frontend.process.wait_exit(START_TIMEOUT) == 1
     stderr = frontend.process.stderr_tail()
     assert "needs the vllm package" in stderr

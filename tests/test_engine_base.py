@@ -143,17 +143,22 @@ async def test_dynamo_run_runs_a_base_worker_as_its_engine(workers: WorkerPool, 
 
 
 @pytest.mark.parametrize(("engine", "package"), [("sglang", "sglang"), ("trtllm", "tensorrt_llm")])
-def test_a_graph_worker_picks_the_engine_and_says_what_is_missing(engine: str, package: str) -> None:
+def test_a_graph_worker_picks_the_engine_and_says_what_is_missing(
+    engine: str, package: str, tmp_path: Path
+) -> None:
     """examples/llm's Worker with `engine: sglang | trtllm` runs `python -m dynamo.<engine>`,
     which exits 2 naming the package when the engine does not import."""
-    import importlib.util
+    import os
     import subprocess
 
     from helpers import EXAMPLES_DIR
 
-    if importlib.util.find_spec(package) is not None:
-        pytest.skip(f"{package} is installed: the worker would start it")
+    # Where the package is installed, one of the same name first on the path hides it.
+    hidden = tmp_path / package
+    hidden.mkdir()
+    (hidden / "__init__.py").write_text(f"raise ImportError(\"No module named '{package}'\")\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p)}
     for component in ("components.worker", "components.prefill_worker"):
         done = subprocess.run([sys.executable, "-m", component, "--engine", engine], cwd=EXAMPLES_DIR / "llm",
-                              capture_output=True, text=True, timeout=60)
+                              capture_output=True, text=True, timeout=60, env=env)
         assert done.returncode == 2 and f"needs the {package} package" in done.stderr, done.stderr

@@ -5,7 +5,7 @@ between vLLM, SGLang and TensorRT-LLM, and nothing else. The base (``handler.py`
 An adapter speaks our formats at its edges: a ``PreprocessedRequest`` dict in (token
 ids, ``sampling_options``, ``stop_conditions``, ``output_options``, ``eos_token_ids``),
 ``LLMEngineOutput`` dicts out (``token_ids``, optionally ``log_probs``,
-``top_log_probs``, ``cum_log_probs``, and ``finish_reason`` on the last: ``eos``,
+``top_log_probs``, ``cum_log_probs``, ``cached_tokens``, and ``finish_reason`` on the last: ``eos``,
 ``stop``, ``length``, ``cancelled`` or ``{"error": message}``).
 """
 
@@ -36,8 +36,9 @@ class Failure(enum.Enum):
     #: The request was refused (a prompt over the context, bad parameters): an error
     #: item for this stream, the worker keeps serving.
     REJECTED = "rejected"
-    #: The engine is gone: an error item, then the worker shuts down so that it leaves
-    #: discovery and frontends send new requests elsewhere (or migrate the stream).
+    #: The engine is gone: the stream fails as unavailable (``WorkerUnavailableError``:
+    #: frontends migrate it where allowed), then the worker shuts down so that it
+    #: leaves discovery and frontends send new requests elsewhere.
     DEAD = "dead"
 
 
