@@ -241,6 +241,7 @@ impl Scheduler {
             let hits: Vec<HeldBlock> = seq.hashes()[..hit_blocks].iter().map(|h| HeldBlock::Full(h.block_hash)).collect();
             seq.held.extend(hits);
             seq.computed = hit_blocks * block_size;
+            seq.cached_tokens.get_or_insert(u32::try_from(seq.computed).unwrap_or(u32::MAX));
             self.running.push(seq);
             let i = self.running.len() - 1;
             if self.grow(i, tokens).is_err() {
@@ -367,6 +368,7 @@ impl Scheduler {
             let item = LLMEngineOutput {
                 token_ids: vec![token],
                 finish_reason: done.then_some(FinishReason::Length),
+                cached_tokens: if done { seq.cached_tokens } else { None },
                 ..Default::default()
             };
             let delivered = seq.output.send(Ok(item)).is_ok();
@@ -574,14 +576,16 @@ mod tests {
         let prefix: Vec<u32> = (0..64).collect(); // 4 blocks
         let mut a = prefix.clone();
         a.extend([1000, 1001]);
-        let _ra = add(&mut s, 1, a, 1);
+        let mut ra = add(&mut s, 1, a, 1);
         run_to_idle(&mut s);
+        let first = ra.try_recv().unwrap().unwrap();
+        assert_eq!((first.finish_reason.is_some(), first.cached_tokens), (true, Some(0)), "{first:?}");
         assert_eq!(s.kv.active_blocks(), 0);
         assert_eq!(s.kv.inactive_blocks(), 4, "the finished prompt's full blocks stay cached");
         s.kv.take_events();
         let mut b = prefix.clone();
         b.extend(2000..2040); // 2 new full blocks + 8 tokens
-        let _rb = add(&mut s, 2, b, 1);
+        let mut rb = add(&mut s, 2, b, 1);
         let plan = s.schedule();
         assert_eq!(plan.scheduled[0].tokens, 40, "only the uncached tokens are computed");
         assert_eq!(plan.work.prefill_chunks, vec![(40, 64)]);
@@ -591,6 +595,9 @@ mod tests {
         let KvCacheEventData::Stored(data) = &events[0] else { panic!("{events:?}") };
         assert_eq!(data.blocks.len(), 2);
         assert_eq!(s.metrics().gpu_prefix_cache_hit_rate, 4.0 / 10.0);
+        // Its last output reports the cached prefix, as vLLM's num_cached_tokens does.
+        let last = rb.try_recv().unwrap().unwrap();
+        assert_eq!((last.finish_reason.is_some(), last.cached_tokens), (true, Some(64)), "{last:?}");
     }
 
     #[test]

@@ -34,6 +34,9 @@ pub(crate) struct Sequence {
     pub(crate) held: Vec<HeldBlock>,
     /// Tokens whose KV has been computed.
     pub(crate) computed: usize,
+    /// Prompt tokens found cached when the sequence was first admitted (reported on its
+    /// last output, as vLLM reports `num_cached_tokens`).
+    pub(crate) cached_tokens: Option<u32>,
     generated: usize,
     max_tokens: usize,
     rng_state: u64,
@@ -52,6 +55,7 @@ impl Sequence {
             hashes: Vec::new(),
             held: Vec::new(),
             computed: 0,
+            cached_tokens: None,
             generated: 0,
             max_tokens,
             rng_state: seed,
