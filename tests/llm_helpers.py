@@ -249,3 +249,34 @@ async def wait_for_metrics_from(subscription: Any, workers: set[int], timeout: f
         await asyncio.wait_for(listen(), timeout)
     except asyncio.TimeoutError:
         pytest.fail(f"timed out after {timeout:.1f}s waiting for load metrics from {sorted(workers - heard)}")
+
+
+async def first_load_report(subscription: Any, ok: Any, timeout: float, what: str) -> dict[str, Any]:
+    """The first load report on `subscription` (a component's `load_metrics`) for which
+    `ok(report)` holds; fails the test naming `what` after `timeout` seconds."""
+    from helpers import bounded
+
+    async def first() -> dict[str, Any]:
+        async for event in subscription:
+            report = event if isinstance(event, dict) else json.loads(event)
+            if ok(report):
+                return report
+        raise AssertionError("the subscription ended")
+
+    return await bounded(first(), timeout, what)
+
+
+class HandlerContext:
+    """The parts of a `RequestContext` an engine handler uses, for calling a handler
+    directly: the request id, and `is_stopped()` once `stop_after` items were counted
+    (the caller counts them in `items`)."""
+
+    def __init__(self, stop_after: int | None = None) -> None:
+        self.items = 0
+        self.stop_after = stop_after
+
+    def id(self) -> str:
+        return "req-1"
+
+    def is_stopped(self) -> bool:
+        return self.stop_after is not None and self.items >= self.stop_after

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from llm_helpers import HandlerContext
 
 sampling = pytest.importorskip(
     "sglang.srt.sampling.sampling_params",
@@ -253,16 +254,6 @@ def test_configure_picks_ports_for_events_and_bootstrap() -> None:
 # --- the base's handler with SGLang's adapter -------------------------------------------------
 
 
-class Context:
-    def __init__(self, stop_after: int | None = None) -> None:
-        self.items = 0
-        self.stop_after = stop_after
-
-    def id(self) -> str:
-        return "req-1"
-
-    def is_stopped(self) -> bool:
-        return self.stop_after is not None and self.items >= self.stop_after
 
 
 class TokenizerManager:
@@ -298,7 +289,7 @@ class Engine:
         return stream()
 
 
-def run(engine: Engine, req: dict[str, Any], context: Context, transfer: Any = None,
+def run(engine: Engine, req: dict[str, Any], context: HandlerContext, transfer: Any = None,
         worker: SglangAdapter | None = None) -> list[dict[str, Any]]:
     async def collect() -> list[dict[str, Any]]:
         items = []
@@ -312,28 +303,28 @@ def run(engine: Engine, req: dict[str, Any], context: Context, transfer: Any = N
 
 def test_the_handler_streams_sglang_outputs_and_aborts_a_stopped_request() -> None:
     engine = Engine(3)
-    assert run(engine, request(), Context()) == [
+    assert run(engine, request(), HandlerContext()) == [
         {"token_ids": [5]}, {"token_ids": [6]}, {"token_ids": [7], "finish_reason": "length"}
     ]
     call = engine.calls[0]
     assert call["input_ids"] == [1, 2, 3] and call["stream"] is True and call["rid"] == "req-1"
     assert "bootstrap_room" not in call
     stopped = Engine(10)
-    items = run(stopped, request(), Context(stop_after=2))
+    items = run(stopped, request(), HandlerContext(stop_after=2))
     assert items[-1]["finish_reason"] == "cancelled" and stopped.tokenizer_manager.aborted == ["req-1"]
 
 
 def test_a_request_sglang_rejects_and_a_decode_without_prefill() -> None:
     message = "The input (9000 tokens) is longer than the model's context length (4096 tokens)."
-    assert run(Engine(0, error=ValueError(message)), request(), Context()) == [
+    assert run(Engine(0, error=ValueError(message)), request(), HandlerContext()) == [
         {"token_ids": [], "finish_reason": {"error": message}}
     ]
     decode = SglangAdapter()
     decode.mode = "decode"
-    [item] = run(Engine(2), request(), Context(), worker=decode)
+    [item] = run(Engine(2), request(), HandlerContext(), worker=decode)
     assert "cannot prefill a prompt itself" in item["finish_reason"]["error"]
     engine = Engine(2)
     descriptor = {"engine_params": adapter.bootstrap_params("10.0.0.7", 8998, room=42)}
-    run(engine, request(), Context(), descriptor, worker=decode)
+    run(engine, request(), HandlerContext(), descriptor, worker=decode)
     assert {k: engine.calls[0][k] for k in adapter.BOOTSTRAP_KEYS} == {
         "bootstrap_host": "10.0.0.7", "bootstrap_port": 8998, "bootstrap_room": 42}

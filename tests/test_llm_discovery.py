@@ -16,12 +16,13 @@ from typing import Any
 
 import openai
 import pytest
-from helpers import EXAMPLES_DIR, WorkerPool, bounded, wait_for_instances
+from helpers import EXAMPLES_DIR, WorkerPool, wait_for_instances
 from llm_helpers import (
     DYNAMO_RUN,
     HTTP_TIMEOUT,
     Frontend,
     chat_body,
+    first_load_report,
     start_frontend,
     start_mocker,
     streamed_content,
@@ -178,17 +179,6 @@ async def test_python_worker_example(workers: WorkerPool, namespace: str) -> Non
     assert stopped.json()["choices"][0]["text"] == "one "
 
 
-async def _load_metrics(subscription: Any, predicate: Any, timeout: float, what: str) -> dict[str, Any]:
-    async def first() -> dict[str, Any]:
-        async for event in subscription:
-            data = event if isinstance(event, dict) else json.loads(event)
-            if predicate(data):
-                return data
-        raise AssertionError("the subscription ended")
-
-    return await bounded(first(), timeout, what)
-
-
 async def test_disconnect_stops_mocker_request(
     runtime: Any, workers: WorkerPool, namespace: str, model_dir: Path, tmp_path: Path
 ) -> None:
@@ -211,13 +201,13 @@ async def test_disconnect_stops_mocker_request(
             chunk = await asyncio.to_thread(sock.recv, 65536)
             assert chunk, f"the stream ended early: {received!r}"
             received += chunk
-        busy = await _load_metrics(
+        busy = await first_load_report(
             metrics, lambda m: m["request_active_slots"] >= 1, 15, "load metrics showing the request running"
         )
         assert busy["kv_active_blocks"] >= 1
     finally:
         sock.close()
-    idle = await _load_metrics(
+    idle = await first_load_report(
         metrics, lambda m: m["request_active_slots"] == 0 and m["kv_active_blocks"] == 0, 15,
         "load metrics showing the request gone after the client disconnected",
     )

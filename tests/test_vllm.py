@@ -35,6 +35,7 @@ from dynamo.engine.handler import Handler  # noqa: E402
 from dynamo.vllm import adapter  # noqa: E402
 from dynamo.vllm.args import parse_args  # noqa: E402
 from dynamo.vllm.worker import VllmAdapter, configure_disagg, configure_kv_events  # noqa: E402
+from llm_helpers import HandlerContext  # noqa: E402
 from vllm.config import KVEventsConfig, KVTransferConfig  # noqa: E402
 from vllm.logprobs import Logprob  # noqa: E402
 from vllm.outputs import CompletionOutput, RequestOutput  # noqa: E402
@@ -392,18 +393,6 @@ async def test_vllms_own_kv_event_publisher_feeds_the_kv_index(runtime: Any, nam
 # --- the request handler, with vLLM's own output objects --------------------------------
 
 
-class Context:
-    """The parts of ``RequestContext`` the handler uses."""
-
-    def __init__(self, stop_after: int | None = None) -> None:
-        self.items = 0
-        self.stop_after = stop_after
-
-    def id(self) -> str:
-        return "req-1"
-
-    def is_stopped(self) -> bool:
-        return self.stop_after is not None and self.items >= self.stop_after
 
 
 class Engine:
@@ -436,7 +425,7 @@ class Runtime:
 
 
 def run_handler(
-    engine: Engine, req: dict[str, Any], context: Context, runtime: Runtime | None = None
+    engine: Engine, req: dict[str, Any], context: HandlerContext, runtime: Runtime | None = None
 ) -> list[dict[str, Any]]:
     async def collect() -> list[dict[str, Any]]:
         items = []
@@ -450,7 +439,7 @@ def run_handler(
 
 def test_handler_streams_until_vllm_finishes() -> None:
     engine = Engine([output([5]), output([6]), output([7], "length")])
-    items = run_handler(engine, request(stop_conditions={"max_tokens": 3}), Context())
+    items = run_handler(engine, request(stop_conditions={"max_tokens": 3}), HandlerContext())
     assert items == [{"token_ids": [5]}, {"token_ids": [6]}, {"token_ids": [7], "finish_reason": "length"}]
     prompt, params, request_id = engine.seen[0]
     assert prompt["prompt_token_ids"] == [1, 2, 3] and params.max_tokens == 3 and request_id == "req-1"
@@ -459,7 +448,7 @@ def test_handler_streams_until_vllm_finishes() -> None:
 
 def test_a_stopped_caller_aborts_the_vllm_request() -> None:
     engine = Engine([output([5]), output([6]), output([7]), output([8], "length")])
-    items = run_handler(engine, request(), Context(stop_after=2))
+    items = run_handler(engine, request(), HandlerContext(stop_after=2))
     assert engine.aborted == ["req-1"]
     assert items[-1]["finish_reason"] == "cancelled"
     assert len(items) == 3
@@ -467,7 +456,7 @@ def test_a_stopped_caller_aborts_the_vllm_request() -> None:
 
 def test_a_request_vllm_rejects_ends_with_its_message() -> None:
     message = "The decoder prompt (length 9000) is longer than the maximum model length of 4096"
-    items = run_handler(Engine([], error=ValueError(message)), request(), Context())
+    items = run_handler(Engine([], error=ValueError(message)), request(), HandlerContext())
     assert items == [{"token_ids": [], "finish_reason": {"error": message}}]
 
 
@@ -479,7 +468,7 @@ def test_a_dead_engine_fails_the_stream_as_unavailable_and_shuts_the_worker_down
 
     async def collect() -> None:
         engine = Engine([output([5])], error=EngineDeadError())
-        async for item in Handler(VllmAdapter(), engine, runtime).generate(request(), Context()):  # type: ignore[arg-type]
+        async for item in Handler(VllmAdapter(), engine, runtime).generate(request(), HandlerContext()):  # type: ignore[arg-type]
             items.append(item)
 
     # Not an answer: the stream fails as a dead worker's would (frontends may migrate it).
@@ -491,13 +480,13 @@ def test_a_dead_engine_fails_the_stream_as_unavailable_and_shuts_the_worker_down
 
 
 def test_a_stream_that_ends_unfinished_is_an_error_not_a_stop() -> None:
-    items = run_handler(Engine([output([5])]), request(), Context())
+    items = run_handler(Engine([output([5])]), request(), HandlerContext())
     unfinished = {"error": "vLLM ended the stream without finishing the request"}
     assert items[-1] == {"token_ids": [], "finish_reason": unfinished}
 
 
 def test_an_invalid_request_is_an_error_item() -> None:
-    items = run_handler(Engine([]), request(response_format={"type": "grammar"}), Context())
+    items = run_handler(Engine([]), request(response_format={"type": "grammar"}), HandlerContext())
     assert "invalid request" in items[0]["finish_reason"]["error"]
 
 
@@ -630,7 +619,7 @@ def test_the_handler_prefills_for_transfer_and_decodes_with_the_descriptor() -> 
     final.kv_transfer_params = dict(NIXL_PREFILL_OUTPUT_PARAMS)
     engine = Engine([final])
     handler = Handler(VllmAdapter(), engine)
-    params = asyncio.run(asyncio.wait_for(handler.prefill(request(), Context()), 10))  # type: ignore[arg-type]
+    params = asyncio.run(asyncio.wait_for(handler.prefill(request(), HandlerContext()), 10))  # type: ignore[arg-type]
     assert params == NIXL_PREFILL_OUTPUT_PARAMS
     _, sent, request_id = engine.seen[0]
     assert sent.max_tokens == 1 and sent.extra_args["kv_transfer_params"]["do_remote_decode"] is True
@@ -641,7 +630,7 @@ def test_the_handler_prefills_for_transfer_and_decodes_with_the_descriptor() -> 
     async def decode() -> list[dict[str, Any]]:
         items = []
         descriptor = {"request_id": "req-1", "engine_params": params}
-        async for item in Handler(VllmAdapter(), engine).generate(request(), Context(), descriptor):  # type: ignore[arg-type]
+        async for item in Handler(VllmAdapter(), engine).generate(request(), HandlerContext(), descriptor):  # type: ignore[arg-type]
             items.append(item)
         return items
 
@@ -655,9 +644,9 @@ def test_the_handler_prefills_for_transfer_and_decodes_with_the_descriptor() -> 
 def test_a_prefill_vllm_rejects_fails_the_job() -> None:
     handler = Handler(VllmAdapter(), Engine([], error=ValueError("prompt too long")))
     with pytest.raises(ValueError, match="prompt too long"):
-        asyncio.run(asyncio.wait_for(handler.prefill(request(), Context()), 10))  # type: ignore[arg-type]
+        asyncio.run(asyncio.wait_for(handler.prefill(request(), HandlerContext()), 10))  # type: ignore[arg-type]
     with pytest.raises(adapter.RequestError, match="no output"):
-        asyncio.run(asyncio.wait_for(Handler(VllmAdapter(), Engine([])).prefill(request(), Context()), 10))  # type: ignore[arg-type]
+        asyncio.run(asyncio.wait_for(Handler(VllmAdapter(), Engine([])).prefill(request(), HandlerContext()), 10))  # type: ignore[arg-type]
 
 
 async def test_vllm_roles_serve_through_the_core_with_a_stand_in_engine(

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 from engine_fleet import MODEL, Fleet, engine_core_of, fleet_env
 from helpers import WorkerPool, WorkerProcess, bounded
-from llm_helpers import post_json, sse_data, wait_for_metrics_from
+from llm_helpers import first_load_report, post_json, sse_data, wait_for_metrics_from
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -80,18 +80,6 @@ async def metrics_of(fleet: Fleet, runtime: Any) -> Any:
     return subscription
 
 
-async def wait_metrics(subscription: Any, ok: Any, what: str, timeout: float = 30.0) -> dict[str, Any]:
-    """The first report satisfying ``ok(report)``."""
-    async def listen() -> dict[str, Any]:
-        async for event in subscription:
-            report = event if isinstance(event, dict) else json.loads(event)
-            if ok(report):
-                return report
-        raise AssertionError("the subscription ended")
-
-    return await bounded(listen(), timeout, what)
-
-
 def complete(fleet: Fleet, prompt: str, max_tokens: int = 4, **extra: Any) -> dict[str, Any]:
     assert fleet.frontend is not None
     body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, **extra}
@@ -112,7 +100,7 @@ async def test_load_metrics_and_kv_events_send_a_shared_prefix_to_its_holder(
 
     runtime = await runtime_of(fleet, monkeypatch)
     subscription = await metrics_of(fleet, runtime)
-    report = await wait_metrics(subscription, lambda r: r["kv_total_blocks"] > 0, "a report with the KV size")
+    report = await first_load_report(subscription, lambda r: r["kv_total_blocks"] > 0, 30, "a report with the KV size")
     assert report["request_total_slots"] == 64  # --max-num-seqs
     assert 0.0 <= report["gpu_cache_usage_perc"] <= 1.0
 
@@ -153,16 +141,18 @@ async def test_a_client_that_disconnects_aborts_the_vllm_request(fleet: Fleet, m
     assert resp.status == 200
     lines = [resp.readline() for _ in range(4)]
     assert any(line.startswith(b"data: {") for line in lines), lines  # streaming
-    running = await wait_metrics(subscription, lambda r: r["request_active_slots"] >= 1, "vLLM running the request")
+    running = await first_load_report(
+        subscription, lambda r: r["request_active_slots"] >= 1, 30, "vLLM running the request"
+    )
     conn.sock.shutdown(2) if conn.sock else None
     conn.close()
     # vLLM aborted it: the worker that ran it reports no request running or waiting.
-    await wait_metrics(
+    await first_load_report(
         subscription,
         lambda r: r["worker_id"] == running["worker_id"] and r["request_active_slots"] == 0
         and r["num_requests_waiting"] == 0,
+        15,
         "vLLM's running count back to 0 after the client left",
-        timeout=15,
     )
 
 
@@ -195,7 +185,9 @@ async def test_a_killed_engine_moves_its_stream_and_its_worker_leaves(
 
     client = threading.Thread(target=stream)
     client.start()
-    running = await wait_metrics(subscription, lambda r: r["request_active_slots"] >= 1, "vLLM running the stream")
+    running = await first_load_report(
+        subscription, lambda r: r["request_active_slots"] >= 1, 30, "vLLM running the stream"
+    )
     victim = next(w for w in fleet.workers if instance_id(w) == running["worker_id"])
     survivor = next(w for w in fleet.workers if w is not victim)
     os.kill(engine_core_of(victim), signal.SIGKILL)
