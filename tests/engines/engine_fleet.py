@@ -101,12 +101,15 @@ class Fleet:
         self.frontend.wait_live_blocking()
         return self.frontend
 
-    def start_worker(self, *args: str) -> WorkerProcess:
+    def start_worker(self, *args: str, name: str = "vllm-worker", env: dict[str, str] | None = None) -> WorkerProcess:
+        """Start ``python -m dynamo.vllm`` on the fleet's endpoint (unless ``args`` name an
+        ``--endpoint``), ``env`` added to the engine environment."""
+        endpoint = [] if "--endpoint" in args else ["--endpoint", self.endpoint]
         argv = [
             sys.executable, "-m", "dynamo.vllm", "--model", str(self.model), "--served-model-name", MODEL,
-            "--endpoint", self.endpoint, *ENGINE_FLAGS, *args,
+            *endpoint, *ENGINE_FLAGS, *args,
         ]
-        worker = self.pool.command(argv, name="vllm-worker", env=engine_env(self.pool.env))
+        worker = self.pool.command(argv, name=name, env={**engine_env(self.pool.env), **(env or {})})
         self.workers.append(worker)
         return worker
 
