@@ -158,6 +158,15 @@ class Sample:
     tokens: int
     #: `usage.completion_tokens` of the stream's usage chunk, when the server sent one.
     completion_tokens: int | None = None
+    #: From the first to the last event with content (s).
+    decode: float = 0.0
+
+    @property
+    def tpot(self) -> float | None:
+        """Time per output token after the first (s): `decode` over the tokens after the
+        first (by usage when given, else by events); None for a one-token stream."""
+        tokens = self.completion_tokens if self.completion_tokens is not None else self.tokens
+        return self.decode / (tokens - 1) if tokens > 1 else None
 
 
 class Connection:
@@ -246,8 +255,11 @@ class Connection:
         if not keep_alive:
             await self.close()
         if not done or not times:
-            raise RuntimeError("the stream ended without [DONE] or without content")
-        return Sample(times[0] - start, [b - a for a, b in itertools.pairwise(times)], len(times), usage_tokens)
+            raise RuntimeError(f"the stream ended without [DONE] or without content ({len(times)} events with "
+                               f"content, [DONE] {'seen' if done else 'not seen'}, usage {usage_tokens}, "
+                               f"last bytes {pending[-200:]!r})")
+        return Sample(times[0] - start, [b - a for a, b in itertools.pairwise(times)], len(times), usage_tokens,
+                      times[-1] - times[0])
 
 
 #: What a failed request can raise.
@@ -285,8 +297,11 @@ class OpenLoopResult:
     #: From the first send to the last stream's end.
     seconds: float = 0.0
     output_tokens: int = 0
+    #: Events with content over all completed streams.
+    events: int = 0
     ttft: list[float] = field(default_factory=list)
     gaps: list[float] = field(default_factory=list)
+    tpot: list[float] = field(default_factory=list)
     first_error: str | None = None
 
     def summary(self) -> dict[str, Any]:
@@ -303,6 +318,8 @@ class OpenLoopResult:
             "ttft_p99_ms": percentile(self.ttft, 99) * 1000,
             "itl_p50_ms": percentile(self.gaps, 50) * 1000,
             "itl_p99_ms": percentile(self.gaps, 99) * 1000,
+            "tpot_p50_ms": percentile(self.tpot, 50) * 1000,
+            "tokens_per_event": self.output_tokens / self.events if self.events else float("nan"),
         }
 
 
@@ -348,8 +365,11 @@ async def open_loop(port: int, path: str, bodies: list[bytes], rate: float, *, s
             idle.append(conn)
         result.completed += 1
         result.output_tokens += sample.completion_tokens if sample.completion_tokens is not None else sample.tokens
+        result.events += sample.tokens
         result.ttft.append(sample.ttft)
         result.gaps.extend(sample.gaps)
+        if sample.tpot is not None:
+            result.tpot.append(sample.tpot)
 
     try:
         await asyncio.gather(*(one(b, at) for b, at in zip(bodies, offsets, strict=True)))
