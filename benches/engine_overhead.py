@@ -6,7 +6,7 @@ one run.
     python benches/engine_overhead.py --requests 48 --rates 2,4,8,16,inf --json /tmp/eo.json
     python benches/engine_overhead.py --configs vllm,embedded --rates 4,inf --model /tmp/tiny-llama
 
-Configurations (``--configs``, all started here on free loopback ports, one after another):
+Configurations (``--configs``, all started here on free loopback ports):
 
 * ``vllm``: ``python -m vllm.entrypoints.openai.api_server`` alone (its access log off).
 * ``embedded``: ``dynamo-run in=http out=dyn`` + one ``python -m dynamo.vllm`` worker on
@@ -16,6 +16,12 @@ Configurations (``--configs``, all started here on free loopback ports, one afte
   frontends, one ``--router-mode round-robin``, one ``--router-mode kv``, measured one
   after the other on the shared-prefix workload (below), each rate with conversations of
   its own so neither finds the other's prefixes cached.
+
+``vllm``, ``embedded`` and ``etcd_nats`` are started together (each ready before the
+next starts; an idle engine costs ~1 % of a core) and measured in turn at each rate, so
+that load from elsewhere on the machine, which comes and goes, falls on all of them
+alike (``--one-at-a-time``: start, measure, stop each in turn); ``--repeat N`` runs each
+N times per rate, the order rotated, samples pooled. Then the ``rr``/``kv`` fleet.
 
 Every engine runs with the real-engine tier's vLLM flags for this CPU
 (``--kv-cache-memory-bytes 256M --enforce-eager --max-model-len 1024 --max-num-seqs 64
@@ -64,8 +70,6 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -146,6 +150,7 @@ def plain_env() -> dict[str, str]:
 
 def backend_env(backend: str, processes: Processes, base: Path) -> dict[str, str]:
     env = {**plain_env(), "DYN_TCP_HOST": "127.0.0.1"}
+    base.mkdir(parents=True, exist_ok=True)
     if backend == "embedded":
         kv = base / f"kv-{uuid.uuid4().hex[:6]}"
         kv.mkdir()
@@ -183,20 +188,20 @@ async def instance_count(env: dict[str, str], endpoint: str) -> int:
 
 
 def start_fleet(processes: Processes, env: dict[str, str], model: Path, workers: int, router_modes: list[str],
-                timeout: float) -> list[int]:
+                timeout: float, tag: str) -> list[int]:
     """`workers` ``python -m dynamo.vllm`` workers and one frontend per router mode, all
     ready (every worker registered, the model listed); the frontends' ports."""
     namespace = f"eo{uuid.uuid4().hex[:8]}"
     endpoint = f"{namespace}.backend.generate"
     for i in range(workers):
-        processes.start(f"worker-{i}", [
+        processes.start(f"{tag}-worker-{i}", [
             sys.executable, "-m", "dynamo.vllm", "--model", str(model), "--served-model-name", MODEL,
             "--endpoint", f"dyn://{endpoint}", *ENGINE_FLAGS,
         ], engine_env(env))
     ports = []
     for mode in router_modes:
         port = free_port()
-        processes.start(f"frontend-{mode}", [*DYNAMO_RUN, "in=http", "out=dyn", "--http-port", str(port),
+        processes.start(f"{tag}-frontend-{mode}", [*DYNAMO_RUN, "in=http", "out=dyn", "--http-port", str(port),
                                              "--namespace", namespace, "--router-mode", mode], env)
         ports.append(port)
     for port in ports:
@@ -235,9 +240,17 @@ def load_average() -> str:
 
 
 @dataclass
-class Row:
-    config: str
-    figures: dict[str, Any]
+class Served:
+    """One measured thing: a configuration's HTTP port and the workload it gets."""
+
+    name: str
+    port: int
+    #: ``unique`` (fixed-length prompts of their own) or ``prefix`` (shared prefixes).
+    workload: str
+
+    @property
+    def body_kind(self) -> str:
+        return "vllm" if self.name == "vllm" else "dynamo"
 
 
 def fmt_rate(rate: float) -> str:
@@ -248,82 +261,109 @@ def report(config: str, r: OpenLoopResult) -> dict[str, Any]:
     s = r.summary()
     print(f"  {config:<10} @{fmt_rate(r.rate):>4}/s  {s['req_per_s']:6.2f} req/s {s['output_tok_per_s']:7.0f} tok/s   "
           f"TTFT p50 {s['ttft_p50_ms']:7.1f} p99 {s['ttft_p99_ms']:7.1f} ms   ITL p50 {s['itl_p50_ms']:6.2f} "
-          f"p99 {s['itl_p99_ms']:6.2f} ms   TPOT p50 {s['tpot_p50_ms']:6.2f} ms   {s['tokens_per_event']:.2f} tok/event   ({r.completed} ok, {r.errors} errors, {r.seconds:.1f} s, "
-          f"load {load_average()})", flush=True)
+          f"p99 {s['itl_p99_ms']:6.2f} ms   TPOT p50 {s['tpot_p50_ms']:6.2f} ms   {s['tokens_per_event']:.2f} tok/event   "
+          f"({r.completed} ok, {r.errors} errors, {r.seconds:.1f} s, load {load_average()})", flush=True)
     return {"config": config, **s}
 
 
-def measure(config: str, port: int, bodies_of_rate: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
+def merge(into: OpenLoopResult | None, r: OpenLoopResult) -> OpenLoopResult:
+    """Pool the samples of repeated runs at one rate."""
+    if into is None:
+        return r
+    into.requests += r.requests
+    into.completed += r.completed
+    into.errors += r.errors
+    into.seconds += r.seconds
+    into.output_tokens += r.output_tokens
+    into.events += r.events
+    into.ttft += r.ttft
+    into.gaps += r.gaps
+    into.tpot += r.tpot
+    into.first_error = into.first_error or r.first_error
+    return into
+
+
+def bodies(served: Served, rate_index: int, rep: int, args: argparse.Namespace) -> list[bytes]:
+    """The requests of one run: the same prompts for every configuration of a workload
+    at (rate, repeat); new ones for each (rate, repeat), so no run finds an earlier
+    run's prompts in the prefix cache (prefix workload: also new ones per router)."""
+    seed = args.seed + 100 * rep + rate_index
+    if served.workload == "unique":
+        prompts = unique_prompts(args.requests, args.prompt_tokens, seed)
+    else:
+        seed += 10_000 * (1 + ["rr", "kv"].index(served.name))
+        prompts = prefix_prompts(args.requests, args.conversations, args.prefix_tokens, args.prompt_tokens, seed)
+    return [completion_body(p, args.output_tokens, served.body_kind) for p in prompts]
+
+
+def measure(served: list[Served], args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Every rate, lowest first; at each rate each of `served` in turn (the order
+    rotated from repeat to repeat), so that load from elsewhere on the machine falls on
+    all of them alike; repeats pooled."""
     rows = []
     for i, rate in enumerate(args.rates):
-        bodies = bodies_of_rate(i)
-        result = run_async(open_loop(port, "/v1/completions", bodies, rate, seed=args.seed + i,
-                                     timeout=args.request_timeout))
-        rows.append(report(config, result))
+        pooled: dict[str, OpenLoopResult | None] = {s.name: None for s in served}
+        for rep in range(args.repeat):
+            for k in range(len(served)):
+                s = served[(k + rep) % len(served)]
+                result = run_async(open_loop(s.port, "/v1/completions", bodies(s, i, rep, args), rate,
+                                             seed=args.seed + 100 * rep + i, timeout=args.request_timeout))
+                pooled[s.name] = merge(pooled[s.name], result)
+        for s in served:
+            result = pooled[s.name]
+            assert result is not None
+            rows.append(report(s.name, result))
     return rows
 
 
-def warm_up(port: int, target: str, args: argparse.Namespace) -> None:
-    prompts = unique_prompts(WARMUP_REQUESTS, args.prompt_tokens, seed=10_000)
-    bodies = [completion_body(p, args.output_tokens, target) for p in prompts]
-    run_async(open_loop(port, "/v1/completions", bodies[:2], 1000.0, timeout=args.request_timeout))
-    run_async(open_loop(port, "/v1/completions", bodies[2:], float("inf"), timeout=args.request_timeout))
+def warm_up(served: Served, args: argparse.Namespace) -> None:
+    prompts = unique_prompts(WARMUP_REQUESTS, args.prompt_tokens, seed=99_999)
+    warm = [completion_body(p, args.output_tokens, served.body_kind) for p in prompts]
+    run_async(open_loop(served.port, "/v1/completions", warm[:2], 1000.0, timeout=args.request_timeout))
+    run_async(open_loop(served.port, "/v1/completions", warm[2:], float("inf"), timeout=args.request_timeout))
 
 
-@contextmanager
-def configuration(name: str, log_root: Path) -> Iterator[tuple[Processes, Path]]:
-    log_dir = log_root / name
+def start(name: str, processes: Processes, log_dir: Path, args: argparse.Namespace) -> list[Served]:
+    """Start configuration `name` and wait until it is ready."""
+    t0 = time.monotonic()
+    if name == "vllm":
+        served = [Served("vllm", start_vllm_server(processes, args.model, args.start_timeout), "unique")]
+    elif name in ("embedded", "etcd_nats"):
+        env = backend_env(name, processes, log_dir / name)
+        port = start_fleet(processes, env, args.model, 1, ["round-robin"], args.start_timeout, name)[0]
+        served = [Served(name, port, "unique")]
+    else:
+        env = backend_env("embedded", processes, log_dir / name)
+        rr, kv = start_fleet(processes, env, args.model, 2, ["round-robin", "kv"], args.start_timeout, name)
+        served = [Served("rr", rr, "prefix"), Served("kv", kv, "prefix")]
+    print(f"  {name}: ready in {time.monotonic() - t0:.0f} s (load {load_average()})", flush=True)
+    return served
+
+
+def run_group(names: list[str], args: argparse.Namespace, log_root: Path) -> list[dict[str, Any]]:
+    """Start the configurations `names` (one after the other, each ready before the
+    next starts), warm each up, measure them together, stop them all (also on failure)."""
+    group = "+".join(names)
+    log_dir = log_root / group
     log_dir.mkdir(parents=True, exist_ok=True)
     processes = Processes(log_dir)
     started = time.monotonic()
+    print(f"{group}:", flush=True)
     try:
-        yield processes, log_dir
-    except BaseException:
-        print(f"  {name} failed; logs in {log_dir}", file=sys.stderr, flush=True)
-        raise
-    finally:
-        processes.stop()
-        print(f"  ({name}: {time.monotonic() - started:.0f} s with start and stop)", flush=True)
-
-
-def run_config(name: str, args: argparse.Namespace, log_root: Path) -> list[dict[str, Any]]:
-    uniq = lambda target: lambda i: [completion_body(p, args.output_tokens, target)  # noqa: E731
-                                     for p in unique_prompts(args.requests, args.prompt_tokens, seed=args.seed + i)]
-    with configuration(name, log_root) as (processes, log_dir):
         others = foreign_engines(processes)
         if others:
             print(f"  note: {len(others)} engine processes of others share the machine: {', '.join(others)}",
                   flush=True)
-        t0 = time.monotonic()
-        if name == "vllm":
-            port = start_vllm_server(processes, args.model, args.start_timeout)
-            ports = {"vllm": port}
-        elif name in ("embedded", "etcd_nats"):
-            env = backend_env(name, processes, log_dir)
-            ports = {name: start_fleet(processes, env, args.model, 1, ["round-robin"], args.start_timeout)[0]}
-        else:
-            env = backend_env("embedded", processes, log_dir)
-            rr, kv = start_fleet(processes, env, args.model, 2, ["round-robin", "kv"], args.start_timeout)
-            ports = {"rr": rr, "kv": kv}
-        print(f"  {name}: ready in {time.monotonic() - t0:.0f} s (load {load_average()})", flush=True)
-        rows: list[dict[str, Any]] = []
-        if name in ("vllm", "embedded", "etcd_nats"):
-            warm_up(ports[name], name, args)
-            rows += measure(name, ports[name], uniq(name), args)
-        else:
-            for port in ports.values():
-                warm_up(port, "dynamo", args)
-            # Round-robin then KV at each rate, each with conversations of its own.
-            for i, rate in enumerate(args.rates):
-                for j, (mode, port) in enumerate(ports.items()):
-                    seed = args.seed + 1000 * (j + 1) + i
-                    prompts = prefix_prompts(args.requests, args.conversations, args.prefix_tokens,
-                                             args.prompt_tokens, seed)
-                    bodies = [completion_body(p, args.output_tokens, "dynamo") for p in prompts]
-                    result = run_async(open_loop(port, "/v1/completions", bodies, rate, seed=args.seed + i,
-                                                 timeout=args.request_timeout))
-                    rows.append(report(mode, result))
-        return rows
+        served = [s for name in names for s in start(name, processes, log_dir, args)]
+        for s in served:
+            warm_up(s, args)
+        return measure(served, args)
+    except BaseException:
+        print(f"  {group} failed; logs in {log_dir}", file=sys.stderr, flush=True)
+        raise
+    finally:
+        processes.stop()
+        print(f"  ({group}: {time.monotonic() - started:.0f} s with start and stop)", flush=True)
 
 
 # ----------------------------------------------------------------------------- report
@@ -402,7 +442,13 @@ def main() -> None:
                         help=f"comma-separated, of {', '.join(CONFIGS)} (rr and kv share their workers; default: all)")
     parser.add_argument("--rates", type=parse_rates, default=parse_rates("2,4,8,16,inf"),
                         help="comma-separated request rates (req/s), inf: all at once (default 2,4,8,16,inf)")
-    parser.add_argument("--requests", type=int, default=48, help="requests per rate (default 48)")
+    parser.add_argument("--requests", type=int, default=48, help="requests per rate and repeat (default 48)")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="runs per configuration and rate, interleaved with the other configurations' and "
+                             "pooled (default 1)")
+    parser.add_argument("--one-at-a-time", dest="together", action="store_false",
+                        help="start, measure and stop vllm, embedded and etcd_nats one after the other instead "
+                             "of starting them together and measuring them in turn at each rate")
     parser.add_argument("--prompt-tokens", type=int, default=128,
                         help="prompt tokens (shared-prefix workload: tokens after the prefix) (default 128)")
     parser.add_argument("--output-tokens", type=int, default=64, help="max_tokens, generated in full (default 64)")
@@ -420,8 +466,10 @@ def main() -> None:
     unknown = [c for c in configs if c not in CONFIGS]
     if unknown:
         parser.error(f"unknown configs {unknown}; known: {CONFIGS}")
+    single = [c for c in configs if c in ("vllm", "embedded", "etcd_nats")]
+    groups = [single] if args.together and single else [[c] for c in single]
     if "rr" in configs or "kv" in configs:  # one fleet serves both
-        configs = [c for c in configs if c not in ("rr", "kv")] + ["rr+kv"]
+        groups.append(["rr+kv"])
 
     signal.signal(signal.SIGALRM, on_timeout)
     signal.alarm(int(args.timeout))
@@ -432,13 +480,12 @@ def main() -> None:
         log_root = args.log_dir or Path(tmp)
         if args.model is None:
             args.model = make_model(Path(tmp))
-        print(f"{args.requests} requests per rate, rates {','.join(fmt_rate(r) for r in args.rates)}, prompts of "
+        print(f"{args.requests} requests per rate and repeat, {args.repeat} repeats, rates {','.join(fmt_rate(r) for r in args.rates)}, prompts of "
               f"{args.prompt_tokens} tokens, {args.output_tokens} output tokens; shared-prefix workload: "
               f"{args.conversations} prefixes of {args.prefix_tokens} tokens; model {args.model}; "
               f"{os.cpu_count()} CPUs, load {load_average()}", flush=True)
-        for name in configs:
-            print(f"{name}:", flush=True)
-            rows += run_config(name, args, log_root)
+        for group in groups:
+            rows += run_group(group, args, log_root)
     signal.alarm(0)
     print()
     print(table(rows))

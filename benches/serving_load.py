@@ -194,17 +194,29 @@ class Connection:
     async def chat(self, body: bytes) -> Sample:
         return await self.stream("/v1/chat/completions", body)
 
-    async def stream(self, path: str, body: bytes) -> Sample:
+    async def stream(self, path: str, body: bytes, *, count_empty: bool = False) -> Sample:
         """POST `body` to `path` (chat or completions, ``"stream": true``) and time its
         events: an event counts as a token when its first choice has content (chat's
-        ``delta.content``, completions' ``text``)."""
-        reader, writer = await self._open()
+        ``delta.content``, completions' ``text``) or, with `count_empty`, when it has a
+        choice that does not finish the stream (a token whose text the detokenizer holds
+        back, e.g. part of a UTF-8 character). A kept-alive connection the server closed
+        while idle is reopened once."""
         start = time.perf_counter()
-        writer.write(
-            b"POST %s HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
-            b"Content-Length: %d\r\n\r\n%s" % (path.encode(), len(body), body)
-        )
-        status = await reader.readline()
+        request = (b"POST %s HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+                   b"Content-Length: %d\r\n\r\n%s" % (path.encode(), len(body), body))
+        reused = self.is_open
+        reader, writer = await self._open()
+        writer.write(request)
+        try:
+            status = await reader.readline()
+        except ConnectionError:
+            status = b""
+        if not status and reused:
+            await self.close()
+            start = time.perf_counter()
+            reader, writer = await self._open()
+            writer.write(request)
+            status = await reader.readline()
         if not status.startswith(b"HTTP/1.1 200"):
             raise RuntimeError(f"status {status!r}")
         chunked = False
@@ -236,7 +248,8 @@ class Connection:
                     continue
                 chunk = json.loads(payload)
                 choices = chunk.get("choices") or []
-                if choices and (choices[0].get("delta", {}).get("content") or choices[0].get("text")):
+                if choices and (choices[0].get("delta", {}).get("content") or choices[0].get("text")
+                                or (count_empty and choices[0].get("finish_reason") is None)):
                     times.append(time.perf_counter())
                 usage = chunk.get("usage")
                 if usage and usage.get("completion_tokens") is not None:
@@ -337,10 +350,11 @@ def poisson_offsets(count: int, rate: float, seed: int) -> list[float]:
 
 
 async def open_loop(port: int, path: str, bodies: list[bytes], rate: float, *, seed: int = 0,
-                    timeout: float = REQUEST_TIMEOUT) -> OpenLoopResult:
+                    timeout: float = REQUEST_TIMEOUT, count_empty: bool = True) -> OpenLoopResult:
     """Send each of `bodies` at its Poisson arrival time, whether or not earlier requests
     have finished (open loop). Idle keep-alive connections are reused; a request that
-    finds none opens one."""
+    finds none opens one. `count_empty`: as `Connection.stream` (by default every token
+    event counts, whether or not its text is empty)."""
     result = OpenLoopResult(rate, len(bodies))
     idle: list[Connection] = []
     offsets = poisson_offsets(len(bodies), rate, seed)
@@ -353,7 +367,7 @@ async def open_loop(port: int, path: str, bodies: list[bytes], rate: float, *, s
             await asyncio.sleep(delay)
         conn = idle.pop() if idle else Connection(port)
         try:
-            sample = await asyncio.wait_for(conn.stream(path, body), timeout)
+            sample = await asyncio.wait_for(conn.stream(path, body, count_empty=count_empty), timeout)
         except REQUEST_ERRORS as e:
             result.errors += 1
             result.first_error = result.first_error or repr(e)
