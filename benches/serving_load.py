@@ -234,6 +234,8 @@ class Connection:
         pending = b""
         done = False
         usage_tokens: int | None = None
+        #: When the first event with a choice came (its text may be empty).
+        first_choice: list[float] = []
 
         def events(data: bytes) -> None:
             nonlocal pending, done, usage_tokens
@@ -248,6 +250,8 @@ class Connection:
                     continue
                 chunk = json.loads(payload)
                 choices = chunk.get("choices") or []
+                if choices and not first_choice:
+                    first_choice.append(time.perf_counter())
                 if choices and (choices[0].get("delta", {}).get("content") or choices[0].get("text")
                                 or (count_empty and choices[0].get("finish_reason") is None)):
                     times.append(time.perf_counter())
@@ -267,6 +271,11 @@ class Connection:
             keep_alive = False
         if not keep_alive:
             await self.close()
+        if done and not times and first_choice and usage_tokens:
+            # Every token's text held back to the end (byte tokens that never made a
+            # character), and the server sent no event for them: the stream's first event
+            # is its first token as the client sees it.
+            times = first_choice[:1]
         if not done or not times:
             raise RuntimeError(f"the stream ended without [DONE] or without content ({len(times)} events with "
                                f"content, [DONE] {'seen' if done else 'not seen'}, usage {usage_tokens}, "
