@@ -38,16 +38,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import ctypes
-import itertools
 import json
 import multiprocessing
 import os
 import random
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -56,6 +51,20 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from serving_load import (
+    Connection,
+    Processes,
+    Sample,
+    free_port,
+    percentile,
+    run_async,
+    wait_for_models,
+)
+
+__all__ = ["Connection", "Processes", "Sample", "free_port", "percentile", "run_async", "wait_for_models"]
 
 HERE = Path(__file__).resolve()
 REPO_ROOT = HERE.parent.parent
@@ -84,164 +93,6 @@ WORDS = str.split(
     "river mountain garden window silver orange planet music letter forest island market "
     "quickly slowly carefully brightly quietly simply rarely often always never"
 )
-
-
-# ----------------------------------------------------------------------------- processes
-
-
-def _die_with_parent() -> None:
-    with contextlib.suppress(OSError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Processes:
-    """Child processes of one scenario, their logs in `log_dir`."""
-
-    def __init__(self, log_dir: Path):
-        self.log_dir = log_dir
-        self.started: list[tuple[str, subprocess.Popen[bytes]]] = []
-
-    def start(self, name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-        log = open(self.log_dir / f"{name}.log", "wb")  # noqa: SIM115 (closed with the process)
-        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                preexec_fn=_die_with_parent)
-        log.close()
-        self.started.append((name, proc))
-        return proc
-
-    def check(self) -> None:
-        for name, proc in self.started:
-            if proc.poll() is not None:
-                tail = (self.log_dir / f"{name}.log").read_text(errors="replace")[-3000:]
-                raise RuntimeError(f"{name} exited with {proc.returncode}:\n{tail}")
-
-    def stop(self) -> None:
-        for _, proc in self.started:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 15
-        for _, proc in self.started:
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
-def wait_for_models(port: int, models: list[str], processes: Processes) -> None:
-    deadline = time.monotonic() + STARTUP_TIMEOUT
-    while time.monotonic() < deadline:
-        processes.check()
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=1) as r:
-                listed = sorted(m["id"] for m in json.load(r)["data"])
-                if all(m in listed for m in models):
-                    return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"the frontend did not list {models} within {STARTUP_TIMEOUT:.0f}s (logs in {processes.log_dir})")
-
-
-# ----------------------------------------------------------------------------- client
-
-
-@dataclass
-class Sample:
-    """One completed stream."""
-
-    ttft: float
-    gaps: list[float]
-    tokens: int
-
-
-class Connection:
-    """One keep-alive HTTP/1.1 connection posting streaming chat requests."""
-
-    def __init__(self, port: int):
-        self.port = port
-        self.reader: asyncio.StreamReader | None = None
-        self.writer: asyncio.StreamWriter | None = None
-
-    async def _open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        if self.reader is None or self.writer is None:
-            self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
-        return self.reader, self.writer
-
-    async def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-            self.reader = self.writer = None
-
-    async def chat(self, body: bytes) -> Sample:
-        reader, writer = await self._open()
-        start = time.perf_counter()
-        writer.write(
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
-            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
-        )
-        status = await reader.readline()
-        if not status.startswith(b"HTTP/1.1 200"):
-            raise RuntimeError(f"status {status!r}")
-        chunked = False
-        keep_alive = True
-        while True:
-            line = await reader.readline()
-            if line in (b"\r\n", b""):
-                break
-            name, _, value = line.decode("latin-1").partition(":")
-            if name.lower() == "transfer-encoding" and "chunked" in value.lower():
-                chunked = True
-            if name.lower() == "connection" and "close" in value.lower():
-                keep_alive = False
-        times: list[float] = []
-        pending = b""
-        done = False
-
-        def events(data: bytes) -> None:
-            nonlocal pending, done
-            pending += data
-            while b"\n\n" in pending:
-                event, pending = pending.split(b"\n\n", 1)
-                if not event.startswith(b"data: "):
-                    continue
-                payload = event[6:]
-                if payload == b"[DONE]":
-                    done = True
-                    continue
-                chunk = json.loads(payload)
-                choices = chunk.get("choices") or []
-                if choices and choices[0].get("delta", {}).get("content"):
-                    times.append(time.perf_counter())
-
-        if chunked:
-            while True:
-                size = int((await reader.readline()).split(b";")[0], 16)
-                if size == 0:
-                    await reader.readline()
-                    break
-                events((await reader.readexactly(size + 2))[:-2])
-        else:
-            events(await reader.read())
-            keep_alive = False
-        if not keep_alive:
-            await self.close()
-        if not done or not times:
-            raise RuntimeError("the stream ended without [DONE] or without content")
-        return Sample(times[0] - start, [b - a for a, b in itertools.pairwise(times)], len(times))
-
-
-def percentile(values: list[float], p: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
 
 @dataclass
@@ -361,15 +212,6 @@ def measure_with_cpu(pid: int, *args: Any, **kwargs: Any) -> Result:
     if result.completed:
         result.frontend_cpu_us = (cpu_seconds(pid) - before) / result.completed * 1e6
     return result
-
-
-def run_async(coro: Any) -> Any:
-    try:
-        import uvloop
-
-        return uvloop.run(coro)
-    except ImportError:
-        return asyncio.run(coro)
 
 
 # ----------------------------------------------------------------------------- scenarios
