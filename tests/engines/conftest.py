@@ -27,8 +27,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.engine)
 
 
-@pytest.fixture(autouse=True)
-def _needs_vllm() -> None:
+def require_vllm() -> None:
+    """Skip where vLLM is not installed, saying so; under ``CI=true``, fail instead."""
     if VLLM_MISSING is None:
         return
     if os.environ.get("CI") == "true":
@@ -36,11 +36,15 @@ def _needs_vllm() -> None:
     pytest.skip(VLLM_MISSING)
 
 
+@pytest.fixture(autouse=True)
+def _needs_vllm() -> None:
+    require_vllm()
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny random-weight Llama (``python -m dynamo.llm.tiny_model``), made once."""
-    if VLLM_MISSING is not None:
-        pytest.skip(VLLM_MISSING)
+    require_vllm()  # module fixtures start engines before the autouse check runs
     from dynamo.llm import tiny_model
 
     return tiny_model.make(tmp_path_factory.mktemp("models") / MODEL)
