@@ -261,6 +261,14 @@ async def test_processor_without_router_falls_back(workers, runtime, namespace) 
     alone = component(workers, "Processor", "agg", namespace, "--router=kv", "--router-timeout=1")
     await wait_for_instances(processors, 2, timeout=60)
     await check_streams(port)
+    # The Frontend's client may see the second Processor later than this test does: send
+    # on (bounded) until one request has reached it.
+    client = openai_client(port)
+    for i in range(30):
+        if "no answer from the Router" in alone.stderr_tail(20000):
+            break
+        chunks, finish = await asyncio.wait_for(stream_chat(client, f"hello again {i}"), REQUEST_TIMEOUT)
+        assert finish == "length" and chunks >= 1
     assert "no answer from the Router" in alone.stderr_tail(20000), alone.describe()
 
 

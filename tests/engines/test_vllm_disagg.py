@@ -103,9 +103,11 @@ def disagg(tiny_model: Path, module_pool: WorkerPool, request: pytest.FixtureReq
             "--role", "decode", "--max-local-prefill-length", str(MAX_LOCAL), "--remote-prefill-timeout", "60",
             "--kv-transfer-config", KV_TRANSFER, name="vllm-decode", env=system_env(decode_port),
         )
-        server, vllm_port = launch_vllm_server(module_pool, tiny_model)
         wait_log(prefill, f"{fleet.namespace}.prefill.generate")  # "serving endpoint=NS.prefill.generate"
         fleet.wait_serving(decode)
+        # The reference server starts once the workers serve: three vLLM engines starting
+        # at once on 2 cores were seen to stall one of them for minutes.
+        server, vllm_port = launch_vllm_server(module_pool, tiny_model)
         wait_vllm_server(server, vllm_port)
         yield Disagg(frontend.port, vllm_port, prefill_port, decode_port)
     finally:
