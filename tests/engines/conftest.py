@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from engine_fleet import MODEL, VLLM_MISSING
+from engine_fleet import MODEL, VLLM_MISSING, stop_all
 from helpers import WorkerPool
 from llm_helpers import local_env
 
@@ -56,4 +56,4 @@ def module_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerPool
     logs = tmp_path_factory.mktemp("engine-logs")
     pool = WorkerPool(local_env(), logs)
     yield pool
-    pool.stop_all()
+    stop_all(pool)

@@ -7,6 +7,7 @@ process and its stderr.
 from __future__ import annotations
 
 import importlib.util
+import signal
 import sys
 import time
 import uuid
@@ -162,3 +163,28 @@ def engine_core_of(worker: WorkerProcess) -> int:
                 continue
         time.sleep(0.2)
     pytest.fail(f"no EngineCore process under {worker.name}")
+
+
+def stop_all(pool: WorkerPool, grace: float = 20.0) -> None:
+    """Stop every process of ``pool`` and whatever they started: SIGTERM with ``grace``
+    seconds to drain (vLLM shuts its engine down in a few), then SIGKILL. An engine
+    process (``VLLM::EngineCore`` and its workers) whose parent was killed outright
+    would outlive it, holding gigabytes: the descendants seen before stopping are
+    killed if still there."""
+    import psutil
+
+    descendants: list[Any] = []
+    for worker in pool.started:
+        try:
+            descendants += psutil.Process(worker.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            continue
+    for worker in pool.started:
+        worker.send_signal(signal.SIGTERM)  # all drain at once
+    for worker in pool.started:
+        worker.terminate(grace)
+    for child in descendants:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            continue

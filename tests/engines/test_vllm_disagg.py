@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from engine_fleet import MODEL, Fleet, fleet_env, launch_vllm_server, wait_log, wait_vllm_server
+from engine_fleet import MODEL, Fleet, fleet_env, launch_vllm_server, stop_all, wait_log, wait_vllm_server
 from helpers import WorkerPool, free_port
 from llm_helpers import post_json, sse_data
 from test_disagg import metric, wait_metric
@@ -112,7 +112,7 @@ def disagg(tiny_model: Path, module_pool: WorkerPool, request: pytest.FixtureReq
         yield Disagg(frontend.port, vllm_port, prefill_port, decode_port)
     finally:
         # Also when a start failed: no engine outlives the module.
-        fleet.pool.stop_all()
+        stop_all(fleet.pool)
 
 
 def completion_view(resp: dict[str, Any]) -> list[dict[str, Any]]:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from engine_fleet import ENGINE_FLAGS, MODEL, engine_core_of, engine_env, fleet_env, models_of, wait_http
+from engine_fleet import ENGINE_FLAGS, MODEL, engine_core_of, engine_env, fleet_env, models_of, stop_all, wait_http
 from helpers import EXAMPLES_DIR, WorkerPool, WorkerProcess, free_port
 from llm_helpers import DYNAMO_RUN, local_env, post_json, sse_data
 
@@ -43,7 +43,7 @@ def dynamo_run(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> It
     process = pool.command(argv, name="dynamo-run-vllm")
     wait_http(process, port, "/v1/models", lambda r: models_of(r) == [MODEL])
     yield Served(process, port)
-    pool.stop_all()
+    stop_all(pool)
 
 
 def chat(port: int, **extra: Any) -> Any:
@@ -109,7 +109,7 @@ def graph(
     process = pool.command(argv, name="serve-agg-vllm", cwd=EXAMPLES_DIR / "llm")
     wait_http(process, port, "/v1/models", lambda r: models_of(r) == [MODEL])
     yield Served(process, port)
-    pool.stop_all()
+    stop_all(pool)
 
 
 def test_the_llm_graph_serves_the_model_with_engine_vllm(graph: Served) -> None:

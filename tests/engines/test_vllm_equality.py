@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from engine_fleet import MODEL, Fleet, fleet_env, launch_vllm_server, wait_vllm_server
+from engine_fleet import MODEL, Fleet, fleet_env, launch_vllm_server, stop_all, wait_vllm_server
 from helpers import WorkerPool
 from llm_helpers import post_json, sse_data
 
@@ -115,7 +115,7 @@ def servers(tiny_model: Path, module_pool: WorkerPool, request: pytest.FixtureRe
     fleet.wait_serving(worker)
     assert fleet.frontend is not None
     yield Servers(vllm_port, fleet.frontend.port)
-    fleet.pool.stop_all()
+    stop_all(fleet.pool)
 
 
 # --- completions ----------------------------------------------------------------------

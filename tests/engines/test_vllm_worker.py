@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from engine_fleet import MODEL, Fleet, engine_core_of, fleet_env
+from engine_fleet import MODEL, Fleet, engine_core_of, fleet_env, stop_all
 from helpers import WorkerPool, WorkerProcess, bounded
 from llm_helpers import first_load_report, post_json, sse_data, wait_for_metrics_from
 
@@ -49,7 +49,7 @@ def fleet(request: pytest.FixtureRequest, tiny_model: Path,
     workers = [fleet.start_worker("--migration-limit", "1") for _ in range(2)]
     fleet.wait_serving(*workers)
     yield fleet
-    fleet.pool.stop_all()
+    stop_all(fleet.pool)
 
 
 def instance_id(worker: WorkerProcess) -> int:
