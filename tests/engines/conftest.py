@@ -10,12 +10,11 @@ engines (module-scoped fixtures).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from engine_fleet import MODEL, VLLM_MISSING, stop_all
+from engine_fleet import MODEL, VLLM_MISSING, require, stop_all
 from helpers import WorkerPool
 from llm_helpers import local_env
 
@@ -29,11 +28,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def require_vllm() -> None:
     """Skip where vLLM is not installed, saying so; under ``CI=true``, fail instead."""
-    if VLLM_MISSING is None:
-        return
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"CI must run the real-engine tier: {VLLM_MISSING}")
-    pytest.skip(VLLM_MISSING)
+    require(VLLM_MISSING, "the real-engine tier")
 
 
 @pytest.fixture(autouse=True)

@@ -7,6 +7,7 @@ process and its stderr.
 from __future__ import annotations
 
 import importlib.util
+import os
 import signal
 import sys
 import time
@@ -36,6 +37,16 @@ ENGINE_FLAGS = (
     "--kv-cache-memory-bytes", "256M", "--enforce-eager", "--max-model-len", "1024", "--max-num-seqs", "64",
     "--block-size", "32",
 )
+
+
+def require(missing: str | None, what: str) -> None:
+    """Skip a test whose ``missing`` package (the reason, or None) is not installed;
+    under ``CI=true`` fail instead, naming ``what`` CI must run."""
+    if missing is None:
+        return
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"CI must run {what}: {missing}")
+    pytest.skip(missing)
 
 
 def engine_env(base: dict[str, str]) -> dict[str, str]:

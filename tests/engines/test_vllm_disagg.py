@@ -20,13 +20,21 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from engine_fleet import MODEL, Fleet, fleet_env, launch_vllm_server, stop_all, wait_log, wait_vllm_server
+from engine_fleet import (
+    MODEL,
+    Fleet,
+    fleet_env,
+    launch_vllm_server,
+    require,
+    stop_all,
+    wait_log,
+    wait_vllm_server,
+)
 from helpers import WorkerPool, free_port
 from llm_helpers import post_json, sse_data
 from test_disagg import metric, wait_metric
@@ -48,11 +56,7 @@ SHORT_PROMPT = "The weather in Paris is"
 
 @pytest.fixture(autouse=True)
 def _needs_nixl() -> None:
-    if NIXL_MISSING is None:
-        return
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"CI must run the disaggregated engine test: {NIXL_MISSING}")
-    pytest.skip(NIXL_MISSING)
+    require(NIXL_MISSING, "the disaggregated engine test")
 
 
 class Disagg:
@@ -88,8 +92,7 @@ def system_env(port: int) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def disagg(tiny_model: Path, module_pool: WorkerPool, request: pytest.FixtureRequest,
            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Disagg]:
-    if NIXL_MISSING is not None:
-        pytest.skip(NIXL_MISSING)
+    require(NIXL_MISSING, "the disaggregated engine test")  # before its engines start
     env = fleet_env("embedded", request, tmp_path_factory.mktemp("disagg"))
     fleet = Fleet(WorkerPool(env, module_pool.log_dir), "embedded", tiny_model)
     try:
