@@ -30,7 +30,11 @@ REQUEST_TIMEOUT = 60.0
 # ----------------------------------------------------------------------------- processes
 
 
-def _die_with_parent() -> None:
+def _child_setup() -> None:
+    # A process group of its own (stopped as one), in this session: Linux's autogroup
+    # schedules each session as one group, and a frontend alone in a session waits
+    # 100+ ms for a core that a CPU engine keeps busy (docs/performance.md).
+    os.setpgid(0, 0)
     with contextlib.suppress(OSError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
@@ -52,7 +56,7 @@ class Processes:
     def start(self, name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
         log = open(self.log_dir / f"{name}.log", "wb")  # noqa: SIM115 (closed with the process)
         proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                preexec_fn=_die_with_parent, start_new_session=True)
+                                preexec_fn=_child_setup)
         log.close()
         self.started.append((name, proc))
         return proc

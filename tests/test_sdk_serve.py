@@ -73,6 +73,12 @@ async def test_hello_world_graph(backend, workers, runtime, namespace):
     await serve.wait_for_line("Frontend[0] | Frontend ready", READY_TIMEOUT)
     pids = started_pids(serve)
     assert sorted(pids) == ["Backend[0]", "Backend[1]", "Frontend[0]", "Middle[0]", "Middle[1]"], serve.describe()
+    # Each child leads its own process group (stopped as one) but stays in the
+    # supervisor's session: with Linux's autogroup, a session of its own would schedule
+    # a frontend as a group apart from the engines' (100+ ms waits for a core).
+    assert {label: (os.getpgid(pid) == pid, os.getsid(pid)) for label, pid in pids.items()} == {
+        label: (True, os.getsid(serve.pid)) for label in pids
+    }
     # The config's worker counts are what registered.
     backend_client = await runtime.endpoint(f"{namespace}.Backend.generate").client()
     assert len(await wait_for_instances(backend_client, 2)) == 2

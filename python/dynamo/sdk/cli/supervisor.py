@@ -1,6 +1,7 @@
 """A small asyncio process supervisor for ``dynamo serve``.
 
-Starts every planned process in its own session, prefixes each output line with the
+Starts every planned process in its own process group (within this session, see
+``_child_setup``), prefixes each output line with the
 process's label (``Backend[1] | ...``), forwards SIGINT/SIGTERM to every child (then
 SIGKILL after a bound), reaps them all, reports a child that exits with its status,
 restarts it when its service says so, and otherwise stops the graph and exits non-zero.
@@ -32,8 +33,19 @@ DEFAULT_STOP_TIMEOUT = 30.0
 RESTART_DELAY = 1.0
 
 
-def _die_with_parent() -> None:
-    # A supervisor killed with SIGKILL cannot forward anything; the kernel does it.
+def _child_setup() -> None:
+    """Runs in each child before exec.
+
+    * Its own process group, so that stopping it stops what it started (an engine's
+      core processes), but not its own *session*: Linux schedules each session as one
+      group when ``kernel.sched_autogroup_enabled`` is on (most distributions' default),
+      and a frontend alone in its session gets a sliver of a core that a CPU engine's
+      session keeps busy. Its threads then wait 100+ ms for a core, and whole token
+      streams reach the client at once (see docs/performance.md, "Real engine overhead").
+    * ``PR_SET_PDEATHSIG``: a supervisor killed with SIGKILL cannot forward anything;
+      the kernel does it.
+    """
+    os.setpgid(0, 0)
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
@@ -68,8 +80,7 @@ class Supervisor:
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=_die_with_parent,
+            preexec_fn=_child_setup,
         )
         self._say(f"started {child.plan.label} (pid {child.proc.pid})")
 
