@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import os
+import re
 import signal
 import socket
 import subprocess
@@ -249,6 +251,25 @@ class WorkerProcess:
                 self.kill()
         self._reader.join(timeout=2)
         self._stderr.close()
+
+
+def started_pids(proc: WorkerProcess, supervisor: str) -> dict[str, int]:
+    """`label → pid` from a `dynamo.supervisor` run's `[supervisor] started X (pid N)` lines."""
+    pids = {}
+    for line in proc.find_lines(f"[{supervisor}] started"):
+        match = re.search(r"started (\S+) \(pid (\d+)\)", line)
+        if match:
+            pids[match.group(1)] = int(match.group(2))
+    return pids
+
+
+def alive(pid: int) -> bool:
+    """Whether a process with this pid exists (a reaped child does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 class WorkerPool:
