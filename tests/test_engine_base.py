@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import WORKERS_DIR, WorkerPool, WorkerProcess
+from helpers import WORKERS_DIR, WorkerPool, WorkerProcess, wait_until
 from llm_helpers import launch_frontend, start_frontend, wait_for_metrics_from
 
 pytestmark = pytest.mark.timeout(120)
@@ -68,12 +68,14 @@ async def test_the_base_serves_an_engine_and_keeps_serving_after_errors(
 
 
 async def worker_lines(worker: WorkerProcess, prefix: str, count: int, timeout: float = 10.0) -> list[str]:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while len(found := worker.find_lines(prefix + " ")) < count:
-        if asyncio.get_running_loop().time() > deadline:
-            pytest.fail(f"{len(found)} {prefix} lines, expected {count}: {worker.describe()}")
-        await asyncio.sleep(0.05)
-    return found
+    found: list[str] = []
+
+    def enough() -> list[str] | None:
+        nonlocal found
+        found = worker.find_lines(prefix + " ")
+        return found if len(found) >= count else None
+
+    return await wait_until(enough, timeout, lambda: f"{count} {prefix} lines (have {len(found)}): {worker.describe()}")
 
 
 async def test_a_stopped_stream_aborts_the_engine_request(workers: WorkerPool, namespace: str, model_dir: Path) -> None:

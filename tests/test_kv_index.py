@@ -192,16 +192,13 @@ async def test_publisher_to_indexer_across_processes(runtime, workers, namespace
     worker.terminate()
     scores: dict[int, int] = {}
 
-    async def poll() -> None:
+    async def forgotten() -> bool:
         nonlocal scores
         scores = (await indexer.find_matches_for_request(tokens)).scores
+        return not scores
 
-    deadline = asyncio.get_running_loop().time() + DELIVERY_TIMEOUT
-    await poll()
-    while scores:
-        assert asyncio.get_running_loop().time() < deadline, f"departed worker still indexed: {scores}"
-        await asyncio.sleep(0.1)
-        await poll()
+    await wait_until(forgotten, DELIVERY_TIMEOUT, lambda: f"the departed worker to leave the index (still {scores})",
+                     interval=0.1)
 
 
 async def test_publisher_rejects_bad_input(runtime, namespace):

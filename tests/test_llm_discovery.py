@@ -11,7 +11,6 @@ import os
 import signal
 import socket
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -151,11 +150,14 @@ async def test_model_without_instances_is_503(workers: WorkerPool, namespace: st
     # The entry and its card are there, but nothing serves the endpoint: the model is not
     # routable, so it is not listed and the frontend is not healthy.
     body = chat_body("orphan", "hello")
-    deadline = time.monotonic() + 20
-    response = frontend.post("/v1/chat/completions", body)
-    while response.status == 404 and time.monotonic() < deadline:
-        await asyncio.sleep(0.1)
+
+    def answered() -> Any:
         response = frontend.post("/v1/chat/completions", body)
+        return response if response.status != 404 else None
+
+    response = await wait_until(
+        answered, 20, lambda: f"the frontend to see the orphan's entry\n{orphan.describe()}", interval=0.1
+    )
     assert response.status == 503, (response, orphan.describe())
     error = response.json()["error"]
     assert error["type"] == "service_unavailable" and error["message"]
