@@ -123,12 +123,17 @@ async def test_engine_kv_events_and_load_reach_the_event_plane(
     answer = await asyncio.to_thread(completion, frontend, model_dir.name, prompt, max_tokens=1)
     assert answer.status == 200, answer.body
     tokens = list(range(10, 19))
-    for _ in range(100):
+    scores: dict[int, int] = {}
+
+    async def indexed() -> bool:
+        nonlocal scores
         scores = (await indexer.find_matches_for_request(tokens)).scores
-        if scores == {instance: 2}:
-            break
-        await asyncio.sleep(0.1)
-    assert scores == {instance: 2}, worker.describe()
+        return scores == {instance: 2}
+
+    await wait_until(
+        indexed, 10, lambda: f"the prompt's 2 blocks in the index (it shows {scores})\n{worker.describe()}",
+        interval=0.1,
+    )
 
 
 async def test_dynamo_run_runs_a_base_worker_as_its_engine(workers: WorkerPool, model_dir: Path) -> None:

@@ -187,7 +187,8 @@ async def test_publisher_to_indexer_across_processes(runtime, workers, namespace
     assert event["gpu_cache_usage_perc"] == pytest.approx(0.5)
 
     # The worker leaves discovery: its blocks leave the index. (The indexer looks at
-    # discovery every second and forgets only workers it saw there: give it one look.)
+    # discovery every second and forgets only workers it saw there: give it one look. A
+    # fixed wait, not a poll: the indexer exposes no sign of having looked.)
     await asyncio.sleep(1.5)
     worker.terminate()
     scores: dict[int, int] = {}
