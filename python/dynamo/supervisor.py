@@ -22,6 +22,7 @@ import signal
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 #: Seconds children get to exit after SIGTERM before they are killed, unless told otherwise.
 DEFAULT_STOP_TIMEOUT = 30.0
@@ -174,7 +175,8 @@ class Supervisor:
             self.stopping.set()
         all_done = asyncio.gather(*watchers)
         stop_wait = loop.create_task(self.stopping.wait())
-        await asyncio.wait([all_done, stop_wait], return_when=asyncio.FIRST_COMPLETED)
+        first: list[asyncio.Future[Any]] = [all_done, stop_wait]
+        await asyncio.wait(first, return_when=asyncio.FIRST_COMPLETED)
         stop_wait.cancel()
         if self.stopping.is_set():
             why = f"received {received[0]}" if received else "; ".join(self.failed)
