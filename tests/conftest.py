@@ -17,7 +17,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
 import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -26,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import WorkerPool, backend_overrides, free_port, shutdown_runtime, spawn
+from helpers import WorkerPool, backend_overrides, free_port, shutdown_runtime, spawn, wait_until_blocking
 
 #: Seconds a test (setup + call + teardown) may take unless marked `@pytest.mark.timeout(n)`.
 DEFAULT_TEST_TIMEOUT = 90
@@ -97,22 +96,26 @@ def _binary(name: str, fallbacks: list[str]) -> str:
 
 
 def _wait_for_server(proc: subprocess.Popen, log: Path, what: str, ready: Any) -> None:
-    deadline = time.monotonic() + SERVER_START_TIMEOUT
     last_error: Exception | None = None
-    while time.monotonic() < deadline:
+
+    def accepting() -> bool:
+        nonlocal last_error
         if proc.poll() is not None:
             pytest.fail(f"{what} exited with {proc.returncode} at start:\n{log.read_text(errors='replace')[-3000:]}")
         try:
-            if ready():
-                return
+            return bool(ready())
         except OSError as e:
             last_error = e
-        time.sleep(0.05)
-    proc.kill()
-    pytest.fail(
-        f"{what} did not accept connections within {SERVER_START_TIMEOUT:.0f}s ({last_error}):\n"
-        f"{log.read_text(errors='replace')[-3000:]}"
-    )
+            return False
+
+    try:
+        wait_until_blocking(
+            accepting, SERVER_START_TIMEOUT,
+            lambda: f"{what} to accept connections ({last_error}):\n{log.read_text(errors='replace')[-3000:]}",
+        )
+    except BaseException:
+        proc.kill()
+        raise
 
 
 def _stop_server(proc: subprocess.Popen) -> None:

@@ -8,15 +8,19 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import inspect
+import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+import typing
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn, TypeVar
 
 import pytest
 
@@ -92,17 +96,62 @@ async def request(client: Any, body: Any, timeout: float = STREAM_TIMEOUT, **kwa
     return await asyncio.wait_for(run(), timeout)
 
 
+T = TypeVar("T")
+
+
+def _timed_out(timeout: float, what: str | Callable[[], str]) -> NoReturn:
+    description = what() if callable(what) else what
+    pytest.fail(f"timed out after {timeout:.1f}s waiting for {description}")
+
+
 async def wait_until(
-    predicate: Callable[[], bool], timeout: float, what: str | Callable[[], str], interval: float = 0.05
-) -> None:
-    """Poll `predicate` until it holds; fail after `timeout` seconds naming `what`
-    (a string, or a function giving one at the moment of failure)."""
+    predicate: Callable[[], T | Awaitable[T]],
+    timeout: float,
+    what: str | Callable[[], str],
+    interval: float = 0.05,
+    ignore: tuple[type[BaseException], ...] = (),
+) -> T:
+    """Poll `predicate` (a function, or an async one) until it returns a true value, and
+    return that value; fail after `timeout` seconds naming `what` (a string, or a function
+    giving one at the moment of failure). An exception of a type in `ignore` counts as
+    "not yet"; any other ends the wait (a predicate may `pytest.fail` when what it waits
+    on can no longer happen, e.g. the process exited). The one poll loop of the tests:
+    write a predicate for the observable state, never a `deadline` loop or a sleep."""
     deadline = time.monotonic() + timeout
-    while not predicate():
+    while True:
+        try:
+            value = predicate()
+            if inspect.isawaitable(value):
+                value = await value
+            if value:
+                return typing.cast(T, value)
+        except ignore:
+            pass
         if time.monotonic() >= deadline:
-            description = what() if callable(what) else what
-            pytest.fail(f"timed out after {timeout:.1f}s waiting for {description}")
+            _timed_out(timeout, what)
         await asyncio.sleep(interval)
+
+
+def wait_until_blocking(
+    predicate: Callable[[], T],
+    timeout: float,
+    what: str | Callable[[], str],
+    interval: float = 0.05,
+    ignore: tuple[type[BaseException], ...] = (),
+) -> T:
+    """`wait_until` for code that runs outside the event loop (fixtures, threads): the
+    same rules, blocking the calling thread between polls."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except ignore:
+            pass
+        if time.monotonic() >= deadline:
+            _timed_out(timeout, what)
+        time.sleep(interval)
 
 
 async def wait_for_instances(client: Any, count: int, timeout: float = READY_TIMEOUT) -> list[int]:
@@ -200,16 +249,18 @@ class WorkerProcess:
 
     async def wait_for_line(self, prefix: str, timeout: float) -> str:
         """The first stdout line starting with `prefix`; fails after `timeout` or if the process ends first."""
-        deadline = time.monotonic() + timeout
-        while True:
-            found = self.find_lines(prefix)
-            if found:
-                return found[0]
+
+        def found() -> str | None:
+            lines = self.find_lines(prefix)
+            if lines:
+                return lines[0]
             if self.proc.poll() is not None and not self._reader.is_alive():
                 pytest.fail(f"{self.name} exited before printing '{prefix}...'\n{self.describe()}")
-            if time.monotonic() >= deadline:
-                pytest.fail(f"{self.name} did not print '{prefix}...' within {timeout:.0f}s\n{self.describe()}")
-            await asyncio.sleep(0.02)
+            return None
+
+        return await wait_until(
+            found, timeout, lambda: f"{self.name} to print '{prefix}...'\n{self.describe()}", interval=0.02
+        )
 
     async def wait_ready(self, timeout: float = READY_TIMEOUT) -> int:
         """Wait for `READY <instance_id>`; returns the instance id."""
@@ -232,11 +283,9 @@ class WorkerProcess:
 
     async def wait_exit(self, timeout: float) -> int:
         """The exit status; fails if the process still runs after `timeout`."""
-        deadline = time.monotonic() + timeout
-        while self.proc.poll() is None:
-            if time.monotonic() >= deadline:
-                pytest.fail(f"{self.name} did not exit within {timeout:.0f}s\n{self.describe()}")
-            await asyncio.sleep(0.05)
+        await wait_until(
+            lambda: self.proc.poll() is not None, timeout, lambda: f"{self.name} to exit\n{self.describe()}"
+        )
         return self.proc.returncode
 
     def terminate(self, grace: float = 5.0) -> None:
@@ -249,6 +298,25 @@ class WorkerProcess:
                 self.kill()
         self._reader.join(timeout=2)
         self._stderr.close()
+
+
+def started_pids(proc: WorkerProcess, supervisor: str) -> dict[str, int]:
+    """`label → pid` from a `dynamo.supervisor` run's `[supervisor] started X (pid N)` lines."""
+    pids = {}
+    for line in proc.find_lines(f"[{supervisor}] started"):
+        match = re.search(r"started (\S+) \(pid (\d+)\)", line)
+        if match:
+            pids[match.group(1)] = int(match.group(2))
+    return pids
+
+
+def alive(pid: int) -> bool:
+    """Whether a process with this pid exists (a reaped child does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 class WorkerPool:

@@ -12,13 +12,12 @@ import http.client
 import json
 import os
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import READY_TIMEOUT, WorkerPool, WorkerProcess, free_port
+from helpers import READY_TIMEOUT, WorkerPool, WorkerProcess, free_port, wait_until, wait_until_blocking
 
 #: `dynamo-run` as this Python runs it (the console script's entry point, whichever
 #: Python and PYTHONPATH the tests run with).
@@ -112,18 +111,15 @@ class Frontend:
 
     def wait_live_blocking(self, timeout: float = READY_TIMEOUT) -> None:
         """Wait until the process answers `/live` (blocking the calling thread)."""
-        deadline = time.monotonic() + timeout
-        while True:
+
+        def live() -> bool:
             if self.process.proc.poll() is not None:
                 pytest.fail(f"the frontend exited at start\n{self.process.describe()}")
-            try:
-                http_request(self.port, "GET", "/live", timeout=1.0)
-                return
-            except OSError:
-                pass
-            if time.monotonic() >= deadline:
-                pytest.fail(f"the frontend did not answer /live within {timeout:.0f}s\n{self.process.describe()}")
-            time.sleep(0.05)
+            http_request(self.port, "GET", "/live", timeout=1.0)
+            return True
+
+        wait_until_blocking(live, timeout, lambda: f"the frontend to answer /live\n{self.process.describe()}",
+                            ignore=(OSError,))
 
     async def wait_live(self, timeout: float = READY_TIMEOUT) -> None:
         """Wait until the process answers `/live`."""
@@ -131,36 +127,33 @@ class Frontend:
 
     async def wait_models(self, expected: list[str], timeout: float = READY_TIMEOUT) -> None:
         """Wait until `/v1/models` lists exactly `expected` (any order)."""
-        deadline = time.monotonic() + timeout
         seen: list[str] = []
-        while True:
-            try:
-                seen = await asyncio.to_thread(self.models)
-                if seen == sorted(expected):
-                    return
-            except OSError:
-                pass
-            if time.monotonic() >= deadline:
-                pytest.fail(
-                    f"/v1/models listed {seen}, not {sorted(expected)}, after {timeout:.0f}s\n{self.process.describe()}"
-                )
-            await asyncio.sleep(0.1)
+
+        async def listed() -> bool:
+            nonlocal seen
+            seen = await asyncio.to_thread(self.models)
+            return seen == sorted(expected)
+
+        await wait_until(
+            listed, timeout,
+            lambda: f"/v1/models to list {sorted(expected)} (it listed {seen})\n{self.process.describe()}",
+            interval=0.1, ignore=(OSError,),
+        )
 
     async def wait_status(self, path: str, status: int, timeout: float = READY_TIMEOUT) -> Response:
         """Wait until GET `path` answers `status`; returns that response."""
-        deadline = time.monotonic() + timeout
         last: Response | None = None
-        while True:
-            try:
-                last = await asyncio.to_thread(self.get, path)
-                if last.status == status:
-                    return last
-            except OSError:
-                pass
-            if time.monotonic() >= deadline:
-                got = f"{last.status} {last.body[:300]!r}" if last else "no answer"
-                pytest.fail(f"GET {path} did not answer {status} within {timeout:.0f}s (last: {got})")
-            await asyncio.sleep(0.1)
+
+        async def answered() -> Response | None:
+            nonlocal last
+            last = await asyncio.to_thread(self.get, path)
+            return last if last.status == status else None
+
+        def what() -> str:
+            got = f"{last.status} {last.body[:300]!r}" if last else "no answer"
+            return f"GET {path} to answer {status} (last: {got})"
+
+        return await wait_until(answered, timeout, what, interval=0.1, ignore=(OSError,))
 
 
 def launch_frontend(pool: WorkerPool, out: str, *args: str, env: dict[str, str] | None = None) -> Frontend:

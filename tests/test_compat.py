@@ -12,10 +12,11 @@ import json
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import tomllib
-from helpers import REPO_ROOT, collect, data_of, wait_for_instances
+from helpers import REPO_ROOT, collect, data_of, wait_for_instances, wait_until
 from llm_helpers import chat_body, start_frontend, start_mocker, streamed_content, write_json, write_model_dir
 
 pytestmark = pytest.mark.timeout(120)
@@ -115,7 +116,7 @@ async def test_fresh_clients_spread(workers, runtime, namespace: str) -> None:
 
 
 REFERENCE_ORDER = """
-import asyncio, sys
+import asyncio, pathlib, sys
 from dynamo.llm import ModelType, register_llm
 from dynamo.runtime import DistributedRuntime, dynamo_worker
 
@@ -132,7 +133,13 @@ async def worker(runtime: DistributedRuntime):
     # The reference's order, and registration before the endpoint serves.
     await register_llm(ModelType.Backend, endpoint, None, "early-bird")
     print("REGISTERED", flush=True)
-    await asyncio.sleep(float(sys.argv[2]))
+    # Serve once the test has checked the registered-but-not-serving state (it creates
+    # this file then); 60 s at most.
+    go = pathlib.Path(sys.argv[2])
+    for _ in range(1200):
+        if go.exists():
+            break
+        await asyncio.sleep(0.05)
     print("SERVING", flush=True)
     await endpoint.serve_endpoint(generate)
 
@@ -144,12 +151,22 @@ async def test_register_llm_reference_order_before_serving(workers, namespace: s
     script = tmp_path / "reference_order.py"
     script.write_text(REFERENCE_ORDER)
     frontend = await start_frontend(workers, "dyn")
-    worker = workers.command([sys.executable, str(script), namespace, "3"], name="early")
+    go = tmp_path / "serve-now"
+    worker = workers.command([sys.executable, str(script), namespace, str(go)], name="early")
     await worker.wait_for_line("REGISTERED", 30)
-    # Registered, not serving: the model is not listed (nor routed to) yet.
-    await asyncio.sleep(1.0)
-    if not worker.find_lines("SERVING"):
-        assert "early-bird" not in frontend.models()
+    # Registered, not serving: once the frontend has seen the entry (a request gets 503,
+    # not 404), the model is still not listed, nor routed to.
+    def known() -> Any:
+        response = frontend.post("/v1/chat/completions", chat_body("early-bird", "hi"))
+        return response if response.status != 404 else None
+
+    refused = await wait_until(
+        known, 30, lambda: f"the frontend to see early-bird's entry\n{worker.describe()}", interval=0.1
+    )
+    assert refused.status == 503, refused.body
+    assert "early-bird" not in frontend.models()
+    assert not worker.find_lines("SERVING")
+    go.touch()
     await worker.wait_for_line("SERVING", 30)
     await frontend.wait_models(["early-bird"])
     response = frontend.post("/v1/chat/completions", chat_body("early-bird", "hi", stream=True))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import openai
 import pytest
-from helpers import WorkerPool, WorkerProcess, free_port
+from helpers import WorkerPool, WorkerProcess, free_port, wait_until, wait_until_blocking
 from llm_helpers import HTTP_TIMEOUT, MOCKER, Frontend, http_request, start_frontend, write_json
 
 pytestmark = pytest.mark.timeout(150)
@@ -40,14 +40,15 @@ def metric(port: int, name: str, label: str) -> float:
 
 
 async def wait_metric(port: int, name: str, label: str, at_least: float, timeout: float = 20.0) -> float:
-    deadline = time.monotonic() + timeout
-    while True:
+    value = 0.0
+
+    async def reached() -> bool:
+        nonlocal value
         value = await asyncio.to_thread(metric, port, name, label)
-        if value >= at_least:
-            return value
-        if time.monotonic() >= deadline:
-            pytest.fail(f"{name}{{{label}}} stayed at {value} < {at_least} for {timeout:.0f}s")
-        await asyncio.sleep(0.2)
+        return value >= at_least
+
+    await wait_until(reached, timeout, lambda: f"{name}{{{label}}} to reach {at_least} (it is {value})", interval=0.2)
+    return value
 
 
 class Graph:
@@ -232,14 +233,12 @@ def test_decode_worker_on_nats_without_jetstream_says_so(tmp_path: Path, workers
     nats = spawn([binary, "-a", "127.0.0.1", "-p", str(port)], env=dict(workers_local.env),
                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "nats-server did not start"
-                time.sleep(0.1)
+
+        def accepting() -> bool:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return True
+
+        wait_until_blocking(accepting, 10, "nats-server to accept connections", interval=0.1, ignore=(OSError,))
         (tmp_path / "kv").mkdir()
         env = {**workers_local.env, "DYN_DISCOVERY_BACKEND": "file", "DYN_FILE_KV": str(tmp_path / "kv"),
                "DYN_REQUEST_PLANE": "tcp", "DYN_EVENT_PLANE": "nats", "NATS_SERVER": f"nats://127.0.0.1:{port}",

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import WORKERS_DIR, WorkerPool, WorkerProcess, free_port
+from helpers import WORKERS_DIR, WorkerPool, WorkerProcess, free_port, wait_until
 from llm_helpers import start_frontend
 from test_disagg import MAX_LOCAL, Graph, client, long_completion, prompt, wait_metric
 
@@ -47,12 +47,16 @@ async def start_graph(pool: WorkerPool, namespace: str, model_dir: Path, prefill
 async def lines(worker: WorkerProcess, prefix: str, count: int, timeout: float = 10.0) -> list[str]:
     """The worker's `PREFIX ...` lines once there are `count` of them (its output is read
     by a thread, a moment after it is written)."""
-    deadline = time.monotonic() + timeout
-    while len(found := worker.find_lines(prefix + " ")) < count:
-        if time.monotonic() >= deadline:
-            pytest.fail(f"{len(found)} {prefix} lines after {timeout:.0f}s, expected {count}: {worker.describe()}")
-        await asyncio.sleep(0.05)
-    return found
+    found: list[str] = []
+
+    def enough() -> list[str] | None:
+        nonlocal found
+        found = worker.find_lines(prefix + " ")
+        return found if len(found) >= count else None
+
+    return await wait_until(
+        enough, timeout, lambda: f"{count} {prefix} lines (have {len(found)}): {worker.describe()}"
+    )
 
 
 async def params_lines(worker: WorkerProcess, prefix: str, count: int) -> list[Any]:

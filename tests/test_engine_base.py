@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import WORKERS_DIR, WorkerPool, WorkerProcess
+from helpers import WORKERS_DIR, WorkerPool, WorkerProcess, wait_until
 from llm_helpers import launch_frontend, start_frontend, wait_for_metrics_from
 
 pytestmark = pytest.mark.timeout(120)
@@ -68,12 +68,14 @@ async def test_the_base_serves_an_engine_and_keeps_serving_after_errors(
 
 
 async def worker_lines(worker: WorkerProcess, prefix: str, count: int, timeout: float = 10.0) -> list[str]:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while len(found := worker.find_lines(prefix + " ")) < count:
-        if asyncio.get_running_loop().time() > deadline:
-            pytest.fail(f"{len(found)} {prefix} lines, expected {count}: {worker.describe()}")
-        await asyncio.sleep(0.05)
-    return found
+    found: list[str] = []
+
+    def enough() -> list[str] | None:
+        nonlocal found
+        found = worker.find_lines(prefix + " ")
+        return found if len(found) >= count else None
+
+    return await wait_until(enough, timeout, lambda: f"{count} {prefix} lines (have {len(found)}): {worker.describe()}")
 
 
 async def test_a_stopped_stream_aborts_the_engine_request(workers: WorkerPool, namespace: str, model_dir: Path) -> None:
@@ -121,12 +123,17 @@ async def test_engine_kv_events_and_load_reach_the_event_plane(
     answer = await asyncio.to_thread(completion, frontend, model_dir.name, prompt, max_tokens=1)
     assert answer.status == 200, answer.body
     tokens = list(range(10, 19))
-    for _ in range(100):
+    scores: dict[int, int] = {}
+
+    async def indexed() -> bool:
+        nonlocal scores
         scores = (await indexer.find_matches_for_request(tokens)).scores
-        if scores == {instance: 2}:
-            break
-        await asyncio.sleep(0.1)
-    assert scores == {instance: 2}, worker.describe()
+        return scores == {instance: 2}
+
+    await wait_until(
+        indexed, 10, lambda: f"the prompt's 2 blocks in the index (it shows {scores})\n{worker.describe()}",
+        interval=0.1,
+    )
 
 
 async def test_dynamo_run_runs_a_base_worker_as_its_engine(workers: WorkerPool, model_dir: Path) -> None:

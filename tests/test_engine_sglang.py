@@ -162,7 +162,7 @@ async def test_sglangs_own_kv_event_publisher_feeds_the_kv_index(runtime: Any, n
 
     from dynamo.engine.kv_events import KvEventBridge, ZmqKvEvents
     from dynamo.llm import KvIndexer
-    from helpers import free_port
+    from helpers import free_port, wait_until
     from sglang.srt.disaggregation.kv_events import BlockRemoved, BlockStored, EventBatch, ZmqEventPublisher
 
     component = runtime.namespace(namespace).component("sglang")
@@ -176,15 +176,19 @@ async def test_sglangs_own_kv_event_publisher_feeds_the_kv_index(runtime: Any, n
     hashes = [11, 22, 33]
 
     async def publish_until(event: Any, count: int, what: str) -> None:
-        deadline = time.monotonic() + 15
-        while True:
-            publisher.publish(EventBatch(ts=time.time(), events=[event]))
-            await asyncio.sleep(0.1)
+        # A PUB socket drops what it sends before the subscriber is connected: resend until seen.
+        scores: dict[int, int] = {}
+
+        async def indexed() -> bool:
+            nonlocal scores
             scores = (await indexer.find_matches_for_request(tokens)).scores
             if list(scores.values()) == [count]:
-                return
-            if time.monotonic() > deadline:
-                pytest.fail(f"{what}: the index shows {scores}, expected {count} blocks")
+                return True
+            publisher.publish(EventBatch(ts=time.time(), events=[event]))
+            return False
+
+        await wait_until(indexed, 15, lambda: f"{what}: the index shows {scores}, expected {count} blocks",
+                         interval=0.1)
 
     try:
         await publish_until(BlockStored(block_hashes=hashes, parent_block_hash=None, token_ids=tokens, block_size=4,

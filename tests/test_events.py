@@ -94,8 +94,25 @@ async def test_subscribers_only_see_their_subject(runtime, namespace):
     unwanted = Inbox(await ns.subscribe("unwanted"))
     try:
         await publish_until_received(ns, "wanted", wanted, make_event=lambda n: n, accept=lambda e: True)
-        await asyncio.sleep(0.3)
-        assert unwanted.queue.empty()
+        # Not a sleep and a look: markers on "unwanted" show what reached it. Once the first
+        # arrives, both subscriptions are live; one more "wanted" event, then markers of a
+        # second round behind it (one publisher's events arrive in order): when one of
+        # those arrives, a leaked "wanted" event would have arrived before it.
+        seen: list[Any] = []
+
+        def marker(round_: str) -> Any:
+            def accept(event: Any) -> bool:
+                seen.append(event)
+                return isinstance(event, dict) and event.get("marker") == round_
+
+            return accept
+
+        await publish_until_received(ns, "unwanted", unwanted, make_event=lambda n: {"marker": "first", "n": n},
+                                     accept=marker("first"))
+        await ns.publish("wanted", "late")
+        await publish_until_received(ns, "unwanted", unwanted, make_event=lambda n: {"marker": "second", "n": n},
+                                     accept=marker("second"))
+        assert [e for e in seen if not (isinstance(e, dict) and "marker" in e)] == [], seen
     finally:
         wanted.close()
         unwanted.close()

@@ -10,6 +10,7 @@ import copy
 import http.client
 import json
 import random
+import re
 import socket
 import threading
 import time
@@ -19,7 +20,7 @@ from typing import Any
 
 import openai
 import pytest
-from helpers import WorkerPool
+from helpers import WorkerPool, wait_until_blocking
 from llm_helpers import (
     HTTP_TIMEOUT,
     Frontend,
@@ -83,6 +84,14 @@ def client(frontend: Frontend, key: str = "unused") -> openai.OpenAI:
     return openai.OpenAI(base_url=frontend.base_url, api_key=key, max_retries=0, timeout=HTTP_TIMEOUT)
 
 
+def inflight(port: int, model: str) -> int:
+    """The frontend's `dynamo_frontend_inflight_requests` of `model` (requests whose body
+    was read and whose engine call started, until their response ends)."""
+    text = http_request(port, "GET", "/metrics", timeout=HTTP_TIMEOUT).body.decode()
+    match = re.search(rf'^dynamo_frontend_inflight_requests{{model="{re.escape(model)}"}} (\d+)$', text, re.M)
+    return int(match.group(1)) if match else 0
+
+
 def rss_bytes(pid: int) -> tuple[int, int]:
     """(VmRSS, VmHWM) of `pid`, in bytes."""
     fields = {}
@@ -124,7 +133,10 @@ def test_small_requests_are_answered_while_big_prompts_tokenize(tiny: Frontend) 
     bigs = [threading.Thread(target=send, args=(f"big{i}", big)) for i in range(6)]
     for t in bigs:
         t.start()
-    time.sleep(0.2)  # the big bodies are uploaded and being tokenized
+    # All six bodies are uploaded and being tokenized (or queued for it): in flight.
+    wait_until_blocking(lambda: inflight(tiny.port, TINY) == 6 or len(finished) > 0, HTTP_TIMEOUT,
+                        lambda: f"six big requests in flight (finished: {finished})")
+    assert not finished, f"a big prompt was answered before the small request was sent: {statuses}"
     health = http_request(tiny.port, "GET", "/health", timeout=HTTP_TIMEOUT)
     health_done = time.monotonic()
     send("small", chat_body(TINY, "w5 w6", max_tokens=2))
@@ -187,14 +199,11 @@ def test_the_inflight_cap_answers_503_with_retry_after(guarded: Frontend) -> Non
         assert guarded.get("/health").status == 200
     finally:
         conn.close()
-    deadline = time.monotonic() + HTTP_TIMEOUT
-    while True:
-        resp = http_request(guarded.port, "POST", "/v1/completions",
-                            json.dumps({"model": ECHO, "prompt": "ok", "max_tokens": 1}).encode(), auth)
-        if resp.status == 200:
-            break
-        assert time.monotonic() < deadline, "the in-flight slot was not released"
-        time.sleep(0.1)
+    small = json.dumps({"model": ECHO, "prompt": "ok", "max_tokens": 1}).encode()
+    wait_until_blocking(
+        lambda: http_request(guarded.port, "POST", "/v1/completions", small, auth).status == 200,
+        HTTP_TIMEOUT, "the in-flight slot to be released", interval=0.1,
+    )
 
 
 # --------------------------------------------------------------------------- operability
@@ -334,7 +343,7 @@ def test_fuzzed_bodies_get_no_5xx_and_the_server_survives(echo: Frontend) -> Non
     rng = random.Random(9)
     statuses: dict[int, int] = {}
     conn = http.client.HTTPConnection("127.0.0.1", echo.port, timeout=HTTP_TIMEOUT)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 60  # a budget for the fuzzing (3000 bodies or 60 s), not a wait
     sent = 0
     try:
         while sent < 3000 and time.monotonic() < deadline:

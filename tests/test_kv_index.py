@@ -187,21 +187,19 @@ async def test_publisher_to_indexer_across_processes(runtime, workers, namespace
     assert event["gpu_cache_usage_perc"] == pytest.approx(0.5)
 
     # The worker leaves discovery: its blocks leave the index. (The indexer looks at
-    # discovery every second and forgets only workers it saw there: give it one look.)
+    # discovery every second and forgets only workers it saw there: give it one look. A
+    # fixed wait, not a poll: the indexer exposes no sign of having looked.)
     await asyncio.sleep(1.5)
     worker.terminate()
     scores: dict[int, int] = {}
 
-    async def poll() -> None:
+    async def forgotten() -> bool:
         nonlocal scores
         scores = (await indexer.find_matches_for_request(tokens)).scores
+        return not scores
 
-    deadline = asyncio.get_running_loop().time() + DELIVERY_TIMEOUT
-    await poll()
-    while scores:
-        assert asyncio.get_running_loop().time() < deadline, f"departed worker still indexed: {scores}"
-        await asyncio.sleep(0.1)
-        await poll()
+    await wait_until(forgotten, DELIVERY_TIMEOUT, lambda: f"the departed worker to leave the index (still {scores})",
+                     interval=0.1)
 
 
 async def test_publisher_rejects_bad_input(runtime, namespace):

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import LEASE_TTL, WorkerPool, WorkerProcess, bounded, collect, wait_for_instances
+from helpers import LEASE_TTL, WorkerPool, WorkerProcess, bounded, collect, wait_for_instances, wait_until
 from llm_helpers import HTTP_TIMEOUT, chat_body, start_frontend, start_mocker, wait_for_metrics_from, write_json
 
 pytestmark = pytest.mark.timeout(180)
@@ -172,6 +172,9 @@ async def test_two_frontends_share_their_routing_decisions(
     for prefix in range(4):
         for repeat in range(6):
             await post_ok(frontends[repeat % 2], chat_body(model_dir.name, prefix_prompt(prefix, repeat), max_tokens=2))
+            # A fixed gap, not a poll: a frontend shows no sign of having applied a peer's
+            # decision, so this is the time the decision gets to travel (the assertion
+            # below allows two prefixes computed twice for a late one).
             await asyncio.sleep(0.1)
 
     holders = await holders_of_blocks(events)
@@ -193,10 +196,8 @@ async def test_a_new_frontend_starts_from_a_peers_snapshot(
     second = await start_frontend(workers, "dyn", *APPROX, env=env)
     await second.wait_models([model_dir.name])
     restored = "router replica restored a peer's snapshot"
-    deadline = time.monotonic() + 20
-    while restored not in second.process.stderr_tail(100_000) and time.monotonic() < deadline:
-        await asyncio.sleep(0.1)
-    assert restored in second.process.stderr_tail(100_000), second.process.describe()
+    await wait_until(lambda: restored in second.process.stderr_tail(100_000), 20,
+                     lambda: f"the second frontend to log {restored!r}\n{second.process.describe()}", interval=0.1)
     for prefix in range(4):
         await post_ok(second, chat_body(model_dir.name, prefix_prompt(prefix, 1), max_tokens=2))
 
@@ -219,6 +220,10 @@ async def test_busy_threshold_answers_503_while_every_worker_is_full(
     await frontend.wait_models([model_dir.name])
     small = chat_body(model_dir.name, "w5 w6", max_tokens=1)
 
+    async def answered(status: int) -> Any:
+        response = await asyncio.to_thread(frontend.post, "/v1/chat/completions", small)
+        return response if response.status == status else None
+
     # A request of ~41 blocks (growing by one every 4 tokens) holds the worker over the
     # threshold for ~10 s.
     big = chat_body(model_dir.name, prefix_prompt(0, 0) + " " + prefix_prompt(1, 0), max_tokens=100, stream=True)
@@ -233,12 +238,7 @@ async def test_busy_threshold_answers_503_while_every_worker_is_full(
         assert head.startswith(b"HTTP/1.1 200"), head[:200]
 
         # Once the router knows the worker's size (its first metrics), requests are refused.
-        deadline = time.monotonic() + 15
-        response = await asyncio.to_thread(frontend.post, "/v1/chat/completions", small)
-        while response.status != 503 and time.monotonic() < deadline:
-            await asyncio.sleep(0.2)
-            response = await asyncio.to_thread(frontend.post, "/v1/chat/completions", small)
-        assert response.status == 503, response
+        response = await wait_until(lambda: answered(503), 15, "a small request refused as busy", interval=0.2)
         assert response.headers.get("retry-after") == "1", response.headers
         error = response.json()["error"]
         assert error["type"] == "service_unavailable" and "busy" in error["message"], error
@@ -249,12 +249,7 @@ async def test_busy_threshold_answers_503_while_every_worker_is_full(
         sock.close()
 
     # The client went away: its blocks are freed and the worker serves again.
-    deadline = time.monotonic() + 15
-    response = await asyncio.to_thread(frontend.post, "/v1/chat/completions", small)
-    while response.status != 200 and time.monotonic() < deadline:
-        await asyncio.sleep(0.2)
-        response = await asyncio.to_thread(frontend.post, "/v1/chat/completions", small)
-    assert response.status == 200, response
+    await wait_until(lambda: answered(200), 15, "a small request served once the big one left", interval=0.2)
 
 
 async def test_python_kv_router_and_router_component_follow_the_workers(
@@ -295,10 +290,7 @@ async def test_python_kv_router_and_router_component_follow_the_workers(
         worker, overlap = await router.best_worker([*prompt, 7, 8, 9, 10])
         return d == {"worker_id": holder, "overlap_blocks": 10} and (worker, overlap) == (holder, 10)
 
-    deadline = time.monotonic() + 15
-    while not await routed_to_holder():
-        assert time.monotonic() < deadline, "the routers did not learn the holder's cached prefix"
-        await asyncio.sleep(0.2)
+    await wait_until(routed_to_holder, 15, "the routers to learn the holder's cached prefix", interval=0.2)
     assert await router.schedule(prompt) == holder
 
     # Bad requests are the handler's error; an endpoint without instances raises.
@@ -343,14 +335,20 @@ async def test_a_worker_that_leaves_is_removed_from_the_index(
         return {w: (await indexer.find_matches_for_request(p)).scores for w, p in prompts.items()}
 
     async def until(expected: dict[int, dict[int, int]], timeout: float, what: str) -> None:
-        deadline = time.monotonic() + timeout
-        while (seen := await scores()) != expected:
-            assert time.monotonic() < deadline, f"{what}: the index shows {seen}, expected {expected}"
-            await asyncio.sleep(0.1)
+        seen: dict[int, dict[int, int]] = {}
+
+        async def shown() -> bool:
+            nonlocal seen
+            seen = await scores()
+            return seen == expected
+
+        await wait_until(shown, timeout, lambda: f"{what}: the index shows {seen}, expected {expected}", interval=0.1)
 
     held = {victim: {victim: 10}, survivor: {survivor: 10}}
     await until(held, 15, "the workers' KV events")
-    # The indexer forgets only workers it saw listed: give it one look at both.
+    # The indexer forgets only workers it saw listed: give it one look at both. A fixed
+    # wait, not a poll: the indexer exposes no sign of having looked (no counter, no
+    # Python-visible log), so one poll interval and a margin is the bound.
     await asyncio.sleep(INDEXER_POLL + 0.5)
 
     process_of[victim].send_signal(stop)

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from dynamo._core import ConfigError, DynamoError
 from dynamo.runtime import DistributedRuntime
-from helpers import shutdown_runtime
+from helpers import shutdown_runtime, wait_until
 
 
 async def test_put_get_prefix_and_create(runtime, namespace):
@@ -47,16 +47,13 @@ async def test_leased_keys_vanish_with_their_process(runtime, namespace):
     async def keys() -> list[str]:
         return [e["key"] for e in await kv.kv_get_prefix(f"{namespace}/")]
 
-    await wait_until_async(keys, [f"{namespace}/kept"])
+    got: list[str] = []
+
+    async def only_kept() -> bool:
+        nonlocal got
+        got = await keys()
+        return got == [f"{namespace}/kept"]
+
+    await wait_until(only_kept, 10.0, lambda: f"only {namespace}/kept (still {got})")
     await kv.kv_delete(f"{namespace}/kept")
 
-
-async def wait_until_async(probe, expected, timeout: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        got = await probe()
-        if got == expected:
-            return
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"expected {expected}, still {got}")
-        await asyncio.sleep(0.05)

@@ -3,7 +3,6 @@ on the event plane by `ZmqKvEventPublisher` and indexed by a `KvIndexer`."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
@@ -14,7 +13,7 @@ msgpack = pytest.importorskip("msgpack", reason="the ZMQ KV source needs msgpack
 
 from dynamo.llm import KvIndexer, ZmqKvEventPublisher, ZmqKvEventPublisherConfig  # noqa: E402
 from dynamo.llm.zmq_kv import block_id, decode_kv_event_batch  # noqa: E402
-from helpers import free_port  # noqa: E402
+from helpers import free_port, wait_until  # noqa: E402
 
 #: Bound on events getting from the PUB socket into the indexer (PUB/SUB joins late, so
 #: the test publishes repeatedly meanwhile).
@@ -71,17 +70,22 @@ async def test_zmq_events_reach_the_indexer(runtime, namespace):
     tokens = list(range(12))
 
     async def send_until(payload: bytes, expected: dict[int, int], what: str) -> None:
-        nonlocal seq
-        deadline = time.monotonic() + DELIVERY_TIMEOUT
-        while True:
-            pub.send_multipart([b"kv", seq.to_bytes(8, "big"), payload])
-            seq += 1
-            await asyncio.sleep(0.1)
+        # PUB/SUB joins late: resend until the index shows it.
+        scores: dict[int, int] = {}
+
+        async def indexed() -> bool:
+            nonlocal seq, scores
             scores = (await indexer.find_matches_for_request(tokens)).scores
             if scores == expected:
-                return
-            if time.monotonic() > deadline:
-                pytest.fail(f"{what}: indexer shows {scores}, expected {expected} (bridge {bridge.stats})")
+                return True
+            pub.send_multipart([b"kv", seq.to_bytes(8, "big"), payload])
+            seq += 1
+            return False
+
+        await wait_until(
+            indexed, DELIVERY_TIMEOUT,
+            lambda: f"{what}: indexer shows {scores}, expected {expected} (bridge {bridge.stats})", interval=0.1,
+        )
 
     try:
         assert bridge.worker_id == 77
@@ -95,10 +99,8 @@ async def test_zmq_events_reach_the_indexer(runtime, namespace):
         pub.send_multipart([b"other", seq.to_bytes(8, "big"), batch(stored([10], tokens[:4]))])
         pub.send_multipart([b"kv", (seq + 5).to_bytes(8, "big"), b"\xc1"])
         errors_before = bridge.stats.decode_errors
-        deadline = time.monotonic() + DELIVERY_TIMEOUT
-        while bridge.stats.decode_errors == errors_before:
-            assert time.monotonic() < deadline, "the undecodable batch was never seen"
-            await asyncio.sleep(0.05)
+        await wait_until(lambda: bridge.stats.decode_errors != errors_before, DELIVERY_TIMEOUT,
+                         "the undecodable batch to be seen")
         assert bridge.stats.seq_gaps >= 1
         assert (await indexer.find_matches_for_request(tokens)).scores == {}
         assert indexer.stats()["unknown_parents"] == 0

@@ -7,16 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import socket
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
-from helpers import EXAMPLES_DIR, WorkerPool, wait_for_instances
+from helpers import EXAMPLES_DIR, WorkerPool, alive, started_pids, wait_for_instances, wait_until
 from llm_helpers import (
     DYNAMO_RUN,
     HTTP_TIMEOUT,
@@ -126,12 +126,22 @@ async def test_mocker_num_workers(
         response = frontend.post("/v1/chat/completions", chat_body(model_dir.name, "w9", max_tokens=2))
         assert response.status == 200, response
 
+    # Each worker runs under dynamo.supervisor: its own process group, in the launcher's session.
+    pids = started_pids(supervisor, "mocker")
+    assert sorted(pids) == ["mocker[0]", "mocker[1]"], supervisor.describe()
+    assert {label: (os.getpgid(pid) == pid, os.getsid(pid)) for label, pid in pids.items()} == {
+        label: (True, os.getsid(supervisor.pid)) for label in pids
+    }
+
+    # SIGTERM to the launcher stops every worker: each exits (reaped by the launcher,
+    # which exits 0) and deregisters.
     supervisor.send_signal(signal.SIGTERM)
     assert await supervisor.wait_exit(45) == 0, supervisor.describe()
-    deadline = time.monotonic() + 20
-    while endpoint_client.instance_ids() and time.monotonic() < deadline:
-        await asyncio.sleep(0.1)
-    assert endpoint_client.instance_ids() == []
+    assert [label for label, pid in pids.items() if alive(pid)] == [], supervisor.describe()
+    await wait_until(
+        lambda: endpoint_client.instance_ids() == [], 20,
+        lambda: f"the workers to deregister (still {endpoint_client.instance_ids()})",
+    )
 
 
 async def test_model_without_instances_is_503(workers: WorkerPool, namespace: str) -> None:
@@ -140,11 +150,14 @@ async def test_model_without_instances_is_503(workers: WorkerPool, namespace: st
     # The entry and its card are there, but nothing serves the endpoint: the model is not
     # routable, so it is not listed and the frontend is not healthy.
     body = chat_body("orphan", "hello")
-    deadline = time.monotonic() + 20
-    response = frontend.post("/v1/chat/completions", body)
-    while response.status == 404 and time.monotonic() < deadline:
-        await asyncio.sleep(0.1)
+
+    def answered() -> Any:
         response = frontend.post("/v1/chat/completions", body)
+        return response if response.status != 404 else None
+
+    response = await wait_until(
+        answered, 20, lambda: f"the frontend to see the orphan's entry\n{orphan.describe()}", interval=0.1
+    )
     assert response.status == 503, (response, orphan.describe())
     error = response.json()["error"]
     assert error["type"] == "service_unavailable" and error["message"]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import openai
 import pytest
-from helpers import EXAMPLES_DIR, free_port, wait_for_instances
+from helpers import EXAMPLES_DIR, free_port, wait_for_instances, wait_until
 from llm_helpers import wait_for_metrics_from
 
 LLM = EXAMPLES_DIR / "llm"
@@ -50,16 +50,11 @@ def openai_client(port: int) -> openai.AsyncOpenAI:
 
 
 async def wait_model(client: openai.AsyncOpenAI, model: str, timeout: float = 60.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        try:
-            if model in [m.id async for m in client.models.list()]:
-                return
-        except openai.APIConnectionError:
-            pass
-        if asyncio.get_running_loop().time() > deadline:
-            pytest.fail(f"model {model} not listed within {timeout:.0f}s")
-        await asyncio.sleep(0.2)
+
+    async def listed() -> bool:
+        return model in [m.id async for m in client.models.list()]
+
+    await wait_until(listed, timeout, f"model {model} to be listed", interval=0.2, ignore=(openai.APIConnectionError,))
 
 
 async def stream_chat(client: openai.AsyncOpenAI, content: str, max_tokens: int = 8) -> tuple[int, str | None]:
@@ -154,19 +149,21 @@ async def test_agg_router_graph_routes_by_kv_cache(workers, runtime, namespace) 
         request = {"token_ids": prompt, "stop_conditions": {"max_tokens": 2}}
         items = [item async for item in await worker_client.direct(request, worker)]
         assert items, "the worker answered nothing"
-        deadline = asyncio.get_running_loop().time() + 15
-        while (await indexer.find_matches_for_request(prompt)).scores != {worker: 8}:
-            assert asyncio.get_running_loop().time() < deadline, "the worker's KV events did not arrive"
-            await asyncio.sleep(0.1)
+
+        async def indexed(prompt: list[int] = prompt, worker: int = worker) -> bool:
+            return (await indexer.find_matches_for_request(prompt)).scores == {worker: 8}
+
+        await wait_until(indexed, 15, "the worker's KV events", interval=0.1)
         # The Router's own subscription gets the same events: probe it with the first two
         # blocks until it has them (a probe sent elsewhere meanwhile is counted there as
         # two predicted blocks, fewer than the eight the worker holds).
         probe = {"token_ids": prompt[: 2 * BLOCK_SIZE]}
-        while [item.data() async for item in await router.generate(probe)] != [
-            {"worker_id": worker, "prefix_hit_rate": 1.0}
-        ]:
-            assert asyncio.get_running_loop().time() < deadline, "the Router did not follow the KV events"
-            await asyncio.sleep(0.2)
+
+        async def followed(probe: dict = probe, worker: int = worker) -> bool:
+            answer = [item.data() async for item in await router.generate(probe)]
+            return answer == [{"worker_id": worker, "prefix_hit_rate": 1.0}]
+
+        await wait_until(followed, 15, "the Router to follow the KV events", interval=0.2)
         stream = await router.generate({"token_ids": [*prompt, 5, 6, 7]})
         assert [item.data() async for item in stream] == [{"worker_id": worker, "prefix_hit_rate": 1.0}]
 

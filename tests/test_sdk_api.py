@@ -8,7 +8,6 @@ from __future__ import annotations
 import http.client
 import json
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -16,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from helpers import READY_TIMEOUT, WorkerPool, WorkerProcess, free_port
+from helpers import READY_TIMEOUT, WorkerPool, WorkerProcess, free_port, wait_until_blocking
 from llm_helpers import local_env
 
 GRAPHS = Path(__file__).parent / "sdk_graphs"
@@ -35,11 +34,12 @@ class Reply:
 
 
 def wait_for_line(proc: WorkerProcess, text: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not proc.find_lines(text):
-        if proc.proc.poll() is not None or time.monotonic() > deadline:
+    def printed() -> bool:
+        if proc.proc.poll() is not None:
             pytest.fail(f"no '{text}' line\n{proc.describe()}")
-        time.sleep(0.05)
+        return bool(proc.find_lines(text))
+
+    wait_until_blocking(printed, timeout, lambda: f"a '{text}' line\n{proc.describe()}")
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from helpers import EXAMPLES_DIR, READY_TIMEOUT, free_port, request, wait_for_instances
+from helpers import EXAMPLES_DIR, READY_TIMEOUT, alive, free_port, request, started_pids, wait_for_instances
 
 GRAPHS = Path(__file__).parent / "sdk_graphs"
 HELLO = EXAMPLES_DIR / "hello_world"
@@ -28,24 +28,6 @@ def serve_argv(*args: str) -> list[str]:
 def namespace_overrides(namespace: str, *services: str) -> list[str]:
     """Put every service of the graph in this test's namespace."""
     return [f"--{s}.ServiceArgs.dynamo.namespace={namespace}" for s in services]
-
-
-def started_pids(proc) -> dict[str, int]:
-    """`label → pid` from the supervisor's `started X[i] (pid N)` lines."""
-    pids = {}
-    for line in proc.find_lines("[dynamo serve] started"):
-        match = re.search(r"started (\S+) \(pid (\d+)\)", line)
-        if match:
-            pids[match.group(1)] = int(match.group(2))
-    return pids
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def http_post(url: str, body: bytes, timeout: float = 20) -> str:
@@ -71,7 +53,7 @@ async def test_hello_world_graph(backend, workers, runtime, namespace):
     for label in ("Backend[0]", "Backend[1]", "Middle[0]", "Middle[1]"):
         await serve.wait_for_line(f"{label} | {label.split('[')[0]} ready", READY_TIMEOUT)
     await serve.wait_for_line("Frontend[0] | Frontend ready", READY_TIMEOUT)
-    pids = started_pids(serve)
+    pids = started_pids(serve, "dynamo serve")
     assert sorted(pids) == ["Backend[0]", "Backend[1]", "Frontend[0]", "Middle[0]", "Middle[1]"], serve.describe()
     # Each child leads its own process group (stopped as one) but stays in the
     # supervisor's session: with Linux's autogroup, a session of its own would schedule
@@ -114,7 +96,7 @@ async def test_failing_service_stops_the_graph(backend, workers, namespace):
     assert "boom: cannot load /nonexistent/model" in output
     assert re.search(r"Backend\[0\] exited with status 1", output), output
     assert "the graph failed" in output
-    assert [pid for pid in started_pids(serve).values() if alive(pid)] == []
+    assert [pid for pid in started_pids(serve, "dynamo serve").values() if alive(pid)] == []
 
 
 async def test_restart_on_failure(backend, workers, runtime, namespace, tmp_path):
@@ -199,7 +181,7 @@ async def test_link_example(backend, workers, namespace):
     )
     for name in services:
         await serve.wait_for_line(f"{name}[0] | {name} ready", READY_TIMEOUT)
-    assert sorted(started_pids(serve)) == ["FastRouter[0]", "Frontend[0]", "SpongeWorker[0]"]
+    assert sorted(started_pids(serve, "dynamo serve")) == ["FastRouter[0]", "Frontend[0]", "SpongeWorker[0]"]
     body = await http_post_async(f"http://127.0.0.1:{port}/generate", b'{"text": "hello world"}')
     words = [line.removeprefix("data: ") for line in body.splitlines() if line]
     assert [w.lower() for w in words] == ["hello", "world"], body

@@ -353,7 +353,7 @@ async def test_vllms_own_kv_event_publisher_feeds_the_kv_index(runtime: Any, nam
     import time
 
     from dynamo.llm import KvIndexer, ZmqKvEventPublisher, ZmqKvEventPublisherConfig
-    from helpers import free_port
+    from helpers import free_port, wait_until
     from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVEventBatch, ZmqEventPublisher
 
     component = runtime.namespace(namespace).component("vllm")
@@ -368,16 +368,21 @@ async def test_vllms_own_kv_event_publisher_feeds_the_kv_index(runtime: Any, nam
     hashes = [bytes([i]) * 32 for i in (1, 2, 3)]
 
     async def publish_until(event: Any, expected: dict[int, int], what: str) -> None:
-        # A PUB socket drops what it sends before the subscriber is connected: resend.
-        deadline = time.monotonic() + 15
-        while True:
-            publisher.publish(KVEventBatch(ts=time.time(), events=[event]))
-            await asyncio.sleep(0.1)
+        # A PUB socket drops what it sends before the subscriber is connected: resend until seen.
+        scores: dict[int, int] = {}
+
+        async def indexed() -> bool:
+            nonlocal scores
             scores = (await indexer.find_matches_for_request(tokens)).scores
             if scores == expected:
-                return
-            if time.monotonic() > deadline:
-                pytest.fail(f"{what}: the index shows {scores}, expected {expected} (bridge {bridge.stats})")
+                return True
+            publisher.publish(KVEventBatch(ts=time.time(), events=[event]))
+            return False
+
+        await wait_until(
+            indexed, 15, lambda: f"{what}: the index shows {scores}, expected {expected} (bridge {bridge.stats})",
+            interval=0.1,
+        )
 
     try:
         stored = BlockStored(block_hashes=hashes, parent_block_hash=None, token_ids=tokens, block_size=4,

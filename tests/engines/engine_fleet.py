@@ -10,14 +10,13 @@ import importlib.util
 import os
 import signal
 import sys
-import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import WorkerPool, WorkerProcess, backend_overrides, free_port
+from helpers import WorkerPool, WorkerProcess, backend_overrides, free_port, wait_until_blocking
 from llm_helpers import DYNAMO_RUN, Frontend, http_request, local_env
 
 #: Why the tier cannot run here, or None.
@@ -61,30 +60,36 @@ def engine_env(base: dict[str, str]) -> dict[str, str]:
 def wait_http(proc: WorkerProcess, port: int, path: str, ok: Any, timeout: float = ENGINE_START_TIMEOUT) -> None:
     """Wait until GET ``path`` on ``port`` satisfies ``ok(response)``; fails naming the
     process when it exits or the time runs out."""
-    deadline = time.monotonic() + timeout
     last = "no answer"
-    while True:
+
+    def ready() -> bool:
+        nonlocal last
         if proc.proc.poll() is not None:
             pytest.fail(f"{proc.name} exited while starting\n{proc.describe()}")
         try:
             resp = http_request(port, "GET", path, timeout=2.0)
-            if ok(resp):
-                return
-            last = f"{resp.status} {resp.body[:200]!r}"
         except OSError as e:
             last = str(e)
-        if time.monotonic() >= deadline:
-            pytest.fail(f"{proc.name}: GET {path} not ready within {timeout:.0f}s (last: {last})\n{proc.describe()}")
-        time.sleep(0.25)
+            return False
+        last = f"{resp.status} {resp.body[:200]!r}"
+        return bool(ok(resp))
+
+    wait_until_blocking(
+        ready, timeout, lambda: f"{proc.name}: GET {path} to be ready (last: {last})\n{proc.describe()}", interval=0.25
+    )
 
 
 def wait_log(proc: WorkerProcess, text: str, timeout: float = ENGINE_START_TIMEOUT) -> None:
     """Wait until ``proc``'s stderr (its log) contains ``text``."""
-    deadline = time.monotonic() + timeout
-    while text not in proc.stderr_tail(1 << 20):
-        if proc.proc.poll() is not None or time.monotonic() >= deadline:
-            pytest.fail(f"{proc.name} never logged {text!r}\n{proc.describe()}")
-        time.sleep(0.25)
+
+    def logged() -> bool:
+        if text in proc.stderr_tail(1 << 20):
+            return True
+        if proc.proc.poll() is not None:
+            pytest.fail(f"{proc.name} exited without logging {text!r}\n{proc.describe()}")
+        return False
+
+    wait_until_blocking(logged, timeout, lambda: f"{proc.name} to log {text!r}\n{proc.describe()}", interval=0.25)
 
 
 def models_of(resp: Any) -> list[str]:
@@ -164,16 +169,17 @@ def engine_core_of(worker: WorkerProcess) -> int:
     waiting up to 30 s for it to appear."""
     import psutil
 
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+
+    def engine_core() -> int | None:
         for child in psutil.Process(worker.pid).children(recursive=True):
             try:
                 if "EngineCore" in child.name() or "EngineCore" in " ".join(child.cmdline()):
                     return int(child.pid)
             except psutil.NoSuchProcess:
                 continue
-        time.sleep(0.2)
-    pytest.fail(f"no EngineCore process under {worker.name}")
+        return None
+
+    return wait_until_blocking(engine_core, 30, f"an EngineCore process under {worker.name}", interval=0.2)
 
 
 def stop_all(pool: WorkerPool, grace: float = 20.0) -> None:

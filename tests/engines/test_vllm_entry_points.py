@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from engine_fleet import ENGINE_FLAGS, MODEL, engine_core_of, engine_env, fleet_env, models_of, stop_all, wait_http
-from helpers import EXAMPLES_DIR, WorkerPool, WorkerProcess, free_port
+from helpers import EXAMPLES_DIR, WorkerPool, WorkerProcess, free_port, wait_until_blocking
 from llm_helpers import DYNAMO_RUN, local_env, post_json, sse_data
 
 pytestmark = pytest.mark.timeout(240)
@@ -86,10 +86,9 @@ def test_a_killed_engine_ends_the_stream_with_an_error_and_the_run_stops(dynamo_
     assert payloads[-1] != "[DONE]", payloads[-3:]
     assert "error" in json.loads(payloads[-1]), payloads[-1]
     # The worker shut down, and with it the run, naming its child's exit.
-    deadline = time.monotonic() + 60
-    while dynamo_run.process.proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert dynamo_run.process.proc.returncode not in (None, 0), dynamo_run.process.describe()
+    wait_until_blocking(lambda: dynamo_run.process.proc.poll() is not None, 60,
+                        lambda: f"dynamo-run to exit\n{dynamo_run.process.describe()}", interval=0.2)
+    assert dynamo_run.process.proc.returncode != 0, dynamo_run.process.describe()
     assert "python -m dynamo.vllm" in dynamo_run.process.stderr_tail(), dynamo_run.process.stderr_tail()
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 from engine_fleet import MODEL, Fleet, engine_core_of, fleet_env, stop_all
-from helpers import WorkerPool, WorkerProcess, bounded
+from helpers import WorkerPool, WorkerProcess, wait_until
 from llm_helpers import first_load_report, post_json, sse_data, wait_for_metrics_from
 
 pytestmark = pytest.mark.timeout(240)
@@ -111,15 +111,12 @@ async def test_load_metrics_and_kv_events_send_a_shared_prefix_to_its_holder(
     first = complete(fleet, SHARED + " first")
     assert cached(first) == 0
 
-    async def held() -> dict[int, int]:
-        while True:
-            scores = (await indexer.find_matches_for_request(tokens)).scores
-            if scores and max(scores.values()) >= prefix_blocks - 1:
-                return scores
-            await asyncio.sleep(0.05)
+    async def held() -> dict[int, int] | None:
+        scores = (await indexer.find_matches_for_request(tokens)).scores
+        return scores if scores and max(scores.values()) >= prefix_blocks - 1 else None
 
     # vLLM's events reached the event plane (and so the frontend's router).
-    scores = await bounded(held(), 20, "the first prompt's blocks in the KV index")
+    scores = await wait_until(held, 20, "the first prompt's blocks in the KV index")
     assert len(scores) == 1, scores
     holder = next(iter(scores))
     for i in range(4):

@@ -14,13 +14,12 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from helpers import LEASE_TTL, WorkerPool, WorkerProcess, free_port, spawn
+from helpers import LEASE_TTL, WorkerPool, WorkerProcess, free_port, spawn, wait_until_blocking
 from llm_helpers import DYNAMO_RUN, MOCKER, Frontend, write_json
 
 #: Shorter liveness bounds for the suite (seconds). See docs/architecture.md for the defaults.
@@ -59,17 +58,14 @@ class Server:
     def start(self) -> None:
         with open(self.log, "a") as out:
             self.proc = spawn(self.argv, env=dict(os.environ), stdout=out, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + SERVER_START_TIMEOUT
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
+        proc = self.proc
+
+        def started() -> bool:
+            if proc.poll() is not None:
                 pytest.fail(f"{self.name} exited at start:\n{self.log.read_text(errors='replace')[-3000:]}")
-            try:
-                if self.ready():
-                    return
-            except OSError:
-                pass
-            time.sleep(0.05)
-        pytest.fail(f"{self.name} did not start within {SERVER_START_TIMEOUT:.0f}s")
+            return self.ready()
+
+        wait_until_blocking(started, SERVER_START_TIMEOUT, f"{self.name} to start", ignore=(OSError,))
 
     def kill(self) -> None:
         """SIGKILL and reap."""

@@ -9,17 +9,15 @@ worker with its own instance id on the same endpoint.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import signal
-import subprocess
 import sys
 import tempfile
-import threading
-import time
 from collections.abc import Sequence
 from pathlib import Path
-from types import FrameType
-from typing import IO
+
+from dynamo.supervisor import ChildSpec, Supervisor
 
 DEFAULT_ENDPOINT = "dyn://dynamo.mocker.generate"
 #: Seconds the children get to shut down after a forwarded signal before SIGKILL.
@@ -131,14 +129,6 @@ def run_worker(args: argparse.Namespace) -> int:
         return run_dynamo_run(dynamo_run_argv(args, f.name))
 
 
-def _forward_output(index: int, stream: IO[bytes], out: IO[str], lock: threading.Lock) -> None:
-    for raw in stream:
-        line = raw.decode(errors="replace").rstrip("\n")
-        with lock:
-            out.write(f"[worker {index}] {line}\n")
-            out.flush()
-
-
 def child_argv(argv: Sequence[str]) -> list[str]:
     """This command again, as one worker (``--num-workers 1``)."""
     rest: list[str] = []
@@ -154,62 +144,12 @@ def child_argv(argv: Sequence[str]) -> list[str]:
 
 
 def supervise(argv: Sequence[str], count: int) -> int:
-    """Run ``count`` workers as child processes: prefix their output, forward
-    SIGINT/SIGTERM, stop the others when one fails, reap all. Exit status: 0 when every
-    worker exited cleanly, else 1."""
-    lock = threading.Lock()
-    children: list[subprocess.Popen[bytes]] = []
-    readers: list[threading.Thread] = []
-    stopping = threading.Event()
-
-    def forward(signum: int, frame: FrameType | None) -> None:
-        stopping.set()
-        for child in children:
-            if child.poll() is None:
-                child.send_signal(signum)
-
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
-    failed = False
-    try:
-        for index in range(count):
-            child = subprocess.Popen(
-                child_argv(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-            )
-            children.append(child)
-            assert child.stdout is not None
-            reader = threading.Thread(
-                target=_forward_output, args=(index, child.stdout, sys.stdout, lock), daemon=True
-            )
-            reader.start()
-            readers.append(reader)
-        deadline: float | None = None
-        while any(child.poll() is None for child in children):
-            failed = failed or any(child.returncode not in (None, 0) for child in children)
-            if (failed or stopping.is_set()) and deadline is None:
-                if not stopping.is_set():
-                    # One worker failed: stop the others (a forwarded signal already did).
-                    for child in children:
-                        if child.poll() is None:
-                            child.send_signal(signal.SIGTERM)
-                deadline = time.monotonic() + CHILD_SHUTDOWN_GRACE
-            if deadline is not None and time.monotonic() >= deadline:
-                for child in children:
-                    if child.poll() is None:
-                        child.kill()
-            time.sleep(0.1)
-    finally:
-        for child in children:
-            if child.poll() is None:
-                child.kill()
-            child.wait()
-        for reader in readers:
-            reader.join(timeout=2)
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    for index, child in enumerate(children):
-        if child.returncode != 0:
-            print(f"mocker: worker {index} exited with status {child.returncode}", file=sys.stderr)
-    return 0 if all(child.returncode == 0 for child in children) else 1
+    """Run ``count`` workers as child processes (``mocker[i]``) under the process
+    supervisor (``dynamo.supervisor``): output prefixed, SIGINT/SIGTERM forwarded, the
+    others stopped when one fails, all reaped. Exit status: 1 when a worker failed, else 0."""
+    children = [ChildSpec(f"mocker[{index}]", child_argv(argv)) for index in range(count)]
+    supervisor = Supervisor(children, name="mocker", group="the mocker workers", stop_timeout=CHILD_SHUTDOWN_GRACE)
+    return asyncio.run(supervisor.run())
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -17,8 +17,6 @@ import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ValidationError
-
 from dynamo._core import (
     Annotated,
     Client,
@@ -39,6 +37,7 @@ from dynamo._core import (
     StreamDisconnectedError,
     Subscription,
 )
+from dynamo.runtime._handler import as_stream, check_item, handler_shape, parse_request
 from dynamo.runtime.kv_cache import EtcdKvCache
 
 __all__ = [
@@ -129,40 +128,15 @@ def dynamo_endpoint(
     """
 
     def decorator(func: F) -> F:
-        is_method = _is_method(func)
+        index = 1 if handler_shape(func).is_method else 0
 
         @functools.wraps(func)
         async def wrapper(*args: Any) -> AsyncIterator[Any]:
             args_list = list(args)
-            index = 1 if is_method else 0
-            if request_model is not None and issubclass(request_model, BaseModel):
-                args_list[index] = _parse(request_model, args_list[index])
-            async for item in func(*args_list):
-                validate = response_model is not None and issubclass(response_model, BaseModel)
-                if validate and isinstance(item, (str, bytes)):
-                    response_model.model_validate_json(item)
-                elif validate and not isinstance(item, response_model):
-                    item = response_model.model_validate(item)
-                yield item
+            args_list[index] = parse_request(request_model, args_list[index])
+            async for item in await as_stream(func(*args_list)):
+                yield check_item(response_model, item)
 
         return wrapper  # type: ignore[return-value]
 
     return decorator
-
-
-def _is_method(func: Callable[..., Any]) -> bool:
-    import inspect
-
-    params = list(inspect.signature(func).parameters)
-    return bool(params) and params[0] == "self"
-
-
-def _parse(model: type[BaseModel], value: Any) -> BaseModel:
-    if isinstance(value, model):
-        return value
-    try:
-        if isinstance(value, (str, bytes)):
-            return model.model_validate_json(value)
-        return model.model_validate(value)
-    except ValidationError as exc:
-        raise ValueError(f"invalid request for {model.__name__}: {exc}") from exc

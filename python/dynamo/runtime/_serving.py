@@ -7,37 +7,21 @@ event loop thread; each request runs in its own task and writes items to ``sink`
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 from collections.abc import Callable
 from typing import Any
 
 from dynamo._core import StreamDisconnectedError
+from dynamo.runtime._handler import as_stream, handler_shape
 
 logger = logging.getLogger("dynamo.runtime")
-
-
-def _takes_context(handler: Callable[..., Any]) -> bool:
-    """Whether ``handler`` accepts a second positional argument (the context)."""
-    try:
-        params = list(inspect.signature(handler).parameters.values())
-    except (TypeError, ValueError):
-        return False
-    positional = [
-        p
-        for p in params
-        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-    ]
-    if any(p.kind is p.VAR_POSITIONAL for p in params):
-        return True
-    return len(positional) >= 2
 
 
 def make_dispatcher(handler: Callable[..., Any]) -> Callable[[Any, Any, Any], None]:
     """Build the function the runtime calls for each request of one endpoint."""
     if not callable(handler):
         raise TypeError(f"endpoint handler must be callable, got {handler!r}")
-    with_context = _takes_context(handler)
+    with_context = handler_shape(handler).takes_context
     loop = asyncio.get_running_loop()
 
     def dispatch(request: Any, context: Any, sink: Any) -> None:
@@ -50,16 +34,7 @@ def make_dispatcher(handler: Callable[..., Any]) -> Callable[[Any, Any, Any], No
 async def _run(handler: Callable[..., Any], with_context: bool, request: Any, context: Any, sink: Any) -> None:
     stream: Any = None
     try:
-        result = handler(request, context) if with_context else handler(request)
-        if inspect.isawaitable(result) and not hasattr(result, "__aiter__"):
-            result = await result
-            if not hasattr(result, "__aiter__"):
-                # A coroutine handler: its return value is the one item.
-                if result is not None:
-                    sink.send(result)
-                sink.finish()
-                return
-        stream = result
+        stream = await as_stream(handler(request, context) if with_context else handler(request))
         async for item in stream:
             if sink.send(item):
                 continue

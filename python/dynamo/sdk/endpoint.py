@@ -8,13 +8,11 @@ The decorators only record an ``EndpointSpec`` on the function; the runner serve
 from __future__ import annotations
 
 import abc
-import inspect
-import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, overload
 
-from pydantic import BaseModel, ValidationError
+from dynamo.runtime._handler import handler_shape, parse_request
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -38,52 +36,20 @@ class EndpointSpec:
     def parse_request(self, value: Any) -> Any:
         """The request as the handler expects it: a pydantic model is validated from a dict,
         a JSON string or an instance; anything else is passed through."""
-        model = self.request_type
-        if not (isinstance(model, type) and issubclass(model, BaseModel)) or isinstance(value, model):
-            return value
-        try:
-            if isinstance(value, (str, bytes, bytearray)):
-                return model.model_validate_json(value)
-            if isinstance(value, BaseModel):
-                value = value.model_dump()
-            return model.model_validate(value)
-        except ValidationError as exc:
-            raise ValueError(f"invalid request for endpoint '{self.name}' ({model.__name__}): {exc}") from exc
-
-
-def _request_type(func: Callable[..., Any]) -> tuple[Any, bool]:
-    """The annotation of the request parameter (the first after ``self``) and whether the
-    method takes a context after it."""
-    params = [
-        p
-        for p in inspect.signature(func).parameters.values()
-        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-    ]
-    if params and params[0].name == "self":
-        params = params[1:]
-    if not params:
-        return Any, False
-    try:
-        hints = typing.get_type_hints(func)
-    except Exception:
-        hints = {}
-    annotation = hints.get(params[0].name, params[0].annotation)
-    if annotation is inspect.Parameter.empty:
-        annotation = Any
-    return annotation, len(params) >= 2
+        return parse_request(self.request_type, value, self.name)
 
 
 def _decorate(name: str | None, transport: Transport, options: dict[str, Any]) -> Callable[[F], F]:
     def decorator(func: F) -> F:
         if not callable(func):
             raise TypeError(f"@endpoint/@api decorate a method, got {func!r}")
-        request_type, takes_context = _request_type(func)
+        shape = handler_shape(func)
         spec = EndpointSpec(
             name=name or func.__name__,
             method=func.__name__,
             transport=transport,
-            request_type=request_type,
-            takes_context=takes_context,
+            request_type=shape.request_type,
+            takes_context=shape.takes_context,
             options=options,
         )
         setattr(func, SPEC_ATTRIBUTE, spec)

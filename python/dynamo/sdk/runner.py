@@ -8,9 +8,10 @@ import inspect
 import logging
 import os
 import signal
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+from dynamo.runtime._handler import as_stream
 from dynamo.sdk.context import dynamo_context
 from dynamo.sdk.endpoint import EndpointSpec
 from dynamo.sdk.hooks import LIVENESS, READINESS, SHUTDOWN_HOOK, START_HOOK, marked
@@ -28,35 +29,19 @@ DEFAULT_PORT, DEFAULT_HOST = 8000, "0.0.0.0"
 HOOK_TIMEOUT = 30.0
 
 
-async def _iterate(result: Any) -> AsyncIterator[Any]:
-    """The items of whatever an endpoint method returned: an async or sync generator, an
-    awaitable (its value is one item, or an iterator of items), or a plain value."""
-    if inspect.isawaitable(result) and not hasattr(result, "__aiter__"):
-        result = await result
-    if hasattr(result, "__aiter__"):
-        async for item in result:
-            yield item
-    elif inspect.isgenerator(result):
-        for item in result:
-            yield item
-    elif result is not None:
-        yield result
-
-
-def make_handler(instance: Any, spec: EndpointSpec) -> Callable[..., AsyncIterator[Any]]:
-    """The runtime handler of one endpoint: parse the request, call the method, stream items."""
+def make_handler(instance: Any, spec: EndpointSpec) -> Callable[..., Awaitable[AsyncIterator[Any]]]:
+    """The runtime handler of one endpoint: parse the request, call the method, and return
+    its items as a stream (``dynamo.runtime._handler.as_stream``)."""
     method = getattr(instance, spec.method)
     if spec.takes_context:
 
         async def with_context(request: Any, context: Any) -> AsyncIterator[Any]:
-            async for item in _iterate(method(spec.parse_request(request), context)):
-                yield item
+            return await as_stream(method(spec.parse_request(request), context))
 
         return with_context
 
     async def without_context(request: Any) -> AsyncIterator[Any]:
-        async for item in _iterate(method(spec.parse_request(request))):
-            yield item
+        return await as_stream(method(spec.parse_request(request)))
 
     return without_context
 

@@ -12,6 +12,7 @@ import socket
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
+from dynamo.runtime._handler import as_text
 from dynamo.sdk.endpoint import EndpointSpec
 from dynamo.sdk.hooks import LIVENESS, READINESS, marked
 
@@ -31,14 +32,6 @@ def build_app(app: Any, instance: Any, specs: dict[str, EndpointSpec]) -> Any:
         for name in marked(cls, attribute)[:1]:
             app.add_api_route(path, _probe(getattr(instance, name)), methods=["GET"])
     return app
-
-
-def _as_text(item: Any) -> str | bytes:
-    if isinstance(item, (str, bytes)):
-        return item
-    if hasattr(item, "model_dump_json"):
-        return item.model_dump_json() + "\n"
-    return json.dumps(item) + "\n"
 
 
 def _route(instance: Any, spec: EndpointSpec) -> Callable[..., Any]:
@@ -91,7 +84,7 @@ async def _respond(result: Any, media_type: str) -> Any:
         first = await run_in_threadpool(next, result, _END)
         if first is _END:
             return StreamingResponse(iter(()), media_type=media_type)
-        return StreamingResponse((_as_text(x) for x in itertools.chain((first,), result)), media_type=media_type)
+        return StreamingResponse((as_text(x) for x in itertools.chain((first,), result)), media_type=media_type)
     if hasattr(result, "model_dump"):
         result = result.model_dump(mode="json")
     return JSONResponse(result)
@@ -102,9 +95,9 @@ _END = object()
 
 
 async def _texts(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[str | bytes]:
-    yield _as_text(first)
+    yield as_text(first)
     async for item in rest:
-        yield _as_text(item)
+        yield as_text(item)
 
 
 def _probe(check: Callable[[], Any]) -> Callable[..., Any]:

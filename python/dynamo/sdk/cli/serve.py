@@ -13,10 +13,13 @@ from pathlib import Path
 
 from dynamo.sdk.cli.gpus import GpuAllocationError, allocation_disabled, detect_gpu_count
 from dynamo.sdk.cli.plan import build_plan, check_config_names, describe
-from dynamo.sdk.cli.supervisor import Supervisor
 from dynamo.sdk.lib.config import CONFIG_ENV, ServiceConfig, ServiceConfigError
 from dynamo.sdk.lib.overrides import deep_merge, load_config_file, load_deployment_config, parse_overrides
 from dynamo.sdk.loader import load_service
+from dynamo.supervisor import DEFAULT_STOP_TIMEOUT, ChildSpec, Supervisor
+
+#: Seconds children get to exit after SIGTERM before they are killed.
+STOP_TIMEOUT_ENV = "DYN_SDK_STOP_TIMEOUT"
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:  # argparse keeps this type private
@@ -73,4 +76,13 @@ def serve(args: argparse.Namespace, extra: Sequence[str]) -> int:
     if args.dry_run:
         print(describe(plans, config))
         return 0
-    return asyncio.run(Supervisor(plans, working_dir).run())
+    children = [
+        ChildSpec(p.label, p.argv, p.env, restart=s.restart, max_restarts=s.max_restarts)
+        for s in plans
+        for p in s.processes
+    ]
+    stop_timeout = float(os.environ.get(STOP_TIMEOUT_ENV, DEFAULT_STOP_TIMEOUT))
+    supervisor = Supervisor(
+        children, name="dynamo serve", group="the graph", working_dir=working_dir, stop_timeout=stop_timeout
+    )
+    return asyncio.run(supervisor.run())

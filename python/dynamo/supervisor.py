@@ -1,10 +1,11 @@
-"""A small asyncio process supervisor for ``dynamo serve``.
+"""A small asyncio process supervisor: ``dynamo serve`` runs a service graph under it, and
+``python -m dynamo.mocker --num-workers N`` its N workers.
 
-Starts every planned process in its own process group (within this session, see
-``_child_setup``), prefixes each output line with the
-process's label (``Backend[1] | ...``), forwards SIGINT/SIGTERM to every child (then
-SIGKILL after a bound), reaps them all, reports a child that exits with its status,
-restarts it when its service says so, and otherwise stops the graph and exits non-zero.
+Starts every child (argv + environment, with a label) in its own process group (within
+this session, see ``_child_setup``), prefixes each output line with the child's label
+(``Backend[1] | ...``), forwards SIGINT/SIGTERM to every child (then SIGKILL after a
+bound), reaps them all, reports a child that exits with its status, restarts it when its
+spec says so, and otherwise stops the others and exits non-zero.
 
 Why not circus or supervisord: the needs are small (start, prefix, forward, reap,
 restart), asyncio's subprocess support covers them in the standard library, and the
@@ -16,18 +17,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import logging
 import os
 import signal
 import sys
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
-from dynamo.sdk.cli.plan import ProcessPlan, ServicePlan
-
-logger = logging.getLogger("dynamo.serve")
-
-#: Seconds children get to exit after SIGTERM before they are killed.
-STOP_TIMEOUT_ENV = "DYN_SDK_STOP_TIMEOUT"
+#: Seconds children get to exit after SIGTERM before they are killed, unless told otherwise.
 DEFAULT_STOP_TIMEOUT = 30.0
 #: Seconds between a child's exit and its restart.
 RESTART_DELAY = 1.0
@@ -50,43 +47,72 @@ def _child_setup() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+@dataclass(frozen=True)
+class ChildSpec:
+    """One child process to supervise."""
+
+    #: Names the child in its output prefix (``label | ...``) and in reports.
+    label: str
+    argv: list[str]
+    #: Added to this process's environment.
+    env: dict[str, str] = field(default_factory=dict)
+    #: ``on-failure`` restarts it after a non-zero exit, ``always`` after any exit,
+    #: anything else (``never``) not at all.
+    restart: str = "never"
+    max_restarts: int = 0
+
+
 @dataclass
 class _Child:
-    plan: ProcessPlan
-    service: ServicePlan
+    spec: ChildSpec
     proc: asyncio.subprocess.Process | None = None
     restarts: int = 0
 
 
 class Supervisor:
-    """Runs the processes of a plan until they end, a signal arrives, or one fails."""
+    """Runs its children until they end, a signal arrives, or one fails.
 
-    def __init__(self, plans: list[ServicePlan], working_dir: str) -> None:
-        self.children = [_Child(p, s) for s in plans for p in s.processes]
+    ``name`` prefixes the supervisor's own lines (``[name] ...``) and ``group`` names the
+    children in its final report (``the graph failed: ...``); children run in
+    ``working_dir`` (default: this process's) and get ``stop_timeout`` seconds after
+    SIGTERM before SIGKILL."""
+
+    def __init__(
+        self,
+        children: Sequence[ChildSpec],
+        *,
+        name: str,
+        group: str = "the children",
+        working_dir: str | None = None,
+        stop_timeout: float = DEFAULT_STOP_TIMEOUT,
+    ) -> None:
+        self.children = [_Child(spec) for spec in children]
+        self.name = name
+        self.group = group
         self.working_dir = working_dir
         self.stopping = asyncio.Event()
         self.failed: list[str] = []
-        self.stop_timeout = float(os.environ.get(STOP_TIMEOUT_ENV, DEFAULT_STOP_TIMEOUT))
+        self.stop_timeout = stop_timeout
 
     def _say(self, text: str) -> None:
-        sys.stdout.write(f"[dynamo serve] {text}\n")
+        sys.stdout.write(f"[{self.name}] {text}\n")
         sys.stdout.flush()
 
     async def _start(self, child: _Child) -> None:
         child.proc = await asyncio.create_subprocess_exec(
-            *child.plan.argv,
-            env={**os.environ, **child.plan.env},
+            *child.spec.argv,
+            env={**os.environ, **child.spec.env},
             cwd=self.working_dir,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
             preexec_fn=_child_setup,
         )
-        self._say(f"started {child.plan.label} (pid {child.proc.pid})")
+        self._say(f"started {child.spec.label} (pid {child.proc.pid})")
 
     async def _pump(self, child: _Child, proc: asyncio.subprocess.Process) -> None:
         assert proc.stdout is not None
-        prefix = f"{child.plan.label} | ".encode()
+        prefix = f"{child.spec.label} | ".encode()
         out = sys.stdout.buffer
         while line := await proc.stdout.readline():
             out.write(prefix + (line if line.endswith(b"\n") else line + b"\n"))
@@ -100,19 +126,19 @@ class Supervisor:
             status = proc.returncode
             if self.stopping.is_set():
                 return
-            policy = child.service.restart
+            policy = child.spec.restart
             wants = policy == "always" or (policy == "on-failure" and status != 0)
-            self._say(f"{child.plan.label} exited with status {status}")
-            if wants and child.restarts < child.service.max_restarts:
+            self._say(f"{child.spec.label} exited with status {status}")
+            if wants and child.restarts < child.spec.max_restarts:
                 child.restarts += 1
-                self._say(f"restarting {child.plan.label} ({child.restarts}/{child.service.max_restarts})")
+                self._say(f"restarting {child.spec.label} ({child.restarts}/{child.spec.max_restarts})")
                 await asyncio.sleep(RESTART_DELAY)
                 if self.stopping.is_set():
                     return
                 await self._start(child)
                 continue
             if status != 0 or wants:
-                self.failed.append(f"{child.plan.label} exited with status {status}")
+                self.failed.append(f"{child.spec.label} exited with status {status}")
                 self.stopping.set()
             return
 
@@ -124,7 +150,8 @@ class Supervisor:
                     os.killpg(proc.pid, sig)
 
     async def run(self) -> int:
-        """Start everything and supervise; the exit status of ``dynamo serve``."""
+        """Start every child and supervise them; the exit status: 1 when a child failed
+        (or could not start), else 0."""
         loop = asyncio.get_running_loop()
         received: list[str] = []
 
@@ -148,7 +175,8 @@ class Supervisor:
             self.stopping.set()
         all_done = asyncio.gather(*watchers)
         stop_wait = loop.create_task(self.stopping.wait())
-        await asyncio.wait([all_done, stop_wait], return_when=asyncio.FIRST_COMPLETED)
+        first: list[asyncio.Future[Any]] = [all_done, stop_wait]
+        await asyncio.wait(first, return_when=asyncio.FIRST_COMPLETED)
         stop_wait.cancel()
         if self.stopping.is_set():
             why = f"received {received[0]}" if received else "; ".join(self.failed)
@@ -164,6 +192,6 @@ class Supervisor:
             if child.proc is not None and child.proc.returncode is None:
                 await child.proc.wait()
         if self.failed:
-            self._say("the graph failed: " + "; ".join(self.failed))
+            self._say(f"{self.group} failed: " + "; ".join(self.failed))
             return 1
         return 0
