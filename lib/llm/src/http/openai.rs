@@ -19,7 +19,7 @@ use super::error::ApiError;
 use super::guard::CancelOnDrop;
 use super::layers::{EngineLogged, RequestId};
 use super::request::{parse_json, read_body};
-use super::service::AppState;
+use super::state::AppState;
 use super::sse::{sse_response, ChunkMeta, SseOptions, StreamChunk};
 use crate::aggregate::{ChatAggregator, CompletionAggregator};
 use crate::engine::{EngineError, OpenAIStream, RequestContext, StreamItem};
