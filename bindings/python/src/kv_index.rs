@@ -6,8 +6,8 @@
 use std::collections::HashMap;
 
 use dynamo_llm::kv_router::protocols::{
-    compute_block_hash_for_seq_salted, ForwardPassMetrics, KvCacheEvent, KvCacheEventData,
-    KvCacheRemoveData, KvCacheStoreData, KvCacheStoredBlockData,
+    block_id_from_signed, compute_block_hash_for_seq_salted, full_stored_blocks, ForwardPassMetrics, KvCacheEvent,
+    KvCacheEventData, KvCacheRemoveData, KvCacheStoreData,
 };
 use dynamo_llm::kv_router::{self, RadixTree};
 use parking_lot::Mutex;
@@ -21,13 +21,13 @@ use crate::errors::to_py;
 use crate::int_list;
 use crate::runtime::PyComponent;
 
-/// An engine's block id: engines may hand out signed 64-bit ids, taken bitwise.
+/// An engine's block id: engines may hand out signed 64-bit ids ([`block_id_from_signed`]).
 fn block_id(obj: &Bound<'_, PyAny>) -> PyResult<u64> {
     if let Ok(v) = obj.extract::<u64>() {
         return Ok(v);
     }
     obj.extract::<i64>()
-        .map(|v| v as u64)
+        .map(block_id_from_signed)
         .map_err(|_| PyValueError::new_err(format!("a block hash must be a 64-bit integer, got {obj}")))
 }
 
@@ -44,8 +44,8 @@ fn token_list(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
 }
 
 /// Block hashes from a list (fast) or any sequence of ints. From a list, each int is
-/// taken modulo 2^64 (a negative one as its two's complement, as for engines' signed
-/// block ids): hashes are full 64-bit values, which CPython stores in three digits, and
+/// taken modulo 2^64 (a negative one as its two's complement: [`block_id_from_signed`]'s
+/// rule, for any int at once): hashes are full 64-bit values, which CPython stores in three digits, and
 /// the checked conversion of those costs as much as the index lookup behind it.
 fn hash_list(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
     let Ok(list) = obj.cast::<PyList>() else { return obj.extract() };
@@ -280,28 +280,10 @@ impl PyKvEventPublisher {
         lora_name: Option<&str>,
         parent_hash: Option<Bound<'_, PyAny>>,
     ) -> PyResult<bool> {
-        if num_block_tokens.len() != block_hashes.len() {
-            return Err(PyValueError::new_err(format!(
-                "num_block_tokens has {} entries but block_hashes has {}",
-                num_block_tokens.len(),
-                block_hashes.len()
-            )));
-        }
-        if num_block_tokens.iter().sum::<usize>() > token_ids.len() {
-            return Err(PyValueError::new_err("num_block_tokens add up to more than len(token_ids)"));
-        }
         let ids = block_ids(&block_hashes)?;
         let parent_hash = parent_hash.as_ref().map(block_id).transpose()?;
-        let mut blocks = Vec::with_capacity(ids.len());
-        let mut start = 0;
-        for (&n, &block_hash) in num_block_tokens.iter().zip(&ids) {
-            if n != self.block_size {
-                break;
-            }
-            let tokens_hash = compute_block_hash_for_seq_salted(&token_ids[start..start + n], n, lora_name)[0];
-            blocks.push(KvCacheStoredBlockData { block_hash, tokens_hash });
-            start += n;
-        }
+        let blocks = full_stored_blocks(&token_ids, &num_block_tokens, &ids, self.block_size, lora_name)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
         Ok(self.send(event_id, KvCacheEventData::Stored(KvCacheStoreData { parent_hash, blocks })))
     }
 

@@ -3,8 +3,8 @@
 
 use std::path::PathBuf;
 
-use dynamo_llm::discovery::{register_model, ModelDiscoveryError, ModelRegistration};
-use dynamo_llm::model_card::{CardError, ModelDeploymentCard};
+use dynamo_llm::discovery::{register_card, ModelDiscoveryError};
+use dynamo_llm::model_card::{CardError, CardOptions, ModelKind};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
@@ -12,20 +12,18 @@ use crate::bridge::coroutine;
 use crate::errors::{to_py, ConfigError, DynamoError, DynamoTimeoutError};
 use crate::runtime::PyEndpoint;
 
-/// Name of the built-in card's model when neither a path nor a name is given
-/// (dynamo-run's default too).
-const DEFAULT_MODEL_NAME: &str = "dynamo";
-
-/// Parse a kind name ("chat", "completions", "backend") into either `ModelKind` type
-/// (the card's and the registration's share the JSON names).
-fn parse_kind<K: serde::de::DeserializeOwned>(kind: &str) -> PyResult<K> {
+/// Parse a kind name ("chat", "completions", "backend").
+fn parse_kind(kind: &str) -> PyResult<ModelKind> {
     serde_json::from_value(serde_json::Value::String(kind.to_string())).map_err(|_| {
         PyValueError::new_err(format!("unknown model kind '{kind}': expected 'chat', 'completions' or 'backend'"))
     })
 }
 
 pub(crate) fn card_error(e: CardError) -> PyErr {
-    ConfigError::new_err(format!("model card: {e}"))
+    match e {
+        CardError::NotADirectory(_) => ConfigError::new_err(e.to_string()),
+        e => ConfigError::new_err(format!("model card: {e}")),
+    }
 }
 
 fn discovery_error(e: ModelDiscoveryError) -> PyErr {
@@ -34,60 +32,6 @@ fn discovery_error(e: ModelDiscoveryError) -> PyErr {
         ModelDiscoveryError::Card(m) => ConfigError::new_err(format!("model card: {m}")),
         ModelDiscoveryError::Timeout(m) => DynamoTimeoutError::new_err(m),
         ModelDiscoveryError::Json(e) => DynamoError::new_err(format!("invalid JSON: {e}")),
-    }
-}
-
-/// The settings of one `register_llm` call.
-pub(crate) struct CardRequest {
-    pub model_path: Option<PathBuf>,
-    pub model_name: Option<String>,
-    pub kind: String,
-    pub context_length: Option<u32>,
-    pub kv_cache_block_size: Option<u32>,
-    pub migration_limit: Option<u32>,
-}
-
-impl CardRequest {
-    /// Build the card (reading the model folder) and the registration.
-    fn build(self) -> PyResult<(ModelRegistration, Option<serde_json::Value>)> {
-        let entry_kind = parse_kind(&self.kind)?;
-        let card = self.card()?;
-        let mut registration = ModelRegistration::new(card.display_name.clone(), entry_kind);
-        registration.card_checksum = Some(card.checksum());
-        registration.context_length = Some(card.context_length);
-        registration.kv_cache_block_size = Some(card.kv_cache_block_size);
-        registration.migration_limit = self.migration_limit;
-        let json = serde_json::to_value(&card).map_err(|e| DynamoError::new_err(format!("cannot serialize the card: {e}")))?;
-        Ok((registration, Some(json)))
-    }
-
-    /// Build the model card (reading the model folder): blocking work.
-    pub fn card(&self) -> PyResult<ModelDeploymentCard> {
-        let card_kind = parse_kind(&self.kind)?;
-        let mut card = match &self.model_path {
-            Some(path) => {
-                if !path.is_dir() {
-                    return Err(ConfigError::new_err(format!(
-                        "model path {} is not a directory (a HuggingFace model folder with tokenizer.json is expected)",
-                        path.display()
-                    )));
-                }
-                ModelDeploymentCard::from_hf_dir(path, self.model_name.as_deref()).map_err(card_error)?
-            }
-            None => ModelDeploymentCard::builtin(self.model_name.as_deref().unwrap_or(DEFAULT_MODEL_NAME)),
-        };
-        card = card.with_kind(card_kind);
-        if let Some(n) = self.context_length {
-            card = card.with_context_length(n).map_err(card_error)?;
-        }
-        if let Some(n) = self.kv_cache_block_size {
-            card = card.with_kv_cache_block_size(n).map_err(card_error)?;
-        }
-        // A token-level model is useless to a frontend without a tokenizer that loads.
-        if self.kind == "backend" {
-            card.tokenizer().map_err(card_error)?;
-        }
-        Ok(card)
     }
 }
 
@@ -105,18 +49,17 @@ pub fn register_llm(
     migration_limit: Option<u32>,
 ) -> PyResult<Py<PyAny>> {
     // Check the kind at once, so that a typo fails at the call rather than when awaited.
-    parse_kind::<dynamo_llm::model_card::ModelKind>(kind)?;
-    let request = CardRequest { model_path, model_name, kind: kind.to_string(), context_length, kv_cache_block_size, migration_limit };
+    let options = CardOptions { model_path, model_name, kind: parse_kind(kind)?, context_length, kv_cache_block_size };
     let ep = endpoint.inner.clone();
     let registered = endpoint.bridge.awaitable(
         py,
         async move {
             // Reading and parsing a tokenizer.json of a few MB is blocking work.
-            let built = tokio::task::spawn_blocking(move || request.build())
+            let card = tokio::task::spawn_blocking(move || options.build())
                 .await
-                .map_err(|e| DynamoError::new_err(format!("building the model card failed: {e}")))??;
-            let (registration, card) = built;
-            register_model(&ep, registration, card).await.map_err(discovery_error)?;
+                .map_err(|e| DynamoError::new_err(format!("building the model card failed: {e}")))?
+                .map_err(card_error)?;
+            register_card(&ep, &card, migration_limit).await.map_err(discovery_error)?;
             Ok(())
         },
         |py, ()| Ok(py.None()),

@@ -15,6 +15,7 @@ use serde::Serialize;
 use dynamo_llm::discovery::wire::OpenAIWireItem;
 use dynamo_llm::discovery::{RemoteTokenEngine, RouterMode};
 use dynamo_llm::engine::{EngineError, OpenAIStream, RequestContext};
+use dynamo_llm::model_card::{CardOptions, ModelKind};
 use dynamo_llm::pipeline::Pipeline;
 use dynamo_llm::preprocessor::{chat_input_bytes, completion_input_bytes, Preprocessed, Preprocessor};
 use dynamo_llm::protocols::openai::{ChatCompletionRequest, CompletionRequest};
@@ -23,7 +24,7 @@ use crate::bridge::LoopBridge;
 use crate::client::PyClient;
 use crate::convert::{from_json, to_json};
 use crate::errors::{DynamoError, DynamoTimeoutError, NoInstancesError};
-use crate::llm::{card_error, CardRequest};
+use crate::llm::card_error;
 use crate::poll_iter::{PollIter, Source};
 use crate::serving::PyRequestContext;
 
@@ -57,16 +58,9 @@ impl PyOpenAIPreprocessor {
         context_length: Option<u32>,
         kv_cache_block_size: Option<u32>,
     ) -> PyResult<Self> {
-        let request = CardRequest {
-            model_path,
-            model_name,
-            kind: "backend".to_string(),
-            context_length,
-            kv_cache_block_size,
-            migration_limit: None,
-        };
+        let options = CardOptions { model_path, model_name, kind: ModelKind::Backend, context_length, kv_cache_block_size };
         let preprocessor = py.detach(move || {
-            let card = request.card()?;
+            let card = options.build().map_err(card_error)?;
             Preprocessor::new(Arc::new(card)).map_err(card_error)
         })?;
         Ok(PyOpenAIPreprocessor { preprocessor: Arc::new(preprocessor) })

@@ -25,7 +25,6 @@ use clap::Parser;
 pub use error::{RunError, EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_USAGE};
 pub use flags::{Flags, Input, Output, RunConfig, DEFAULT_HTTP_PORT};
 pub use input::batch::{MAX_IN_FLIGHT, OUTPUT_FILE};
-pub use local::BUILTIN_MODEL_NAME;
 
 /// How long blocked work (a read of stdin) may hold up the end of a run.
 const RUNTIME_SHUTDOWN_BOUND: Duration = Duration::from_secs(1);

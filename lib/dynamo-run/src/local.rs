@@ -6,14 +6,11 @@ use std::sync::Arc;
 use dynamo_llm::engine::{OpenAIEngine, TokenEngine};
 use dynamo_llm::engines::{EchoCore, EchoFull};
 use dynamo_llm::engines::mocker::{MockerArgs, MockerEngine, MockerPublisher};
-use dynamo_llm::model_card::{ModelDeploymentCard, ModelKind};
+use dynamo_llm::model_card::{CardOptions, ModelDeploymentCard, ModelKind};
 use dynamo_llm::pipeline::Pipeline;
 
 use crate::error::RunError;
 use crate::flags::{Output, RunConfig};
-
-/// The model name of the built-in card when `--model-name` is not given.
-pub const BUILTIN_MODEL_NAME: &str = "dynamo";
 
 /// How a local engine is served.
 pub enum LocalEngine {
@@ -38,13 +35,11 @@ impl LocalModel {
     /// Build the engine `config.output` names. `publisher` receives the mocker's KV
     /// events and load metrics (`in=dyn://`). Must run inside the tokio runtime.
     pub fn build(config: &RunConfig, publisher: Option<MockerPublisher>) -> Result<Self, RunError> {
-        let mut card = load_card(config)?;
+        let kind = if config.output == Output::EchoFull { ModelKind::Chat } else { ModelKind::Backend };
+        let mut card = card_options(config, kind).build()?;
         let mut mocker = None;
         let engine = match config.output {
-            Output::EchoFull => {
-                card = card.with_kind(ModelKind::Chat);
-                LocalEngine::OpenAI(Arc::new(EchoFull::from_env()))
-            }
+            Output::EchoFull => LocalEngine::OpenAI(Arc::new(EchoFull::from_env())),
             Output::EchoCore => LocalEngine::Tokens(Arc::new(EchoCore::from_env())),
             Output::Mocker => {
                 let mut args = match &config.extra_engine_args {
@@ -99,17 +94,13 @@ impl LocalModel {
     }
 }
 
-/// The card of `--model-path` (or the built-in one) with the flags' overrides.
-fn load_card(config: &RunConfig) -> Result<ModelDeploymentCard, RunError> {
-    let mut card = match &config.model_path {
-        Some(dir) => ModelDeploymentCard::from_hf_dir(dir, config.model_name.as_deref())?,
-        None => ModelDeploymentCard::builtin(config.model_name.as_deref().unwrap_or(BUILTIN_MODEL_NAME)),
-    };
-    if let Some(n) = config.context_length {
-        card = card.with_context_length(n)?;
+/// How the card of `--model-path` (or the built-in one) is built, with the flags' overrides.
+fn card_options(config: &RunConfig, kind: ModelKind) -> CardOptions {
+    CardOptions {
+        model_path: config.model_path.clone(),
+        model_name: config.model_name.clone(),
+        kind,
+        context_length: config.context_length,
+        kv_cache_block_size: config.kv_cache_block_size,
     }
-    if let Some(n) = config.kv_cache_block_size {
-        card = card.with_kv_cache_block_size(n)?;
-    }
-    Ok(card)
 }

@@ -17,6 +17,10 @@ pub const DEFAULT_CONTEXT_LENGTH: u32 = 8192;
 /// KV cache block size (tokens per block) used unless overridden.
 pub const DEFAULT_KV_CACHE_BLOCK_SIZE: u32 = 16;
 
+/// The built-in card's model name when neither a model folder nor a name is given (the
+/// name the README's requests use), for `dynamo-run` and `register_llm` alike.
+pub const DEFAULT_MODEL_NAME: &str = "dynamo";
+
 /// What a registered model serves.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -69,6 +73,49 @@ pub enum CardError {
     /// A value is out of range.
     #[error("{0}")]
     Invalid(String),
+    /// The model path is not a folder.
+    #[error("model path {} is not a directory (a HuggingFace model folder with tokenizer.json is expected)", .0.display())]
+    NotADirectory(PathBuf),
+}
+
+/// What a worker builds its model card from: a HuggingFace folder or the built-in card,
+/// the kind it serves, and overrides. `dynamo-run` and the bindings' `register_llm` (and
+/// `OpenAIPreprocessor`) build their cards with it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CardOptions {
+    /// A HuggingFace model folder; `None`: the built-in card ([`ModelDeploymentCard::builtin`]).
+    pub model_path: Option<PathBuf>,
+    /// The public name; default the folder's name, or [`DEFAULT_MODEL_NAME`] for the built-in card.
+    pub model_name: Option<String>,
+    /// What the worker serves.
+    pub kind: ModelKind,
+    /// Overrides the card's context length (at least 1).
+    pub context_length: Option<u32>,
+    /// Overrides the card's KV block size (at least 1).
+    pub kv_cache_block_size: Option<u32>,
+}
+
+impl CardOptions {
+    /// Build the card. Reads the model folder: blocking work. A `backend` card's
+    /// tokenizer must load, since a frontend cannot serve the model without it.
+    pub fn build(&self) -> Result<ModelDeploymentCard, CardError> {
+        let mut card = match &self.model_path {
+            Some(path) if !path.is_dir() => return Err(CardError::NotADirectory(path.clone())),
+            Some(path) => ModelDeploymentCard::from_hf_dir(path, self.model_name.as_deref())?,
+            None => ModelDeploymentCard::builtin(self.model_name.as_deref().unwrap_or(DEFAULT_MODEL_NAME)),
+        };
+        card = card.with_kind(self.kind);
+        if let Some(n) = self.context_length {
+            card = card.with_context_length(n)?;
+        }
+        if let Some(n) = self.kv_cache_block_size {
+            card = card.with_kv_cache_block_size(n)?;
+        }
+        if self.kind == ModelKind::Backend {
+            card.tokenizer()?;
+        }
+        Ok(card)
+    }
 }
 
 /// Everything a frontend needs to serve one model.
@@ -402,6 +449,38 @@ mod tests {
         assert_eq!(chars.len(), 256);
         assert_eq!(byte_level_char(b' '), 'Ġ');
         assert_eq!(byte_level_char(b'\n'), 'Ċ');
+    }
+
+    #[test]
+    fn card_options_build_the_builtin_card_with_overrides() {
+        let card = CardOptions { kind: ModelKind::Chat, context_length: Some(64), kv_cache_block_size: Some(4), ..Default::default() }
+            .build()
+            .unwrap();
+        assert_eq!(card.display_name, DEFAULT_MODEL_NAME);
+        assert_eq!((card.kind, card.context_length, card.kv_cache_block_size), (ModelKind::Chat, 64, 4));
+        let named = CardOptions { model_name: Some("m".to_string()), ..Default::default() }.build().unwrap();
+        assert_eq!(named.display_name, "m");
+        assert_eq!(named.kind, ModelKind::Backend);
+    }
+
+    #[test]
+    fn card_options_refuse_a_missing_folder_and_zero_overrides() {
+        let missing = CardOptions { model_path: Some(PathBuf::from("/nonexistent/model")), ..Default::default() };
+        assert!(matches!(missing.build(), Err(CardError::NotADirectory(_))));
+        let zero = CardOptions { context_length: Some(0), ..Default::default() };
+        assert!(matches!(zero.build(), Err(CardError::Invalid(_))));
+    }
+
+    #[test]
+    fn a_backend_card_needs_a_tokenizer_that_loads() {
+        let dir = std::env::temp_dir().join(format!("dynamo-card-options-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let backend = CardOptions { model_path: Some(dir.clone()), ..Default::default() };
+        let result = backend.build();
+        let chat = CardOptions { model_path: Some(dir.clone()), kind: ModelKind::Chat, ..Default::default() }.build();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(matches!(result, Err(CardError::NoTokenizer(_))), "{result:?}");
+        assert!(chat.is_ok(), "{chat:?}");
     }
 
     /// Manual check against a real model folder (not needed by the suite).

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use crate::engine::EngineError;
 use crate::model_card::{CardError, ModelDeploymentCard};
 use crate::protocols::common::{OutputOptions, PreprocessedRequest, SamplingOptions, StopConditions};
-use crate::protocols::openai::{ChatCompletionRequest, CompletionRequest, NvExt, Prompt, ResponseFormat, StopSpec};
+use crate::protocols::openai::{ChatCompletionRequest, CompletionRequest, NvExt, Prompt, ResponseFormat, SamplingParams, StopSpec};
 use crate::tokenizer::Tokenizer;
 
 use prompt::PromptFormatter;
@@ -104,24 +104,10 @@ struct RequestLimits<'a> {
     max_tokens: Option<u32>,
     stop: Option<&'a StopSpec>,
     nvext: Option<&'a NvExt>,
-    sampling: SamplingOptions,
+    /// The request's sampling fields, with the extensions `nvext` adds.
+    sampling: SamplingParams,
     logprobs: Option<u32>,
     response_format: Option<&'a ResponseFormat>,
-}
-
-/// The sampling options that chat and completions requests both carry, by name.
-macro_rules! sampling_options {
-    ($request:expr) => {
-        SamplingOptions {
-            n: $request.n,
-            temperature: $request.temperature,
-            top_p: $request.top_p,
-            seed: $request.seed,
-            presence_penalty: $request.presence_penalty,
-            frequency_penalty: $request.frequency_penalty,
-            ..Default::default()
-        }
-    };
 }
 
 impl Preprocessor {
@@ -190,7 +176,7 @@ impl Preprocessor {
             max_tokens: request.max_tokens(),
             stop: request.stop.as_ref(),
             nvext: request.nvext.as_ref(),
-            sampling: sampling_options!(request),
+            sampling: request.sampling.with_nvext(request.nvext.as_ref()),
             logprobs: request.wants_logprobs().then(|| request.top_logprobs.unwrap_or(0)),
             response_format: request.response_format.as_ref(),
         };
@@ -225,7 +211,7 @@ impl Preprocessor {
             max_tokens: request.max_tokens,
             stop: request.stop.as_ref(),
             nvext: request.nvext.as_ref(),
-            sampling: sampling_options!(request),
+            sampling: request.sampling.with_nvext(request.nvext.as_ref()),
             logprobs: request.logprobs,
             response_format: request.response_format.as_ref(),
         };
@@ -282,7 +268,8 @@ impl Preprocessor {
         let max_tokens = limits.max_tokens.map_or(room, |m| m.min(room));
 
         let nvext = limits.nvext.cloned().unwrap_or_default();
-        let ignore_eos = nvext.ignore_eos.unwrap_or(false);
+        let sampling = limits.sampling;
+        let ignore_eos = sampling.ignore_eos.unwrap_or(false);
         let eos_token_ids = if ignore_eos { Vec::new() } else { self.card.eos_token_ids.clone() };
         let stop =
             if ignore_eos { None } else { limits.stop.cloned().map(StopSpec::into_vec).filter(|s| !s.is_empty()) };
@@ -290,14 +277,20 @@ impl Preprocessor {
             max_tokens: Some(max_tokens),
             stop,
             stop_token_ids_hidden: (!eos_token_ids.is_empty()).then(|| eos_token_ids.clone()),
-            min_tokens: nvext.min_tokens,
-            ignore_eos: nvext.ignore_eos,
+            min_tokens: sampling.min_tokens,
+            ignore_eos: sampling.ignore_eos,
         };
         let sampling_options = SamplingOptions {
-            top_k: nvext.top_k,
-            repetition_penalty: nvext.repetition_penalty,
-            min_p: nvext.min_p,
-            ..limits.sampling
+            n: sampling.n,
+            temperature: sampling.temperature,
+            top_p: sampling.top_p,
+            seed: sampling.seed,
+            presence_penalty: sampling.presence_penalty,
+            frequency_penalty: sampling.frequency_penalty,
+            top_k: sampling.top_k,
+            repetition_penalty: sampling.repetition_penalty,
+            min_p: sampling.min_p,
+            best_of: None,
         };
         Ok(PreprocessedRequest {
             token_ids,
@@ -342,7 +335,7 @@ mod tests {
         let p = preprocessor(100);
         let mut req = chat("hi");
         req.stop = Some(StopSpec::Many(vec!["END".into()]));
-        req.temperature = Some(0.5);
+        req.sampling.temperature = Some(0.5);
         req.nvext = Some(NvExt { top_k: Some(4), min_tokens: Some(2), ..Default::default() });
         let out = p.preprocess_chat(&req).unwrap();
         assert_eq!(out.formatted_prompt, "<|user|>\nhi\n<|assistant|>\n");
@@ -357,6 +350,34 @@ mod tests {
         assert_eq!(r.sampling_options.temperature, Some(0.5));
         assert_eq!(r.sampling_options.top_k, Some(4));
         assert_eq!(r.mdc_sum, Some(p.card().checksum()));
+    }
+
+    #[test]
+    fn top_level_vllm_extensions_reach_the_engine_request_for_both_kinds() {
+        let p = preprocessor(100);
+        let fields = r#""temperature":0.5,"top_p":0.9,"n":1,"seed":7,"presence_penalty":0.1,"frequency_penalty":0.2,
+            "top_k":5,"min_p":0.05,"repetition_penalty":1.1,"min_tokens":3,"ignore_eos":true"#;
+        let chat: ChatCompletionRequest =
+            serde_json::from_str(&format!(r#"{{"model":"m","messages":[{{"role":"user","content":"hi"}}],{fields}}}"#)).unwrap();
+        let completion: CompletionRequest = serde_json::from_str(&format!(r#"{{"model":"m","prompt":"hi",{fields}}}"#)).unwrap();
+        let expected = SamplingOptions {
+            n: Some(1),
+            best_of: None,
+            presence_penalty: Some(0.1),
+            frequency_penalty: Some(0.2),
+            repetition_penalty: Some(1.1),
+            temperature: Some(0.5),
+            top_p: Some(0.9),
+            top_k: Some(5),
+            min_p: Some(0.05),
+            seed: Some(7),
+        };
+        for r in [p.preprocess_chat(&chat).unwrap().request, p.preprocess_completion(&completion).unwrap().request] {
+            assert_eq!(r.sampling_options, expected);
+            assert_eq!(r.stop_conditions.min_tokens, Some(3));
+            assert_eq!(r.stop_conditions.ignore_eos, Some(true));
+            assert!(r.eos_token_ids.is_empty());
+        }
     }
 
     #[test]

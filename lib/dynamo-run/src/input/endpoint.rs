@@ -8,19 +8,16 @@
 //! - `--role decode` (mocker): the engine is wrapped in a `DisaggDecodeEngine` that sends
 //!   long prefills to the prefill workers; `--role prefill` serves prefill jobs on the
 //!   endpoint and registers no model (docs/disagg.md).
-//! - `echo_full` is served with `serve_openai_engine` and registered as a `chat` model,
-//!   which frontends route both chat and completions requests to.
+//! - `echo_full` is served with `serve_openai_engine` and registered as a `chat` model
+//!   (with its card too), which frontends route both chat and completions requests to.
 
 use std::sync::Arc;
 
 use dynamo_llm::disagg::{
     default_prefill_endpoint, serve_prefill_worker, DisaggDecodeEngine, DisaggMetrics, DisaggRole, KvHandoff, PrefillQueue, PrefillQueueKind,
 };
-use dynamo_llm::discovery::{
-    register_model, serve_openai_engine, serve_token_engine, ModelDiscoveryError, ModelRegistration,
-};
+use dynamo_llm::discovery::{register_card, serve_openai_engine, serve_token_engine};
 use dynamo_llm::engines::mocker::MockerPublisher;
-use dynamo_llm::model_card::ModelKind;
 use dynamo_llm::engine::TokenEngine;
 use dynamo_runtime::{DistributedRuntime, EndpointId};
 use tokio_util::sync::CancellationToken;
@@ -75,11 +72,8 @@ async fn serve(
         return result;
     }
     let mut role_note = format!("role {}", role.as_str());
-    let (kind, card_json) = match &model.engine {
-        LocalEngine::OpenAI(engine) => {
-            serve_openai_engine(&endpoint, engine.clone()).await?;
-            (ModelKind::Chat, None)
-        }
+    match &model.engine {
+        LocalEngine::OpenAI(engine) => serve_openai_engine(&endpoint, engine.clone()).await?,
         LocalEngine::Tokens(engine) => {
             let engine: Arc<dyn TokenEngine> = if role == DisaggRole::Decode {
                 let prefill_id = match &config.prefill_endpoint {
@@ -98,22 +92,13 @@ async fn serve(
                 engine.clone()
             };
             serve_token_engine(&endpoint, engine).await?;
-            let json = serde_json::to_value(card.as_ref()).map_err(ModelDiscoveryError::from)?;
-            (ModelKind::Backend, Some(json))
         }
-    };
-    let registration = ModelRegistration {
-        name: card.display_name.clone(),
-        kind,
-        card_checksum: Some(card.checksum()),
-        context_length: Some(card.context_length),
-        kv_cache_block_size: Some(card.kv_cache_block_size),
-        migration_limit: config.migration_limit,
-    };
-    register_model(&endpoint, registration, card_json).await?;
+    }
+    register_card(&endpoint, card, config.migration_limit).await?;
     output::status(&format!(
-        "serving model '{}' ({kind}, out={}, {}) on dyn://{id}, instance {:x}",
+        "serving model '{}' ({}, out={}, {}) on dyn://{id}, instance {:x}",
         card.display_name,
+        card.kind,
         config.output.as_str(),
         role_note,
         runtime.instance_id()

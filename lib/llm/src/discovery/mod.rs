@@ -22,7 +22,7 @@ pub use error::ModelDiscoveryError;
 pub use crate::model_card::ModelKind;
 pub use migration::MigrationPolicy;
 pub use model_entry::{endpoint_models_prefix, model_key, ModelEntry, MODELS_PREFIX};
-pub use register::{register_model, unregister_model, ModelRegistration};
+pub use register::{register_card, register_model, unregister_model, ModelRegistration};
 pub use remote::{RemoteOpenAIEngine, RemoteTokenEngine};
 pub use router_mode::{RouterMode, UnknownRouterMode};
 pub use serve::{openai_engine_handler, serve_openai_engine, serve_token_engine, token_engine_handler};

@@ -6,7 +6,7 @@ use dynamo_runtime::Endpoint;
 use super::card::serve_card;
 use super::error::ModelDiscoveryError;
 use super::model_entry::{model_key, ModelEntry};
-use crate::model_card::ModelKind;
+use crate::model_card::{ModelDeploymentCard, ModelKind};
 
 /// What a worker says about the model it serves on an endpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,6 +38,31 @@ impl ModelRegistration {
             migration_limit: None,
         }
     }
+
+    /// The registration of the model `card` describes: its name, kind, checksum,
+    /// context length and KV block size.
+    pub fn from_card(card: &ModelDeploymentCard) -> Self {
+        ModelRegistration {
+            name: card.display_name.clone(),
+            kind: card.kind,
+            card_checksum: Some(card.checksum()),
+            context_length: Some(card.context_length),
+            kv_cache_block_size: Some(card.kv_cache_block_size),
+            migration_limit: None,
+        }
+    }
+}
+
+/// Register the model `card` describes, served on `endpoint`, with its card: what
+/// `dynamo-run in=dyn://` and the bindings' `register_llm` do. `migration_limit`: see
+/// [`ModelRegistration::migration_limit`].
+pub async fn register_card(
+    endpoint: &Endpoint,
+    card: &ModelDeploymentCard,
+    migration_limit: Option<u32>,
+) -> Result<ModelEntry, ModelDiscoveryError> {
+    let registration = ModelRegistration { migration_limit, ..ModelRegistration::from_card(card) };
+    register_model(endpoint, registration, Some(serde_json::to_value(card)?)).await
 }
 
 /// Register the model served on `endpoint`: serve `card` (required for
@@ -78,4 +103,21 @@ pub async fn unregister_model(endpoint: &Endpoint) -> Result<(), ModelDiscoveryE
     let key = model_key(endpoint.id(), endpoint.runtime().instance_id());
     endpoint.runtime().discovery().delete(&key).await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_registration_from_a_card_carries_its_facts() {
+        let card = ModelDeploymentCard::builtin("m").with_kind(ModelKind::Chat).with_kv_cache_block_size(8).unwrap();
+        let registration = ModelRegistration::from_card(&card);
+        assert_eq!(registration.name, "m");
+        assert_eq!(registration.kind, ModelKind::Chat);
+        assert_eq!(registration.card_checksum, Some(card.checksum()));
+        assert_eq!(registration.context_length, Some(card.context_length));
+        assert_eq!(registration.kv_cache_block_size, Some(8));
+        assert_eq!(registration.migration_limit, None);
+    }
 }

@@ -7,7 +7,7 @@ use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 use axum::Json;
 
-use super::service::AppState;
+use super::state::AppState;
 use crate::protocols::openai::{ModelList, ModelObject};
 use crate::protocols::unix_now;
 

@@ -17,7 +17,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::connections::overloaded;
 use super::error::ApiError;
-use super::service::AppState;
+use super::state::AppState;
 
 /// The request id header, read from the client and always sent back.
 pub static REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");

@@ -14,11 +14,13 @@ mod openai;
 mod request;
 mod service;
 mod sse;
+mod state;
 
 pub use error::ApiError;
 pub use layers::REQUEST_ID;
+pub use state::HealthCheck;
 pub use limits::{
     HttpLimits, DEFAULT_BODY_TIMEOUT, DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_INFLIGHT,
     DEFAULT_MAX_TOKENS, RETRY_AFTER_SECONDS,
 };
-pub use service::{BoundHttpService, HealthCheck, HttpError, HttpService, HttpServiceBuilder, RunningHttpService, DEFAULT_BODY_LIMIT, DEFAULT_DRAIN_TIMEOUT};
+pub use service::{BoundHttpService, HttpError, HttpService, HttpServiceBuilder, RunningHttpService, DEFAULT_BODY_LIMIT, DEFAULT_DRAIN_TIMEOUT};

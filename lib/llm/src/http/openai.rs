@@ -19,7 +19,7 @@ use super::error::ApiError;
 use super::guard::CancelOnDrop;
 use super::layers::{EngineLogged, RequestId};
 use super::request::{parse_json, read_body};
-use super::service::AppState;
+use super::state::AppState;
 use super::sse::{sse_response, ChunkMeta, SseOptions, StreamChunk};
 use crate::aggregate::{ChatAggregator, CompletionAggregator};
 use crate::engine::{EngineError, OpenAIStream, RequestContext, StreamItem};
@@ -120,7 +120,7 @@ pub(crate) async fn chat_completions(
     };
     let plan = Plan::new(id, &request.model, EngineKind::Chat, request.stream, include_usage(&request.stream_options));
     let fold = ChatAggregator::new(&format!("chatcmpl-{}", plan.ctx.id()), &plan.model);
-    let n = request.n.unwrap_or(1);
+    let n = request.sampling.n.unwrap_or(1);
     if n == 1 {
         let ctx = plan.ctx.clone();
         return respond(state, plan, async move { engine.chat(request, ctx).await }, fold).await;
@@ -130,7 +130,7 @@ pub(crate) async fn chat_completions(
     let call = async move {
         let calls = contexts.into_iter().enumerate().map(|(i, ctx)| {
             let mut choice = request.clone();
-            choice.seed = choice_seed(request.seed, i);
+            choice.sampling.seed = choice_seed(request.sampling.seed, i);
             engine.chat(choice, ctx)
         });
         let streams = futures::future::try_join_all(calls).await?;
@@ -162,7 +162,7 @@ pub(crate) async fn completions(
     let plan =
         Plan::new(id, &request.model, EngineKind::Completions, request.stream, include_usage(&request.stream_options));
     let fold = CompletionAggregator::new(&format!("cmpl-{}", plan.ctx.id()), &plan.model);
-    let n = request.n.unwrap_or(1);
+    let n = request.sampling.n.unwrap_or(1);
     if n == 1 {
         let ctx = plan.ctx.clone();
         return respond(state, plan, async move { engine.completion(request, ctx).await }, fold).await;
@@ -172,7 +172,7 @@ pub(crate) async fn completions(
     let call = async move {
         let calls = contexts.into_iter().enumerate().map(|(i, ctx)| {
             let mut choice = request.clone();
-            choice.seed = choice_seed(request.seed, i);
+            choice.sampling.seed = choice_seed(request.sampling.seed, i);
             engine.completion(choice, ctx)
         });
         let streams = futures::future::try_join_all(calls).await?;

@@ -11,6 +11,7 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
+use crate::protocols::openai::SamplingParams;
 
 /// The whole body, or 413 (larger than `limit` bytes), 408 (not all there within
 /// `timeout`), 400 (the connection failed while reading it).
@@ -48,13 +49,26 @@ pub(crate) fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError
         if inner.is_syntax() || inner.is_eof() {
             not_json(inner)
         } else if path == "." || path.is_empty() {
-            ApiError::bad_request(format!("invalid request: {inner}"))
+            match sampling_field_error(body) {
+                Some((field, inner)) => ApiError::bad_field(format!("invalid value for '{field}': {inner}"), Some(field)),
+                None => ApiError::bad_request(format!("invalid request: {inner}")),
+            }
         } else {
             ApiError::bad_field(format!("invalid value for '{path}': {inner}"), Some(path))
         }
     })?;
     de.end().map_err(|e| not_json(&e))?;
     Ok(value)
+}
+
+/// The field and error of a bad sampling field. Those are flattened into both request
+/// kinds ([`SamplingParams`]), which serde reads from a buffer where the field's path is
+/// lost: read them alone to name the field.
+fn sampling_field_error(body: &[u8]) -> Option<(String, String)> {
+    let value: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let e = serde_path_to_error::deserialize::<_, SamplingParams>(value).err()?;
+    let path = e.path().to_string();
+    (path != "." && !path.is_empty()).then(|| (path, e.inner().to_string()))
 }
 
 fn not_json(e: &serde_json::Error) -> ApiError {
@@ -64,7 +78,7 @@ fn not_json(e: &serde_json::Error) -> ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocols::openai::ChatCompletionRequest;
+    use crate::protocols::openai::{ChatCompletionRequest, CompletionRequest};
 
     #[test]
     fn errors_say_what_is_wrong() {
@@ -82,6 +96,12 @@ mod tests {
 
         let e = parse_json::<ChatCompletionRequest>(br#"{"model":"m","messages":[]} trailing"#).unwrap_err();
         assert!(e.body.error.message.contains("not valid JSON"), "{}", e.body.error.message);
+
+        // The sampling fields are flattened into both request kinds: still named.
+        let e = parse_json::<ChatCompletionRequest>(br#"{"model":"m","messages":[],"temperature":"hot"}"#).unwrap_err();
+        assert_eq!(e.body.error.param.as_deref(), Some("temperature"), "{}", e.body.error.message);
+        let e = parse_json::<CompletionRequest>(br#"{"model":"m","prompt":"x","top_k":"many"}"#).unwrap_err();
+        assert_eq!(e.body.error.param.as_deref(), Some("top_k"), "{}", e.body.error.message);
 
         let ok = parse_json::<ChatCompletionRequest>(br#"{"model":"m","messages":[]}"#).unwrap();
         assert_eq!(ok.model, "m");

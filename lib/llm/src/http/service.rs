@@ -20,6 +20,7 @@ use tower_http::cors::{AllowOrigin, CorsLayer};
 use super::error::ApiError;
 use super::limits::HttpLimits;
 use super::metrics::HttpMetrics;
+use super::state::{AppState, HealthCheck};
 use super::{connections, health, layers, openai};
 use crate::model_manager::ModelManager;
 
@@ -53,26 +54,6 @@ pub enum HttpError {
     /// The server task ended abnormally.
     #[error("HTTP server task failed: {0}")]
     Task(String),
-}
-
-/// A check of what the service depends on besides its models (discovery, the planes):
-/// `Err(reason)` makes `/health` answer 503 with that reason.
-pub type HealthCheck = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
-
-/// What every handler reads.
-pub(crate) struct AppState {
-    pub manager: Arc<ModelManager>,
-    pub metrics: Arc<HttpMetrics>,
-    /// Fires when the drain bound passes: in-flight responses end with an error.
-    pub shutdown: CancellationToken,
-    /// Largest accepted request body in bytes.
-    pub body_limit: usize,
-    /// Dependencies' health, when the embedder supplies a check.
-    pub health_check: Option<HealthCheck>,
-    /// Connection and request limits.
-    pub limits: HttpLimits,
-    /// The key clients must send as `Authorization: Bearer KEY`, when set.
-    pub api_key: Option<String>,
 }
 
 /// Configures an [`HttpService`].

@@ -165,7 +165,61 @@ pub enum KvCacheEventData {
     Cleared,
 }
 
-/// Hashes in events are u64; engines with signed 64-bit ids may send those, taken bitwise.
+/// An engine's signed 64-bit block id as the router keys it: taken bitwise (its two's
+/// complement), so -1 is `u64::MAX`. Every place that takes a signed id (event JSON,
+/// the Python bindings) uses this one rule.
+pub fn block_id_from_signed(id: i64) -> u64 {
+    id as u64
+}
+
+/// A stored-blocks report that does not add up.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoredBlocksError {
+    /// One token count per block hash is expected.
+    #[error("num_block_tokens has {counts} entries but block_hashes has {hashes}")]
+    CountMismatch {
+        /// Entries of `num_block_tokens`.
+        counts: usize,
+        /// Entries of `block_hashes`.
+        hashes: usize,
+    },
+    /// The blocks claim more tokens than the report carries.
+    #[error("num_block_tokens add up to more than len(token_ids)")]
+    TooFewTokens,
+}
+
+/// The blocks of a stored event an engine reports as token counts (`num_block_tokens`,
+/// one per engine block id in `block_hashes`, over `token_ids`). Only full blocks are
+/// hashed: the first block shorter (or longer) than `block_size` ends the event, since
+/// the index keys blocks by the hash of exactly `block_size` tokens.
+pub fn full_stored_blocks(
+    token_ids: &[u32],
+    num_block_tokens: &[usize],
+    block_hashes: &[u64],
+    block_size: usize,
+    lora_name: Option<&str>,
+) -> Result<Vec<KvCacheStoredBlockData>, StoredBlocksError> {
+    if num_block_tokens.len() != block_hashes.len() {
+        return Err(StoredBlocksError::CountMismatch { counts: num_block_tokens.len(), hashes: block_hashes.len() });
+    }
+    if num_block_tokens.iter().sum::<usize>() > token_ids.len() {
+        return Err(StoredBlocksError::TooFewTokens);
+    }
+    let mut blocks = Vec::with_capacity(block_hashes.len());
+    let mut start = 0;
+    for (&n, &block_hash) in num_block_tokens.iter().zip(block_hashes) {
+        if n != block_size || n == 0 {
+            break;
+        }
+        let tokens_hash = compute_block_hash_for_seq_salted(&token_ids[start..start + n], n, lora_name)[0];
+        blocks.push(KvCacheStoredBlockData { block_hash, tokens_hash });
+        start += n;
+    }
+    Ok(blocks)
+}
+
+/// Hashes in events are u64; engines with signed 64-bit ids may send those, taken
+/// bitwise ([`block_id_from_signed`]).
 mod hash64 {
     use std::fmt;
 
@@ -187,7 +241,7 @@ mod hash64 {
                     Ok(Hash(v))
                 }
                 fn visit_i64<E: Error>(self, v: i64) -> Result<Hash, E> {
-                    Ok(Hash(v as u64))
+                    Ok(Hash(super::block_id_from_signed(v)))
                 }
             }
             d.deserialize_u64(V)
@@ -276,6 +330,40 @@ pub struct LoadMetricsEvent {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_signed_block_id_is_taken_bitwise() {
+        assert_eq!(block_id_from_signed(-1), u64::MAX);
+        assert_eq!(block_id_from_signed(i64::MIN), 1 << 63);
+        assert_eq!(block_id_from_signed(42), 42);
+        let removed: KvCacheRemoveData = serde_json::from_str(r#"{"block_hashes":[-1,7]}"#).unwrap();
+        assert_eq!(removed.block_hashes, vec![u64::MAX, 7]);
+    }
+
+    #[test]
+    fn only_full_blocks_of_a_stored_report_are_hashed() {
+        let tokens: Vec<u32> = (0..10).collect();
+        let blocks = full_stored_blocks(&tokens, &[4, 4, 2], &[10, 11, 12], 4, None).unwrap();
+        let expected = compute_block_hash_for_seq(&tokens, 4);
+        assert_eq!(blocks.len(), 2);
+        assert_eq!(blocks.iter().map(|b| b.block_hash).collect::<Vec<_>>(), vec![10, 11]);
+        assert_eq!(blocks.iter().map(|b| b.tokens_hash).collect::<Vec<_>>(), expected);
+        // A short block ends the event even when full ones follow.
+        assert_eq!(full_stored_blocks(&tokens, &[4, 2, 4], &[1, 2, 3], 4, None).unwrap().len(), 1);
+        let salted = full_stored_blocks(&tokens, &[4], &[1], 4, Some("adapter")).unwrap();
+        assert_eq!(salted[0].tokens_hash, compute_block_hash_for_seq_salted(&tokens[..4], 4, Some("adapter"))[0]);
+        assert_ne!(salted[0].tokens_hash, expected[0]);
+    }
+
+    #[test]
+    fn a_stored_report_that_does_not_add_up_is_refused() {
+        let tokens: Vec<u32> = (0..8).collect();
+        assert_eq!(
+            full_stored_blocks(&tokens, &[4], &[1, 2], 4, None),
+            Err(StoredBlocksError::CountMismatch { counts: 1, hashes: 2 })
+        );
+        assert_eq!(full_stored_blocks(&tokens, &[4, 4, 4], &[1, 2, 3], 4, None), Err(StoredBlocksError::TooFewTokens));
+    }
     use serde_json::json;
 
     #[test]

@@ -85,6 +85,83 @@ pub struct NvExt {
     pub annotations: Option<Vec<String>>,
 }
 
+/// The sampling fields chat and completions requests share, flattened into both (the
+/// JSON keeps OpenAI's shape), with vLLM's top-level extensions (`top_k`, `min_p`,
+/// `repetition_penalty`, `min_tokens`, `ignore_eos`; also accepted in `nvext`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SamplingParams {
+    /// Choices to generate (1–[`MAX_N`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub n: Option<u32>,
+    /// 0–2.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f32>,
+    /// In (0, 1].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<f32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub presence_penalty: Option<f32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frequency_penalty: Option<f32>,
+    /// vLLM extension: sample among the k most likely tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_k: Option<i32>,
+    /// vLLM extension: drop tokens below this fraction of the most likely one's probability.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_p: Option<f32>,
+    /// vLLM extension: penalise tokens already in the prompt or the output.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repetition_penalty: Option<f32>,
+    /// vLLM extension: generate at least this many tokens before a stop.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_tokens: Option<u32>,
+    /// vLLM extension: generate until `max_tokens`, ignoring EOS and stop strings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ignore_eos: Option<bool>,
+}
+
+impl SamplingParams {
+    /// Range checks shared by both request kinds (with the request's `max_tokens`); the
+    /// message names the field.
+    pub fn validate(&self, max_tokens: Option<u32>) -> Result<(), String> {
+        if let Some(t) = self.temperature {
+            if !(0.0..=2.0).contains(&t) {
+                return Err(format!("temperature must be between 0 and 2, got {t}"));
+            }
+        }
+        if let Some(p) = self.top_p {
+            if !(p > 0.0 && p <= 1.0) {
+                return Err(format!("top_p must be in (0, 1], got {p}"));
+            }
+        }
+        if let Some(n) = self.n {
+            if !(1..=MAX_N).contains(&n) {
+                return Err(format!("n must be between 1 and {MAX_N}, got {n}"));
+            }
+        }
+        if max_tokens == Some(0) {
+            return Err("max_tokens must be at least 1".to_string());
+        }
+        Ok(())
+    }
+
+    /// These fields, with the extensions a request left out at the top level taken
+    /// from its `nvext` (the top level wins when both are set).
+    pub fn with_nvext(&self, nvext: Option<&NvExt>) -> SamplingParams {
+        let Some(ext) = nvext else { return self.clone() };
+        SamplingParams {
+            top_k: self.top_k.or(ext.top_k),
+            min_p: self.min_p.or(ext.min_p),
+            repetition_penalty: self.repetition_penalty.or(ext.repetition_penalty),
+            min_tokens: self.min_tokens.or(ext.min_tokens),
+            ignore_eos: self.ignore_eos.or(ext.ignore_eos),
+            ..self.clone()
+        }
+    }
+}
+
 /// `stop`: one string or a list of them.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
@@ -175,18 +252,9 @@ pub struct ChatCompletionRequest {
     pub max_tokens: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_completion_tokens: Option<u32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub temperature: Option<f32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub top_p: Option<f32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub n: Option<u32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub seed: Option<i64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub presence_penalty: Option<f32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub frequency_penalty: Option<f32>,
+    /// The sampling fields (and vLLM's top-level extensions), at the top level of the JSON.
+    #[serde(flatten)]
+    pub sampling: SamplingParams,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop: Option<StopSpec>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -234,18 +302,9 @@ pub struct CompletionRequest {
     pub stream_options: Option<StreamOptions>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_tokens: Option<u32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub temperature: Option<f32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub top_p: Option<f32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub n: Option<u32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub seed: Option<i64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub presence_penalty: Option<f32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub frequency_penalty: Option<f32>,
+    /// The sampling fields (and vLLM's top-level extensions), at the top level of the JSON.
+    #[serde(flatten)]
+    pub sampling: SamplingParams,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop: Option<StopSpec>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -268,29 +327,6 @@ pub struct CompletionRequest {
     pub user: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nvext: Option<NvExt>,
-}
-
-/// Range checks shared by both request kinds; the message names the field.
-fn validate_common(temperature: Option<f32>, top_p: Option<f32>, n: Option<u32>, max_tokens: Option<u32>) -> Result<(), String> {
-    if let Some(t) = temperature {
-        if !(0.0..=2.0).contains(&t) {
-            return Err(format!("temperature must be between 0 and 2, got {t}"));
-        }
-    }
-    if let Some(p) = top_p {
-        if !(p > 0.0 && p <= 1.0) {
-            return Err(format!("top_p must be in (0, 1], got {p}"));
-        }
-    }
-    if let Some(n) = n {
-        if !(1..=MAX_N).contains(&n) {
-            return Err(format!("n must be between 1 and {MAX_N}, got {n}"));
-        }
-    }
-    if max_tokens == Some(0) {
-        return Err("max_tokens must be at least 1".to_string());
-    }
-    Ok(())
 }
 
 impl ChatCompletionRequest {
@@ -321,7 +357,7 @@ impl ChatCompletionRequest {
         if let Some(format) = &self.response_format {
             format.validate()?;
         }
-        validate_common(self.temperature, self.top_p, self.n, self.max_tokens())
+        self.sampling.validate(self.max_tokens())
     }
 
     /// Whether the client asked for log probabilities.
@@ -339,7 +375,7 @@ impl CompletionRequest {
             }
         }
         if let Some(best_of) = self.best_of {
-            if best_of != self.n.unwrap_or(1) {
+            if best_of != self.sampling.n.unwrap_or(1) {
                 return Err(not_supported("best_of", "set it to n (or leave it out)"));
             }
         }
@@ -357,7 +393,7 @@ impl CompletionRequest {
         if let Some(format) = &self.response_format {
             format.validate()?;
         }
-        validate_common(self.temperature, self.top_p, self.n, self.max_tokens)
+        self.sampling.validate(self.max_tokens)
     }
 }
 
@@ -584,8 +620,66 @@ mod tests {
         let mut req = ChatCompletionRequest { model: "m".into(), ..Default::default() };
         assert!(req.validate().unwrap_err().contains("messages"));
         req.messages.push(ChatMessage { role: "user".into(), content: None, name: None, tool_calls: None, tool_call_id: None });
-        req.temperature = Some(3.0);
+        req.sampling.temperature = Some(3.0);
         assert!(req.validate().unwrap_err().contains("temperature"));
+    }
+
+    #[test]
+    fn both_request_kinds_read_the_sampling_fields_and_vllm_extensions_at_the_top_level() {
+        let fields = r#""temperature":0.5,"top_p":0.9,"n":2,"seed":7,"presence_penalty":0.1,"frequency_penalty":0.2,
+            "top_k":5,"min_p":0.05,"repetition_penalty":1.1,"min_tokens":3,"ignore_eos":true"#;
+        let expected = SamplingParams {
+            n: Some(2),
+            temperature: Some(0.5),
+            top_p: Some(0.9),
+            seed: Some(7),
+            presence_penalty: Some(0.1),
+            frequency_penalty: Some(0.2),
+            top_k: Some(5),
+            min_p: Some(0.05),
+            repetition_penalty: Some(1.1),
+            min_tokens: Some(3),
+            ignore_eos: Some(true),
+        };
+        let chat: ChatCompletionRequest =
+            serde_json::from_str(&format!(r#"{{"model":"m","messages":[{{"role":"user","content":"x"}}],{fields}}}"#)).unwrap();
+        let completion: CompletionRequest = serde_json::from_str(&format!(r#"{{"model":"m","prompt":"x",{fields}}}"#)).unwrap();
+        assert_eq!(chat.sampling, expected);
+        assert_eq!(completion.sampling, expected);
+        // The fields stay at the top level when a request is written back (remote OpenAI engines).
+        let json = serde_json::to_value(&completion).unwrap();
+        assert_eq!(json["temperature"], 0.5);
+        assert_eq!(json["top_k"], 5);
+        assert!(json.get("sampling").is_none());
+        let back: CompletionRequest = serde_json::from_value(json).unwrap();
+        assert_eq!(back, completion);
+        let empty = serde_json::to_value(ChatCompletionRequest { model: "m".into(), ..Default::default() }).unwrap();
+        assert_eq!(empty, serde_json::json!({"model": "m", "messages": [], "stream": false}));
+    }
+
+    #[test]
+    fn both_request_kinds_validate_the_sampling_fields_alike() {
+        let completion = |fields: &str| -> CompletionRequest {
+            serde_json::from_str(&format!(r#"{{"model":"m","prompt":"x",{fields}}}"#)).unwrap()
+        };
+        let chat = |fields: &str| -> ChatCompletionRequest {
+            serde_json::from_str(&format!(r#"{{"model":"m","messages":[{{"role":"user","content":"x"}}],{fields}}}"#)).unwrap()
+        };
+        for (fields, field) in [(r#""top_p":0"#, "top_p"), (r#""n":0"#, "n"), (r#""temperature":2.5"#, "temperature"), (r#""max_tokens":0"#, "max_tokens")] {
+            assert!(chat(fields).validate().unwrap_err().contains(field), "{fields}");
+            assert!(completion(fields).validate().unwrap_err().contains(field), "{fields}");
+        }
+        assert!(chat(r#""temperature":1"#).validate().is_ok());
+        assert!(completion(r#""temperature":1"#).validate().is_ok());
+    }
+
+    #[test]
+    fn the_top_level_extensions_win_over_nvext() {
+        let ext = NvExt { top_k: Some(1), min_p: Some(0.5), ignore_eos: Some(true), ..Default::default() };
+        let top = SamplingParams { top_k: Some(9), ..Default::default() };
+        let merged = top.with_nvext(Some(&ext));
+        assert_eq!((merged.top_k, merged.min_p, merged.ignore_eos, merged.min_tokens), (Some(9), Some(0.5), Some(true), None));
+        assert_eq!(top.with_nvext(None), top);
     }
 
     #[test]
