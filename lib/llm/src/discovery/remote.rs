@@ -16,13 +16,13 @@ use serde::Serialize;
 use dynamo_runtime::{Client, ErrorKind};
 
 use super::linked_stream::LinkedStream;
-use super::migration::{migrating, Attempt, MigrationPolicy, Resender, StreamFailure, WorkerStream};
+use super::migration::{send_resending, Attempt, MigrationPolicy, Resender, SendError, StreamFailure, WorkerStream};
 use super::router_mode::RouterMode;
 use super::wire::{decode_error, decode_openai_item};
 use crate::engine::{
     ChatStream, CompletionStream, EngineError, OpenAIEngine, OpenAIStream, RequestContext, TokenEngine, TokenStream,
 };
-use crate::kv_router::{GuardedStream, KvRouter, ScheduleError};
+use crate::kv_router::{GuardedStream, KvRouter, KvDecision, ScheduleError};
 use crate::protocols::common::{LLMEngineOutput, PreprocessedRequest};
 use crate::protocols::openai::{ChatCompletionRequest, CompletionRequest, FinishingChunk};
 
@@ -143,7 +143,7 @@ struct Sender {
     kv: Option<Arc<KvRouter>>,
     /// The one instance every request goes to, when pinned.
     pinned: Option<u64>,
-    /// Round-robin position among instances when a continuation must avoid some.
+    /// Round-robin position among the candidate instances.
     next: AtomicUsize,
 }
 
@@ -172,7 +172,8 @@ impl RemoteTokenEngine {
         RemoteTokenEngine { inner, migration: MigrationPolicy::default() }
     }
 
-    /// Continue a stream broken mid-way on another worker, up to `policy.limit` times.
+    /// Resend requests no worker started and continue streams broken mid-way within the
+    /// bounds of `policy` (see [`super::migration`]).
     pub fn with_migration(mut self, policy: MigrationPolicy) -> Self {
         self.migration = policy;
         self
@@ -190,66 +191,104 @@ impl RemoteTokenEngine {
 }
 
 impl Sender {
-    /// Send to the instance the router or mode picks, avoiding `avoid` when another
-    /// instance exists. A KV-routed instance that is gone by the time of sending is
-    /// dropped from the router's index and the request goes round-robin (once). A
-    /// KV-routed stream counts as in flight on its worker until it ends or is dropped.
-    async fn send(&self, mut request: PreprocessedRequest, ctx: &RequestContext, avoid: &[u64]) -> Result<Attempt, EngineError> {
-        // Instances found dead (ping timeout, refused) are left out until they answer again.
+    /// The instance for `request`: the pinned one, else among the routable instances not
+    /// in `avoid` (all routable ones when none is left), the one the KV router or the
+    /// mode picks. The KV decision is returned so that the stream counts in flight on
+    /// its worker.
+    fn pick(&self, request: &mut PreprocessedRequest, avoid: &[u64]) -> Result<(u64, Option<KvDecision>), SendError> {
+        if let Some(instance) = self.pinned {
+            return Ok((instance, None));
+        }
+        // Instances found dead (ping timeout, refused, not taking requests) are left out
+        // until they answer again.
         let live: Vec<u64> = self.client.routable_instance_ids();
         let candidates: Vec<u64> = live.iter().copied().filter(|id| !avoid.contains(id)).collect();
         let candidates = if candidates.is_empty() { live } else { candidates };
-        if let Some(instance) = self.pinned {
-            let direct = dynamo_runtime::RouterMode::Direct(instance);
-            let stream = send_with(&self.client, direct, &request, ctx).await.map_err(decode_error)?;
-            return Ok(Attempt { stream: worker_items(stream), instance: Some(instance) });
+        if candidates.is_empty() {
+            let registered = self.client.instance_ids().len();
+            let message = match registered {
+                0 => format!("no instances of {} are registered", self.client.endpoint()),
+                n => format!("all {n} registered instances of {} are unreachable or not answering", self.client.endpoint()),
+            };
+            return Err(SendError::Failed(EngineError::Unavailable(message)));
         }
         if let Some(router) = &self.kv {
-            let routed = match router.route(&request.token_ids, &candidates) {
-                Ok(decision) => Some(decision),
-                Err(e @ ScheduleError::AllBusy { .. }) => return Err(EngineError::Unavailable(e.to_string())),
-                Err(ScheduleError::NoWorkers) => None,
-            };
-            if let Some(decision) = routed {
-                request.estimated_prefix_hit_num_blocks = Some(u32::try_from(decision.overlap_blocks).unwrap_or(u32::MAX));
-                let guard = router.start_decision(&decision);
-                let direct = dynamo_runtime::RouterMode::Direct(decision.worker);
-                match send_with(&self.client, direct, &request, ctx).await {
-                    Ok(stream) => {
-                        let stream = GuardedStream::new(worker_items(stream), guard).boxed();
-                        return Ok(Attempt { stream, instance: Some(decision.worker) });
-                    }
-                    Err(e) if matches!(e.kind(), ErrorKind::NoInstances | ErrorKind::InstanceNotFound | ErrorKind::Unavailable) => {
-                        tracing::debug!(instance = %format_args!("{:x}", decision.worker), error = %e.full_message(), "kv-routed instance is gone; sending round-robin");
-                        router.remove_worker(decision.worker);
-                        request.estimated_prefix_hit_num_blocks = None;
-                    }
-                    Err(e) => return Err(decode_error(e)),
+            match router.route(&request.token_ids, &candidates) {
+                Ok(decision) => {
+                    request.estimated_prefix_hit_num_blocks = Some(u32::try_from(decision.overlap_blocks).unwrap_or(u32::MAX));
+                    return Ok((decision.worker, Some(decision)));
                 }
+                Err(e @ ScheduleError::AllBusy { .. }) => return Err(SendError::Failed(EngineError::Unavailable(e.to_string()))),
+                // Not in the router's index yet: round-robin below.
+                Err(ScheduleError::NoWorkers) => request.estimated_prefix_hit_num_blocks = None,
             }
-        } else if !avoid.is_empty() && !candidates.is_empty() {
-            // A continuation: go straight to an instance that has not failed this request.
-            let pick = candidates[self.next.fetch_add(1, Ordering::Relaxed) % candidates.len()];
-            let direct = dynamo_runtime::RouterMode::Direct(pick);
-            let stream = send_with(&self.client, direct, &request, ctx).await.map_err(decode_error)?;
-            return Ok(Attempt { stream: worker_items(stream), instance: Some(pick) });
         }
-        let stream = send_with(&self.client, self.mode.to_runtime(), &request, ctx).await.map_err(decode_error)?;
-        Ok(Attempt { stream: worker_items(stream), instance: None })
+        let index = match self.mode {
+            RouterMode::Random => rand::random::<u32>() as usize,
+            RouterMode::RoundRobin | RouterMode::Kv => self.next.fetch_add(1, Ordering::Relaxed),
+        };
+        Ok((candidates[index % candidates.len()], None))
     }
+
+    /// Send one attempt direct to the instance [`Self::pick`] chooses; every resend is
+    /// decided by [`super::migration`]. A KV-routed stream counts as in flight on its
+    /// worker until it ends or is dropped; a KV-routed instance that is gone is dropped
+    /// from the router's index.
+    async fn send(&self, mut request: PreprocessedRequest, ctx: &RequestContext, avoid: &[u64]) -> Result<Attempt, SendError> {
+        let (instance, decision) = self.pick(&mut request, avoid)?;
+        tracing::debug!(request = ctx.id(), instance = %format_args!("{instance:x}"), "sending to instance");
+        let direct = dynamo_runtime::RouterMode::Direct(instance);
+        match send_with(&self.client, direct, &request, ctx).await {
+            Ok(stream) => {
+                let stream = worker_items(stream);
+                let stream = match (&self.kv, &decision) {
+                    (Some(router), Some(decision)) => GuardedStream::new(stream, router.start_decision(decision)).boxed(),
+                    _ => stream,
+                };
+                Ok(Attempt { stream, instance })
+            }
+            Err(e) if self.pinned.is_none() && is_unreachable(e.kind()) => {
+                if let (Some(router), true) = (&self.kv, is_gone(e.kind())) {
+                    router.remove_worker(instance);
+                }
+                Err(SendError::Unreachable { instance, error: e })
+            }
+            Err(e) => Err(SendError::Failed(decode_error(e))),
+        }
+    }
+}
+
+/// A send failed because of the instance or the path to it: another instance may take
+/// the request.
+fn is_unreachable(kind: ErrorKind) -> bool {
+    is_gone(kind) || matches!(kind, ErrorKind::Disconnected | ErrorKind::Timeout)
+}
+
+/// The instance is not (or no longer) there to take requests.
+fn is_gone(kind: ErrorKind) -> bool {
+    matches!(kind, ErrorKind::NoInstances | ErrorKind::InstanceNotFound | ErrorKind::Unavailable)
 }
 
 #[async_trait]
 impl Resender for Arc<Sender> {
-    async fn resend(&self, request: PreprocessedRequest, ctx: &RequestContext, avoid: &[u64]) -> Result<Attempt, EngineError> {
-        self.send(request, ctx, avoid).await
+    async fn send(&self, request: PreprocessedRequest, ctx: &RequestContext, avoid: &[u64]) -> Result<Attempt, SendError> {
+        Sender::send(self, request, ctx, avoid).await
+    }
+
+    fn set_aside(&self, instance: u64, kind: ErrorKind) {
+        if self.pinned.is_some() {
+            return;
+        }
+        match kind {
+            ErrorKind::Timeout => self.client.mark_unresponsive(instance),
+            _ => self.client.mark_down(instance),
+        }
     }
 }
 
 #[async_trait]
 impl TokenEngine for RemoteTokenEngine {
     async fn generate(&self, request: PreprocessedRequest, ctx: RequestContext) -> Result<TokenStream, EngineError> {
-        let first = self.inner.send(request.clone(), &ctx, &[]).await?;
-        Ok(migrating(self.inner.clone(), request, ctx, first, self.migration.clone()))
+        send_resending(self.inner.clone(), request, ctx, self.migration.clone()).await
     }
 }

@@ -234,6 +234,7 @@ impl ModelWatcher {
                 let migration = MigrationPolicy {
                     limit: entry.migration_limit.unwrap_or(self.migration_limit),
                     counter: Some(self.manager.migrations().with_label_values(&[entry.name.as_str()])),
+                    ..MigrationPolicy::default()
                 };
                 let tokens: Arc<dyn TokenEngine> = Arc::new(remote.with_migration(migration));
                 let engine = (self.factory)(card, tokens).map_err(ModelDiscoveryError::Card)?;
