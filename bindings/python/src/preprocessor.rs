@@ -13,7 +13,8 @@ use pyo3::prelude::*;
 use serde::Serialize;
 
 use dynamo_llm::discovery::wire::OpenAIWireItem;
-use dynamo_llm::discovery::{RemoteTokenEngine, RouterMode};
+use dynamo_llm::discovery::RemoteTokenEngine;
+use dynamo_llm::routing::RouterMode;
 use dynamo_llm::engine::{EngineError, OpenAIStream, RequestContext};
 use dynamo_llm::pipeline::Pipeline;
 use dynamo_llm::preprocessor::{chat_input_bytes, completion_input_bytes, Preprocessed, Preprocessor};

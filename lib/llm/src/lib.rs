@@ -21,6 +21,7 @@ pub mod model_manager;
 pub mod pipeline;
 pub mod preprocessor;
 pub mod protocols;
+pub mod routing;
 pub mod tokenizer;
 
 /// The version of this crate.

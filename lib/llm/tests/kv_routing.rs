@@ -12,8 +12,8 @@ use async_trait::async_trait;
 use common::*;
 use dynamo_llm::discovery::{
     register_model, serve_token_engine, EngineFactory, ModelKind, ModelRegistration, ModelWatcher, RemoteTokenEngine,
-    RouterMode,
 };
+use dynamo_llm::routing::RouterMode;
 use dynamo_llm::engine::{EngineError, OpenAIEngine, RequestContext, TokenEngine, TokenStream};
 use dynamo_llm::engines::EchoFull;
 use dynamo_llm::kv_router::{KvRouter, KvRouterConfig};

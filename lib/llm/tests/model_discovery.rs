@@ -12,8 +12,9 @@ use bytes::Bytes;
 use common::*;
 use dynamo_llm::discovery::{
     register_model, serve_openai_engine, serve_token_engine, unregister_model, EngineFactory, ModelKind, ModelRegistration,
-    ModelWatcher, ModelWatcherHandle, RouterMode, MODELS_PREFIX,
+    ModelWatcher, ModelWatcherHandle, MODELS_PREFIX,
 };
+use dynamo_llm::routing::RouterMode;
 use dynamo_llm::engine::{
     ChatStream, CompletionStream, EngineError, OpenAIEngine, RequestContext, StreamItem, TokenEngine,
 };

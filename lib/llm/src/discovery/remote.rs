@@ -4,7 +4,6 @@
 //! may route with a [`KvRouter`] instead of the client's modes, and continues a stream
 //! broken mid-way on another worker (see [`super::migration`]).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -17,14 +16,14 @@ use dynamo_runtime::{Client, ErrorKind};
 
 use super::linked_stream::LinkedStream;
 use super::migration::{send_resending, Attempt, MigrationPolicy, Resender, SendError, StreamFailure, WorkerStream};
-use super::router_mode::RouterMode;
 use super::wire::{decode_error, decode_openai_item};
 use crate::engine::{
     ChatStream, CompletionStream, EngineError, OpenAIEngine, OpenAIStream, RequestContext, TokenEngine, TokenStream,
 };
-use crate::kv_router::{GuardedStream, KvRouter, KvDecision, ScheduleError};
+use crate::kv_router::{GuardedStream, KvRouter};
 use crate::protocols::common::{LLMEngineOutput, PreprocessedRequest};
 use crate::protocols::openai::{ChatCompletionRequest, CompletionRequest, FinishingChunk};
+use crate::routing::{self, Direct, KvSelector, Pick, RouterMode, Selector};
 
 /// Send `request` as JSON with the runtime's `mode`; the runtime's error as is.
 async fn send_with(
@@ -139,36 +138,34 @@ pub struct RemoteTokenEngine {
 #[derive(Debug)]
 struct Sender {
     client: Client,
-    mode: RouterMode,
+    selector: Arc<dyn Selector>,
+    /// The KV router the selector routes with, when it does.
     kv: Option<Arc<KvRouter>>,
-    /// The one instance every request goes to, when pinned.
-    pinned: Option<u64>,
-    /// Round-robin position among the candidate instances.
-    next: AtomicUsize,
+    /// Every request goes to one instance the caller chose: nothing is resent or set aside.
+    pinned: bool,
 }
 
 impl RemoteTokenEngine {
     /// Forward to the instances of `client`'s endpoint, picked by `mode` (`Kv` here is
     /// round-robin: use [`Self::with_kv_router`]).
     pub fn new(client: Client, mode: RouterMode) -> Self {
-        Self::build(client, mode, None, None)
+        Self::build(client, routing::selector(mode, None), None, false)
     }
 
     /// Forward to the instances of `client`'s endpoint that `router` picks.
     pub fn with_kv_router(client: Client, router: Arc<KvRouter>) -> Self {
-        Self::build(client, RouterMode::Kv, Some(router), None)
+        Self::build(client, Arc::new(KvSelector::new(router.clone())), Some(router), false)
     }
 
     /// Send every request to `instance` of `client`'s endpoint (a caller that picked the
     /// worker itself, like a processor asking a router service); an instance that is
     /// gone is an error, not a reroute.
     pub fn to_instance(client: Client, instance: u64) -> Self {
-        Self::build(client, RouterMode::RoundRobin, None, Some(instance))
+        Self::build(client, Arc::new(Direct::new(instance)), None, true)
     }
 
-    fn build(client: Client, mode: RouterMode, kv: Option<Arc<KvRouter>>, pinned: Option<u64>) -> Self {
-        let next = AtomicUsize::new(rand::random::<u32>() as usize);
-        let inner = Arc::new(Sender { client, mode, kv, pinned, next });
+    fn build(client: Client, selector: Arc<dyn Selector>, kv: Option<Arc<KvRouter>>, pinned: bool) -> Self {
+        let inner = Arc::new(Sender { client, selector, kv, pinned });
         RemoteTokenEngine { inner, migration: MigrationPolicy::default() }
     }
 
@@ -191,65 +188,53 @@ impl RemoteTokenEngine {
 }
 
 impl Sender {
-    /// The instance for `request`: the pinned one, else among the routable instances not
-    /// in `avoid` (all routable ones when none is left), the one the KV router or the
-    /// mode picks. The KV decision is returned so that the stream counts in flight on
-    /// its worker.
-    fn pick(&self, request: &mut PreprocessedRequest, avoid: &[u64]) -> Result<(u64, Option<KvDecision>), SendError> {
-        if let Some(instance) = self.pinned {
-            return Ok((instance, None));
-        }
-        // Instances found dead (ping timeout, refused, not taking requests) are left out
-        // until they answer again.
-        let live: Vec<u64> = self.client.routable_instance_ids();
-        let candidates: Vec<u64> = live.iter().copied().filter(|id| !avoid.contains(id)).collect();
-        let candidates = if candidates.is_empty() { live } else { candidates };
-        if candidates.is_empty() {
-            let registered = self.client.instance_ids().len();
-            let message = match registered {
-                0 => format!("no instances of {} are registered", self.client.endpoint()),
-                n => format!("all {n} registered instances of {} are unreachable or not answering", self.client.endpoint()),
-            };
-            return Err(SendError::Failed(EngineError::Unavailable(message)));
-        }
-        if let Some(router) = &self.kv {
-            match router.route(&request.token_ids, &candidates) {
-                Ok(decision) => {
-                    request.estimated_prefix_hit_num_blocks = Some(u32::try_from(decision.overlap_blocks).unwrap_or(u32::MAX));
-                    return Ok((decision.worker, Some(decision)));
-                }
-                Err(e @ ScheduleError::AllBusy { .. }) => return Err(SendError::Failed(EngineError::Unavailable(e.to_string()))),
-                // Not in the router's index yet: round-robin below.
-                Err(ScheduleError::NoWorkers) => request.estimated_prefix_hit_num_blocks = None,
+    /// The selector's pick for `request` among the routable instances not in `avoid`
+    /// (all routable ones when none is left); a pinned sender's instance whatever they are.
+    fn pick(&self, request: &mut PreprocessedRequest, avoid: &[u64]) -> Result<Pick, SendError> {
+        let mut candidates = Vec::new();
+        if !self.pinned {
+            // Instances found dead (ping timeout, refused, not taking requests) are left
+            // out until they answer again.
+            let live: Vec<u64> = self.client.routable_instance_ids();
+            candidates = live.iter().copied().filter(|id| !avoid.contains(id)).collect();
+            if candidates.is_empty() {
+                candidates = live;
+            }
+            if candidates.is_empty() {
+                let message = match self.client.instance_ids().len() {
+                    0 => format!("no instances of {} are registered", self.client.endpoint()),
+                    n => format!("all {n} registered instances of {} are unreachable or not answering", self.client.endpoint()),
+                };
+                return Err(SendError::Failed(EngineError::Unavailable(message)));
             }
         }
-        let index = match self.mode {
-            RouterMode::Random => rand::random::<u32>() as usize,
-            RouterMode::RoundRobin | RouterMode::Kv => self.next.fetch_add(1, Ordering::Relaxed),
-        };
-        Ok((candidates[index % candidates.len()], None))
+        let pick = self.selector.select(&request.token_ids, &candidates).map_err(|e| SendError::Failed(EngineError::Unavailable(e.to_string())))?;
+        if self.kv.is_some() {
+            request.estimated_prefix_hit_num_blocks = pick.overlap_blocks.map(|b| u32::try_from(b).unwrap_or(u32::MAX));
+        }
+        Ok(pick)
     }
 
     /// Send one attempt direct to the instance [`Self::pick`] chooses; every resend is
-    /// decided by [`super::migration`]. A KV-routed stream counts as in flight on its
-    /// worker until it ends or is dropped; a KV-routed instance that is gone is dropped
-    /// from the router's index.
+    /// decided by [`super::migration`]. The pick's load (a KV-routed stream in flight on
+    /// its worker) is held until the stream ends or is dropped; an instance that is gone
+    /// is reported to the selector (the KV router drops it from its index).
     async fn send(&self, mut request: PreprocessedRequest, ctx: &RequestContext, avoid: &[u64]) -> Result<Attempt, SendError> {
-        let (instance, decision) = self.pick(&mut request, avoid)?;
+        let pick = self.pick(&mut request, avoid)?;
+        let instance = pick.instance;
         tracing::debug!(request = ctx.id(), instance = %format_args!("{instance:x}"), "sending to instance");
         let direct = dynamo_runtime::RouterMode::Direct(instance);
         match send_with(&self.client, direct, &request, ctx).await {
             Ok(stream) => {
-                let stream = worker_items(stream);
-                let stream = match (&self.kv, &decision) {
-                    (Some(router), Some(decision)) => GuardedStream::new(stream, router.start_decision(decision)).boxed(),
-                    _ => stream,
+                let stream = match pick.load {
+                    Some(load) => GuardedStream::new(worker_items(stream), load).boxed(),
+                    None => worker_items(stream),
                 };
                 Ok(Attempt { stream, instance })
             }
-            Err(e) if self.pinned.is_none() && is_unreachable(e.kind()) => {
-                if let (Some(router), true) = (&self.kv, is_gone(e.kind())) {
-                    router.remove_worker(instance);
+            Err(e) if !self.pinned && is_unreachable(e.kind()) => {
+                if is_gone(e.kind()) {
+                    self.selector.on_end_unreachable(instance);
                 }
                 Err(SendError::Unreachable { instance, error: e })
             }
@@ -276,7 +261,7 @@ impl Resender for Arc<Sender> {
     }
 
     fn set_aside(&self, instance: u64, kind: ErrorKind) {
-        if self.pinned.is_some() {
+        if self.pinned {
             return;
         }
         match kind {

@@ -18,7 +18,7 @@ use super::error::ModelDiscoveryError;
 use super::model_entry::{ModelEntry, MODELS_PREFIX};
 use super::migration::MigrationPolicy;
 use super::remote::{RemoteOpenAIEngine, RemoteTokenEngine};
-use super::router_mode::RouterMode;
+use crate::routing::RouterMode;
 use crate::engine::{OpenAIEngine, TokenEngine};
 use crate::kv_router::{KvRouter, KvRouterConfig};
 use crate::model_card::ModelKind;
