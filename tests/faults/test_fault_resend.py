@@ -33,7 +33,7 @@ PICK_RACE = 1.0
 BACK_BOUND = 15.0
 CLIENTS = 4
 
-LOG_FILTER = "warn,dynamo_llm::discovery::remote=debug"
+LOG_FILTER = "warn,dynamo_llm::remote::engine=debug"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 INSTANCE = re.compile(r"instance=([0-9a-f]+)")
 FAILED = ("worker did not start the request", "worker stream broke", "instance unreachable")

@@ -16,9 +16,8 @@ use std::sync::Arc;
 use dynamo_llm::disagg::{
     default_prefill_endpoint, serve_prefill_worker, DisaggDecodeEngine, DisaggMetrics, DisaggRole, KvHandoff, PrefillQueue, PrefillQueueKind,
 };
-use dynamo_llm::discovery::{
-    register_model, serve_openai_engine, serve_token_engine, ModelDiscoveryError, ModelRegistration,
-};
+use dynamo_llm::discovery::{register_model, ModelDiscoveryError, ModelRegistration};
+use dynamo_llm::remote::{serve_openai_engine, serve_token_engine};
 use dynamo_llm::engines::mocker::MockerPublisher;
 use dynamo_llm::model_card::ModelKind;
 use dynamo_llm::engine::TokenEngine;

@@ -6,7 +6,7 @@
 //!   [`crate::kv_router::KvRouter`]).
 //!
 //! Imports run one way: `routing` uses `kv_router`; the remote engine
-//! ([`crate::discovery`]) and the routing lab use `routing`. A new policy is a new file
+//! ([`crate::remote`]) and the routing lab use `routing`. A new policy is a new file
 //! here with a `Selector`, a variant of [`RouterMode`] and its arm in [`selector`].
 
 mod direct;

@@ -285,6 +285,10 @@ mod tests {
     use crate::protocols::common::{FinishReason, StopConditions};
 
     type Items = Vec<Result<LLMEngineOutput, StreamFailure>>;
+    /// What one send is answered with: a stream's items, or unreachable with this kind.
+    type Outcome = Result<Items, ErrorKind>;
+    /// Each send's request and the instances it was to avoid.
+    type Sent = Vec<(PreprocessedRequest, Vec<u64>)>;
 
     fn out(ids: &[u32], finish: Option<FinishReason>) -> Result<LLMEngineOutput, StreamFailure> {
         Ok(LLMEngineOutput { token_ids: ids.to_vec(), finish_reason: finish, ..Default::default() })
@@ -298,13 +302,13 @@ mod tests {
     /// send, from 0) and records what it was sent and what was set aside.
     #[derive(Clone, Default)]
     struct Script {
-        outcomes: Arc<Mutex<Vec<Result<Items, ErrorKind>>>>,
-        sent: Arc<Mutex<Vec<(PreprocessedRequest, Vec<u64>)>>>,
+        outcomes: Arc<Mutex<Vec<Outcome>>>,
+        sent: Arc<Mutex<Sent>>,
         set_aside: Arc<Mutex<Vec<(u64, ErrorKind)>>>,
     }
 
     impl Script {
-        fn then(&self, outcome: Result<Items, ErrorKind>) -> &Self {
+        fn then(&self, outcome: Outcome) -> &Self {
             self.outcomes.lock().push(outcome);
             self
         }
@@ -340,7 +344,9 @@ mod tests {
     }
 
     /// The outputs (or the error of the first send), and how many migrations were counted.
-    async fn run(script: &Script, limit: u32, resend_limit: u32) -> (Result<Vec<Result<LLMEngineOutput, EngineError>>, EngineError>, u64) {
+    type Outputs = Result<Vec<Result<LLMEngineOutput, EngineError>>, EngineError>;
+
+    async fn run(script: &Script, limit: u32, resend_limit: u32) -> (Outputs, u64) {
         let counter = IntCounter::new("m", "m").unwrap();
         let policy = MigrationPolicy { limit, resend_limit, counter: Some(counter.clone()) };
         let out = match send_resending(script.clone(), request(), RequestContext::new("r"), policy).await {
