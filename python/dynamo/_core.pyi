@@ -10,7 +10,11 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, final
 
 __version__: str
+#: The names ``--router-mode`` takes (``round-robin``, ``random``, ``kv``), from
+#: ``dynamo_llm::routing::RouterMode``: the one parser of router modes.
+ROUTER_MODES: tuple[str, ...]
 __all__ = [
+    "ROUTER_MODES",
     "Annotated",
     "ChunkStream",
     "Client",

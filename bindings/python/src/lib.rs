@@ -18,6 +18,7 @@ mod runtime;
 mod serving;
 
 use pyo3::prelude::*;
+use pyo3::types::PyTuple;
 
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -39,6 +40,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     disagg::register(m)?;
     kv_index::register(m)?;
     kv_router::register(m)?;
+    m.add("ROUTER_MODES", PyTuple::new(m.py(), dynamo_llm::routing::RouterMode::NAMES)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

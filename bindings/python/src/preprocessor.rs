@@ -12,8 +12,9 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use serde::Serialize;
 
-use dynamo_llm::discovery::wire::OpenAIWireItem;
-use dynamo_llm::discovery::{RemoteTokenEngine, RouterMode};
+use dynamo_llm::remote::wire::OpenAIWireItem;
+use dynamo_llm::remote::RemoteTokenEngine;
+use dynamo_llm::routing::RouterMode;
 use dynamo_llm::engine::{EngineError, OpenAIStream, RequestContext};
 use dynamo_llm::model_card::{CardOptions, ModelKind};
 use dynamo_llm::pipeline::Pipeline;

@@ -4,9 +4,10 @@
 use std::path::PathBuf;
 use std::str::FromStr;
 
-use clap::{ArgAction, Parser, ValueEnum};
+use clap::builder::{PossibleValuesParser, TypedValueParser};
+use clap::{ArgAction, Parser};
 use dynamo_llm::disagg::{DisaggConfig, DisaggRole};
-use dynamo_llm::discovery::RouterMode;
+use dynamo_llm::routing::RouterMode;
 use dynamo_runtime::EndpointId;
 
 use crate::error::RunError;
@@ -80,8 +81,9 @@ pub struct Flags {
     pub cors_origins: Vec<String>,
 
     /// How `out=dyn` picks a worker instance.
-    #[arg(long, value_enum, value_name = "MODE", default_value_t = RouterModeArg::RoundRobin)]
-    pub router_mode: RouterModeArg,
+    #[arg(long, value_name = "MODE", default_value_t = RouterMode::RoundRobin,
+          value_parser = PossibleValuesParser::new(RouterMode::NAMES).try_map(|s| s.parse::<RouterMode>()))]
+    pub router_mode: RouterMode,
 
     /// `--router-mode kv`: weight of a KV block still to prefill (request blocks minus
     /// the worker's cached prefix) against a block in use on the worker (decode load).
@@ -214,18 +216,6 @@ fn positive_f64(s: &str) -> Result<f64, String> {
 
 fn parse_role(s: &str) -> Result<DisaggRole, String> {
     s.parse()
-}
-
-/// `--router-mode` values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum RouterModeArg {
-    /// Each instance in turn.
-    RoundRobin,
-    /// An instance at random.
-    Random,
-    /// Approximate KV-cache-aware routing for `backend` models (predicted from its own
-    /// routing decisions; no KV events). Other models go round-robin.
-    Kv,
 }
 
 /// Where requests come from.
@@ -391,11 +381,7 @@ impl Flags {
         } else if !self.engine_args.is_empty() {
             return usage(format!("flags after -- go to the engine process of out=vllm, not out={}", output.as_str()));
         }
-        let router_mode = match self.router_mode {
-            RouterModeArg::RoundRobin => RouterMode::RoundRobin,
-            RouterModeArg::Random => RouterMode::Random,
-            RouterModeArg::Kv => RouterMode::Kv,
-        };
+        let router_mode = self.router_mode;
         let kv_flags = [
             ("--kv-overlap-weight", self.kv_overlap_weight != dynamo_llm::kv_router::DEFAULT_OVERLAP_WEIGHT),
             ("--router-temperature", self.router_temperature != dynamo_llm::kv_router::DEFAULT_TEMPERATURE),

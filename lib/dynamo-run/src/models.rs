@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dynamo_llm::discovery::{ModelWatcher, ModelWatcherHandle};
+use dynamo_llm::frontend::{ModelWatcher, ModelWatcherHandle};
 use dynamo_llm::engine::OpenAIEngine;
 use dynamo_llm::model_manager::ModelManager;
 use dynamo_llm::pipeline::Pipeline;

@@ -10,6 +10,8 @@
 //! Every call takes the request's [`RequestContext`]; an engine stops generating when
 //! it is stopped or killed (a client that disconnects from the frontend stops it).
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
 use futures::stream::BoxStream;
 
@@ -112,3 +114,9 @@ pub trait OpenAIEngine: Send + Sync + 'static {
 pub trait TokenEngine: Send + Sync + 'static {
     async fn generate(&self, request: PreprocessedRequest, ctx: RequestContext) -> Result<TokenStream, EngineError>;
 }
+
+/// Builds the OpenAI engine of a `backend` model from its card (JSON) and the token
+/// engine that reaches its workers; in practice the preprocessor pipeline
+/// ([`crate::frontend::ModelWatcher`] calls it for each model it finds).
+pub type EngineFactory =
+    Arc<dyn Fn(serde_json::Value, Arc<dyn TokenEngine>) -> Result<Arc<dyn OpenAIEngine>, String> + Send + Sync>;

@@ -14,6 +14,7 @@ pub mod disagg;
 pub mod discovery;
 pub mod engine;
 pub mod engines;
+pub mod frontend;
 pub mod http;
 pub mod kv_router;
 pub mod model_card;
@@ -21,6 +22,8 @@ pub mod model_manager;
 pub mod pipeline;
 pub mod preprocessor;
 pub mod protocols;
+pub mod remote;
+pub mod routing;
 pub mod tokenizer;
 
 /// The version of this crate.

@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use futures::{future, StreamExt};
 
 use crate::detokenizer::detokenize;
-use crate::discovery::EngineFactory;
+use crate::engine::EngineFactory;
 use crate::engine::{
     ChatStream, CompletionStream, EngineError, OpenAIEngine, RequestContext, StreamItem, TokenEngine, TokenStream,
 };
@@ -40,7 +40,7 @@ impl Pipeline {
         Pipeline { preprocessor, engine }
     }
 
-    /// The [`EngineFactory`] a frontend's [`crate::discovery::ModelWatcher`] uses for
+    /// The [`EngineFactory`] a frontend's [`crate::frontend::ModelWatcher`] uses for
     /// `backend` models: a pipeline built from each fetched card (JSON).
     pub fn factory() -> EngineFactory {
         Arc::new(|card: serde_json::Value, engine: Arc<dyn TokenEngine>| {

@@ -10,10 +10,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use common::*;
-use dynamo_llm::discovery::{
-    register_model, serve_openai_engine, serve_token_engine, unregister_model, EngineFactory, ModelKind, ModelRegistration,
-    ModelWatcher, ModelWatcherHandle, RouterMode, MODELS_PREFIX,
-};
+use dynamo_llm::discovery::{register_model, unregister_model, ModelKind, ModelRegistration, MODELS_PREFIX};
+use dynamo_llm::engine::EngineFactory;
+use dynamo_llm::frontend::{ModelWatcher, ModelWatcherHandle};
+use dynamo_llm::remote::{serve_openai_engine, serve_token_engine};
+use dynamo_llm::routing::RouterMode;
 use dynamo_llm::engine::{
     ChatStream, CompletionStream, EngineError, OpenAIEngine, RequestContext, StreamItem, TokenEngine,
 };
@@ -430,7 +431,7 @@ async fn stopping_the_context_reaches_the_worker_while_the_caller_reads_on() {
     let caller = runtime(&store).await;
     let client = caller.namespace("ns").unwrap().component("backend").unwrap().endpoint("generate").unwrap().client().await.unwrap();
     client.wait_for_instances(Some(WAIT)).await.unwrap();
-    let engine = dynamo_llm::discovery::RemoteTokenEngine::new(client, RouterMode::Random);
+    let engine = dynamo_llm::remote::RemoteTokenEngine::new(client, RouterMode::Random);
 
     let echoed = engine.generate(PreprocessedRequest { token_ids: vec![7, 8], ..Default::default() }, RequestContext::new("echo")).await.unwrap();
     let items: Vec<_> = bounded("the echo", echoed.collect::<Vec<_>>()).await;

@@ -17,6 +17,8 @@ use crate::transport::nats;
 
 /// How often a long `wait_for_instances` says what it is waiting for.
 const WAIT_LOG_INTERVAL: Duration = Duration::from_secs(5);
+/// Wait between two probes of an unresponsive NATS instance.
+const PROBE_INTERVAL: Duration = Duration::from_secs(1);
 /// Instances tried per request when the first ones are unreachable (not for `Direct`).
 const MAX_ATTEMPTS: usize = 3;
 
@@ -88,6 +90,57 @@ impl Client {
     /// down in this process (unreachable, or not answering pings), ascending.
     pub fn routable_instance_ids(&self) -> Vec<u64> {
         self.watcher.routable().iter().map(|i| i.instance_id).collect()
+    }
+
+    /// Skip `instance_id` for a couple of seconds in every client of this process: it
+    /// refused a request (draining) or lost one before its first item.
+    pub fn mark_down(&self, instance_id: u64) {
+        self.watcher.mark_down(instance_id);
+    }
+
+    /// Take `instance_id` out of routing in every client of this process until it answers
+    /// again: it did not take a request, or went silent, within its bound. A TCP
+    /// instance's address is probed with pings, a NATS instance's subject with NATS pings
+    /// (every [`PROBE_INTERVAL`], each bounded by `DYN_TCP_PEER_TIMEOUT`); an instance
+    /// that leaves discovery is forgotten.
+    pub fn mark_unresponsive(&self, instance_id: u64) {
+        let Some(instance) = self.watcher.instances().iter().find(|i| i.instance_id == instance_id).cloned() else {
+            return;
+        };
+        let transport = self.runtime.transport().clone();
+        let subject = match instance.transport {
+            InstanceTransport::Tcp(address) => {
+                transport.mark_address_down(&address, "did not take or answer a request in time");
+                return;
+            }
+            InstanceTransport::Nats(subject) => subject,
+        };
+        if !transport.mark_unresponsive(instance_id) {
+            return;
+        }
+        tracing::warn!(instance = %format_args!("{instance_id:x}"), endpoint = %self.endpoint, "instance did not take a request in time; routing around it until it answers a ping");
+        let (client, cancel, timeout) = (self.clone(), self.runtime.cancel_token(), self.runtime.config().tcp_peer_timeout);
+        self.runtime.tracker().spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep(PROBE_INTERVAL) => {}
+                    _ = cancel.cancelled() => return,
+                }
+                let registered = client.watcher.instances().iter().any(|i| i.instance_id == instance_id);
+                let answered = registered
+                    && match client.runtime.connected_nats(instance_id) {
+                        Ok(nats) => nats::ping(nats, &subject, timeout).await,
+                        Err(_) => false,
+                    };
+                if !registered || answered {
+                    transport.clear_unresponsive(instance_id);
+                    if answered {
+                        tracing::info!(instance = %format_args!("{instance_id:x}"), "instance answers again; routing to it");
+                    }
+                    return;
+                }
+            }
+        });
     }
 
     /// Wait until at least one instance is registered; `None` waits until the runtime

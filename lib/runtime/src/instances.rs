@@ -83,14 +83,17 @@ impl InstanceWatcher {
         Arc::new(all.iter().filter(|i| !self.is_down(i)).cloned().collect())
     }
 
-    /// Whether `instance` is marked down: its address stopped answering (until it answers
-    /// a ping again), or it refused a request or broke a stream a moment ago.
+    /// Whether `instance` is marked down: its address stopped answering or it did not take
+    /// a request in time (until it answers a ping again), or it refused a request or broke
+    /// a stream a moment ago.
     pub fn is_down(&self, instance: &Instance) -> bool {
         let address_down = match &instance.transport {
             InstanceTransport::Tcp(address) => self.transport.is_address_down(address),
             InstanceTransport::Nats(_) => false,
         };
-        address_down || self.transport.is_instance_down(instance.instance_id)
+        address_down
+            || self.transport.is_unresponsive(instance.instance_id)
+            || self.transport.is_instance_down(instance.instance_id)
     }
 
     /// Skip `instance_id` for a couple of seconds in every client of this process: it

@@ -18,7 +18,6 @@ import sys
 from collections.abc import Sequence
 
 DEFAULT_PORT = 8080
-ROUTER_MODES = ("round-robin", "random", "kv")
 #: ``--store-kv`` / ``--request-plane`` / ``--event-plane`` → the variable each sets.
 PLANE_FLAGS = {
     "store_kv": ("DYN_DISCOVERY_BACKEND", ("etcd", "file", "mem")),
@@ -29,6 +28,8 @@ PLANE_FLAGS = {
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     """The command line of ``python -m dynamo.frontend``."""
+    from dynamo._core import ROUTER_MODES
+
     parser = argparse.ArgumentParser(
         prog="python -m dynamo.frontend", description="OpenAI-compatible HTTP frontend for the models workers register."
     )

@@ -16,7 +16,8 @@ use std::sync::Arc;
 use dynamo_llm::disagg::{
     default_prefill_endpoint, serve_prefill_worker, DisaggDecodeEngine, DisaggMetrics, DisaggRole, KvHandoff, PrefillQueue, PrefillQueueKind,
 };
-use dynamo_llm::discovery::{register_card, serve_openai_engine, serve_token_engine};
+use dynamo_llm::discovery::register_card;
+use dynamo_llm::remote::{serve_openai_engine, serve_token_engine};
 use dynamo_llm::engines::mocker::MockerPublisher;
 use dynamo_llm::engine::TokenEngine;
 use dynamo_runtime::{DistributedRuntime, EndpointId};

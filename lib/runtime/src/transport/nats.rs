@@ -48,6 +48,14 @@ pub(crate) async fn serve(client: async_nats::Client, transport: Arc<Transport>,
             let client = client.clone();
             let transport = transport.clone();
             transport.tracker.clone().spawn(async move {
+                if is_ping(&msg.payload) {
+                    // A caller's liveness probe (see [`ping`]): answering shows this
+                    // process takes messages from its subject again.
+                    if let Some(reply) = msg.reply {
+                        let _ = client.publish(reply, Frame::control(FrameKind::Pong, 0).to_bytes()).await;
+                    }
+                    return;
+                }
                 // Acceptance is the Start frame on the TCP connection; only a refusal is
                 // answered over NATS, keeping a second nats-server hop off every request.
                 if let Err(e) = accept(&transport, msg.payload).await {
@@ -61,6 +69,18 @@ pub(crate) async fn serve(client: async_nats::Client, transport: Arc<Transport>,
         let _ = sub.unsubscribe().await;
     });
     Ok(())
+}
+
+fn is_ping(payload: &Bytes) -> bool {
+    Frame::decode_prefixed(payload.clone()).is_ok_and(|f| f.kind == FrameKind::Ping)
+}
+
+/// Whether the instance serving `subject` answers a ping within `timeout`: it takes
+/// messages from its subject. Any answer counts (a worker of an older version refuses
+/// the ping, which shows it is alive just the same).
+pub(crate) async fn ping(client: &async_nats::Client, subject: &str, timeout: std::time::Duration) -> bool {
+    let request = client.request(subject.to_string(), Frame::control(FrameKind::Ping, 0).to_bytes());
+    matches!(tokio::time::timeout(timeout, request).await, Ok(Ok(_)))
 }
 
 async fn accept(transport: &Arc<Transport>, payload: Bytes) -> Result<()> {

@@ -5,8 +5,10 @@
 //! connect, is *down* until a probe connects to it again and gets a Pong (or discovery
 //! registers an instance there anew). An instance that refused a request (draining) or
 //! whose stream broke is skipped for a short while instead: discovery removes it soon.
+//! An instance on the NATS plane that did not take a request in time is *unresponsive*
+//! until a NATS ping to its subject is answered (see `Client::mark_unresponsive`).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -34,6 +36,7 @@ struct DownAddress {
 pub(super) struct PeerHealth {
     addresses: Mutex<HashMap<String, DownAddress>>,
     instances: Mutex<HashMap<u64, Instant>>,
+    unresponsive: Mutex<HashSet<u64>>,
 }
 
 impl Transport {
@@ -87,6 +90,23 @@ impl Transport {
         let now = Instant::now();
         down.retain(|_, until| *until > now);
         down.contains_key(&id)
+    }
+
+    /// Take instance `id` out of routing until [`Transport::clear_unresponsive`]; returns
+    /// whether it was not marked yet (the caller then starts its probe).
+    pub(crate) fn mark_unresponsive(&self, id: u64) -> bool {
+        self.health.unresponsive.lock().insert(id)
+    }
+
+    /// Instance `id` answered again (or is gone): route to it again.
+    pub(crate) fn clear_unresponsive(&self, id: u64) {
+        self.health.unresponsive.lock().remove(&id);
+    }
+
+    /// Whether instance `id` is marked unresponsive.
+    pub(crate) fn is_unresponsive(&self, id: u64) -> bool {
+        let unresponsive = self.health.unresponsive.lock();
+        !unresponsive.is_empty() && unresponsive.contains(&id)
     }
 
     /// Reconnect to a down address with backoff until a connection opens and answers a

@@ -1,4 +1,5 @@
-//! How a frontend picks the worker instance of a discovered model.
+//! The one parser of router mode names: `--router-mode` (clap in dynamo-run, the
+//! Python frontend through `dynamo._core.ROUTER_MODES`) and the routing lab.
 
 use std::fmt;
 use std::str::FromStr;
@@ -18,6 +19,9 @@ pub enum RouterMode {
 }
 
 impl RouterMode {
+    /// Every mode's name, as `--router-mode` takes it.
+    pub const NAMES: [&'static str; 3] = ["round-robin", "random", "kv"];
+
     /// The runtime client's mode; `Kv` is round-robin there (the KV router picks an
     /// instance itself and sends directly).
     pub fn to_runtime(self) -> dynamo_runtime::RouterMode {
@@ -74,5 +78,8 @@ mod tests {
         assert!("lru".parse::<RouterMode>().unwrap_err().to_string().contains("kv"));
         assert_eq!(RouterMode::Kv.to_runtime(), dynamo_runtime::RouterMode::RoundRobin);
         assert_eq!(RouterMode::Random.to_runtime(), dynamo_runtime::RouterMode::Random);
+        for name in RouterMode::NAMES {
+            assert_eq!(name.parse::<RouterMode>().unwrap().as_str(), name);
+        }
     }
 }

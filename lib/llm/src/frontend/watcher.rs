@@ -13,21 +13,13 @@ use tokio_util::sync::CancellationToken;
 use dynamo_runtime::discovery::{KeyValue, WatchEvent};
 use dynamo_runtime::{Client, DistributedRuntime, EndpointId};
 
-use super::card::fetch_card;
-use super::error::ModelDiscoveryError;
-use super::model_entry::{ModelEntry, MODELS_PREFIX};
-use super::migration::MigrationPolicy;
-use super::remote::{RemoteOpenAIEngine, RemoteTokenEngine};
-use super::router_mode::RouterMode;
-use crate::engine::{OpenAIEngine, TokenEngine};
+use crate::discovery::{fetch_card, ModelDiscoveryError, ModelEntry, MODELS_PREFIX};
+use crate::remote::{MigrationPolicy, RemoteOpenAIEngine, RemoteTokenEngine};
+use crate::routing::RouterMode;
+use crate::engine::{EngineFactory, OpenAIEngine, TokenEngine};
 use crate::kv_router::{KvRouter, KvRouterConfig};
 use crate::model_card::ModelKind;
 use crate::model_manager::{EngineKind, ModelManager, ReadyCheck};
-
-/// Builds the OpenAI engine of a `backend` model from its card (JSON) and the token
-/// engine that reaches its workers; in practice the preprocessor pipeline.
-pub type EngineFactory =
-    Arc<dyn Fn(serde_json::Value, Arc<dyn TokenEngine>) -> Result<Arc<dyn OpenAIEngine>, String> + Send + Sync>;
 
 /// Default bound on fetching a model card.
 pub const DEFAULT_CARD_TIMEOUT: Duration = Duration::from_secs(10);
@@ -234,6 +226,7 @@ impl ModelWatcher {
                 let migration = MigrationPolicy {
                     limit: entry.migration_limit.unwrap_or(self.migration_limit),
                     counter: Some(self.manager.migrations().with_label_values(&[entry.name.as_str()])),
+                    ..MigrationPolicy::default()
                 };
                 let tokens: Arc<dyn TokenEngine> = Arc::new(remote.with_migration(migration));
                 let engine = (self.factory)(card, tokens).map_err(ModelDiscoveryError::Card)?;

@@ -4,7 +4,6 @@
 //! may route with a [`KvRouter`] instead of the client's modes, and continues a stream
 //! broken mid-way on another worker (see [`super::migration`]).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -16,15 +15,15 @@ use serde::Serialize;
 use dynamo_runtime::{Client, ErrorKind};
 
 use super::linked_stream::LinkedStream;
-use super::migration::{migrating, Attempt, MigrationPolicy, Resender, StreamFailure, WorkerStream};
-use super::router_mode::RouterMode;
+use super::migration::{send_resending, Attempt, MigrationPolicy, Resender, SendError, StreamFailure, WorkerStream};
 use super::wire::{decode_error, decode_openai_item};
 use crate::engine::{
     ChatStream, CompletionStream, EngineError, OpenAIEngine, OpenAIStream, RequestContext, TokenEngine, TokenStream,
 };
-use crate::kv_router::{GuardedStream, KvRouter, ScheduleError};
+use crate::kv_router::{GuardedStream, KvRouter};
 use crate::protocols::common::{LLMEngineOutput, PreprocessedRequest};
 use crate::protocols::openai::{ChatCompletionRequest, CompletionRequest, FinishingChunk};
+use crate::routing::{self, Direct, KvSelector, Pick, RouterMode, Selector};
 
 /// Send `request` as JSON with the runtime's `mode`; the runtime's error as is.
 async fn send_with(
@@ -139,40 +138,39 @@ pub struct RemoteTokenEngine {
 #[derive(Debug)]
 struct Sender {
     client: Client,
-    mode: RouterMode,
+    selector: Arc<dyn Selector>,
+    /// The KV router the selector routes with, when it does.
     kv: Option<Arc<KvRouter>>,
-    /// The one instance every request goes to, when pinned.
-    pinned: Option<u64>,
-    /// Round-robin position among instances when a continuation must avoid some.
-    next: AtomicUsize,
+    /// Every request goes to one instance the caller chose: nothing is resent or set aside.
+    pinned: bool,
 }
 
 impl RemoteTokenEngine {
     /// Forward to the instances of `client`'s endpoint, picked by `mode` (`Kv` here is
     /// round-robin: use [`Self::with_kv_router`]).
     pub fn new(client: Client, mode: RouterMode) -> Self {
-        Self::build(client, mode, None, None)
+        Self::build(client, routing::selector(mode, None), None, false)
     }
 
     /// Forward to the instances of `client`'s endpoint that `router` picks.
     pub fn with_kv_router(client: Client, router: Arc<KvRouter>) -> Self {
-        Self::build(client, RouterMode::Kv, Some(router), None)
+        Self::build(client, Arc::new(KvSelector::new(router.clone())), Some(router), false)
     }
 
     /// Send every request to `instance` of `client`'s endpoint (a caller that picked the
     /// worker itself, like a processor asking a router service); an instance that is
     /// gone is an error, not a reroute.
     pub fn to_instance(client: Client, instance: u64) -> Self {
-        Self::build(client, RouterMode::RoundRobin, None, Some(instance))
+        Self::build(client, Arc::new(Direct::new(instance)), None, true)
     }
 
-    fn build(client: Client, mode: RouterMode, kv: Option<Arc<KvRouter>>, pinned: Option<u64>) -> Self {
-        let next = AtomicUsize::new(rand::random::<u32>() as usize);
-        let inner = Arc::new(Sender { client, mode, kv, pinned, next });
+    fn build(client: Client, selector: Arc<dyn Selector>, kv: Option<Arc<KvRouter>>, pinned: bool) -> Self {
+        let inner = Arc::new(Sender { client, selector, kv, pinned });
         RemoteTokenEngine { inner, migration: MigrationPolicy::default() }
     }
 
-    /// Continue a stream broken mid-way on another worker, up to `policy.limit` times.
+    /// Resend requests no worker started and continue streams broken mid-way within the
+    /// bounds of `policy` (see [`super::migration`]).
     pub fn with_migration(mut self, policy: MigrationPolicy) -> Self {
         self.migration = policy;
         self
@@ -190,66 +188,92 @@ impl RemoteTokenEngine {
 }
 
 impl Sender {
-    /// Send to the instance the router or mode picks, avoiding `avoid` when another
-    /// instance exists. A KV-routed instance that is gone by the time of sending is
-    /// dropped from the router's index and the request goes round-robin (once). A
-    /// KV-routed stream counts as in flight on its worker until it ends or is dropped.
-    async fn send(&self, mut request: PreprocessedRequest, ctx: &RequestContext, avoid: &[u64]) -> Result<Attempt, EngineError> {
-        // Instances found dead (ping timeout, refused) are left out until they answer again.
-        let live: Vec<u64> = self.client.routable_instance_ids();
-        let candidates: Vec<u64> = live.iter().copied().filter(|id| !avoid.contains(id)).collect();
-        let candidates = if candidates.is_empty() { live } else { candidates };
-        if let Some(instance) = self.pinned {
-            let direct = dynamo_runtime::RouterMode::Direct(instance);
-            let stream = send_with(&self.client, direct, &request, ctx).await.map_err(decode_error)?;
-            return Ok(Attempt { stream: worker_items(stream), instance: Some(instance) });
-        }
-        if let Some(router) = &self.kv {
-            let routed = match router.route(&request.token_ids, &candidates) {
-                Ok(decision) => Some(decision),
-                Err(e @ ScheduleError::AllBusy { .. }) => return Err(EngineError::Unavailable(e.to_string())),
-                Err(ScheduleError::NoWorkers) => None,
-            };
-            if let Some(decision) = routed {
-                request.estimated_prefix_hit_num_blocks = Some(u32::try_from(decision.overlap_blocks).unwrap_or(u32::MAX));
-                let guard = router.start_decision(&decision);
-                let direct = dynamo_runtime::RouterMode::Direct(decision.worker);
-                match send_with(&self.client, direct, &request, ctx).await {
-                    Ok(stream) => {
-                        let stream = GuardedStream::new(worker_items(stream), guard).boxed();
-                        return Ok(Attempt { stream, instance: Some(decision.worker) });
-                    }
-                    Err(e) if matches!(e.kind(), ErrorKind::NoInstances | ErrorKind::InstanceNotFound | ErrorKind::Unavailable) => {
-                        tracing::debug!(instance = %format_args!("{:x}", decision.worker), error = %e.full_message(), "kv-routed instance is gone; sending round-robin");
-                        router.remove_worker(decision.worker);
-                        request.estimated_prefix_hit_num_blocks = None;
-                    }
-                    Err(e) => return Err(decode_error(e)),
-                }
+    /// The selector's pick for `request` among the routable instances not in `avoid`
+    /// (all routable ones when none is left); a pinned sender's instance whatever they are.
+    fn pick(&self, request: &mut PreprocessedRequest, avoid: &[u64]) -> Result<Pick, SendError> {
+        let mut candidates = Vec::new();
+        if !self.pinned {
+            // Instances found dead (ping timeout, refused, not taking requests) are left
+            // out until they answer again.
+            let live: Vec<u64> = self.client.routable_instance_ids();
+            candidates = live.iter().copied().filter(|id| !avoid.contains(id)).collect();
+            if candidates.is_empty() {
+                candidates = live;
             }
-        } else if !avoid.is_empty() && !candidates.is_empty() {
-            // A continuation: go straight to an instance that has not failed this request.
-            let pick = candidates[self.next.fetch_add(1, Ordering::Relaxed) % candidates.len()];
-            let direct = dynamo_runtime::RouterMode::Direct(pick);
-            let stream = send_with(&self.client, direct, &request, ctx).await.map_err(decode_error)?;
-            return Ok(Attempt { stream: worker_items(stream), instance: Some(pick) });
+            if candidates.is_empty() {
+                let message = match self.client.instance_ids().len() {
+                    0 => format!("no instances of {} are registered", self.client.endpoint()),
+                    n => format!("all {n} registered instances of {} are unreachable or not answering", self.client.endpoint()),
+                };
+                return Err(SendError::Failed(EngineError::Unavailable(message)));
+            }
         }
-        let stream = send_with(&self.client, self.mode.to_runtime(), &request, ctx).await.map_err(decode_error)?;
-        Ok(Attempt { stream: worker_items(stream), instance: None })
+        let pick = self.selector.select(&request.token_ids, &candidates).map_err(|e| SendError::Failed(EngineError::Unavailable(e.to_string())))?;
+        if self.kv.is_some() {
+            request.estimated_prefix_hit_num_blocks = pick.overlap_blocks.map(|b| u32::try_from(b).unwrap_or(u32::MAX));
+        }
+        Ok(pick)
     }
+
+    /// Send one attempt direct to the instance [`Self::pick`] chooses; every resend is
+    /// decided by [`super::migration`]. The pick's load (a KV-routed stream in flight on
+    /// its worker) is held until the stream ends or is dropped; an instance that is gone
+    /// is reported to the selector (the KV router drops it from its index).
+    async fn send(&self, mut request: PreprocessedRequest, ctx: &RequestContext, avoid: &[u64]) -> Result<Attempt, SendError> {
+        let pick = self.pick(&mut request, avoid)?;
+        let instance = pick.instance;
+        tracing::debug!(request = ctx.id(), instance = %format_args!("{instance:x}"), "sending to instance");
+        let direct = dynamo_runtime::RouterMode::Direct(instance);
+        match send_with(&self.client, direct, &request, ctx).await {
+            Ok(stream) => {
+                let stream = match pick.load {
+                    Some(load) => GuardedStream::new(worker_items(stream), load).boxed(),
+                    None => worker_items(stream),
+                };
+                Ok(Attempt { stream, instance })
+            }
+            Err(e) if !self.pinned && is_unreachable(e.kind()) => {
+                if is_gone(e.kind()) {
+                    self.selector.on_end_unreachable(instance);
+                }
+                Err(SendError::Unreachable { instance, error: e })
+            }
+            Err(e) => Err(SendError::Failed(decode_error(e))),
+        }
+    }
+}
+
+/// A send failed because of the instance or the path to it: another instance may take
+/// the request.
+fn is_unreachable(kind: ErrorKind) -> bool {
+    is_gone(kind) || matches!(kind, ErrorKind::Disconnected | ErrorKind::Timeout)
+}
+
+/// The instance is not (or no longer) there to take requests.
+fn is_gone(kind: ErrorKind) -> bool {
+    matches!(kind, ErrorKind::NoInstances | ErrorKind::InstanceNotFound | ErrorKind::Unavailable)
 }
 
 #[async_trait]
 impl Resender for Arc<Sender> {
-    async fn resend(&self, request: PreprocessedRequest, ctx: &RequestContext, avoid: &[u64]) -> Result<Attempt, EngineError> {
-        self.send(request, ctx, avoid).await
+    async fn send(&self, request: PreprocessedRequest, ctx: &RequestContext, avoid: &[u64]) -> Result<Attempt, SendError> {
+        Sender::send(self, request, ctx, avoid).await
+    }
+
+    fn set_aside(&self, instance: u64, kind: ErrorKind) {
+        if self.pinned {
+            return;
+        }
+        match kind {
+            ErrorKind::Timeout => self.client.mark_unresponsive(instance),
+            _ => self.client.mark_down(instance),
+        }
     }
 }
 
 #[async_trait]
 impl TokenEngine for RemoteTokenEngine {
     async fn generate(&self, request: PreprocessedRequest, ctx: RequestContext) -> Result<TokenStream, EngineError> {
-        let first = self.inner.send(request.clone(), &ctx, &[]).await?;
-        Ok(migrating(self.inner.clone(), request, ctx, first, self.migration.clone()))
+        send_resending(self.inner.clone(), request, ctx, self.migration.clone()).await
     }
 }
