@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use dynamo_llm::kv_router::lab::{self, LabConfig, LabError, Policy};
+use dynamo_llm::routing_lab::{self as lab, LabConfig, LabError, Policy};
 use dynamo_llm::kv_router::{KvRouter, KvRouterConfig, ScheduleError, SchedulerConfig, SelectorWeights};
 use dynamo_runtime::Client;
 use pyo3::exceptions::{PyOSError, PyValueError};

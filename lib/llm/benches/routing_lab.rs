@@ -6,7 +6,7 @@
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use dynamo_llm::engines::mocker::MockerArgs;
-use dynamo_llm::kv_router::lab::{self, LabConfig, Policy, TraceRequest};
+use dynamo_llm::routing_lab::{self as lab, LabConfig, Policy, TraceRequest};
 
 /// Tokens per trace block (the Mooncake traces').
 const TRACE_BLOCK: usize = 512;

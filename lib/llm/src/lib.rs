@@ -24,6 +24,7 @@ pub mod preprocessor;
 pub mod protocols;
 pub mod remote;
 pub mod routing;
+pub mod routing_lab;
 pub mod tokenizer;
 
 /// The version of this crate.

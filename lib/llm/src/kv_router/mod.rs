@@ -15,7 +15,6 @@
 //! - [`scheduler`]: each worker's load (its metrics, what was sent since, its timing),
 //!   the straggler penalty and the busy threshold.
 //! - [`inflight`]: in-flight counts, released when a response stream ends.
-//! - [`lab`]: the routing lab, a trace replayed through simulated workers.
 //! - [`router`]: [`KvRouter`], which puts them together.
 //! - [`replica`]: several routers over the same workers sharing their decisions, and a
 //!   new one starting from a peer's snapshot.
@@ -29,7 +28,6 @@ pub mod protocols;
 pub mod publisher;
 pub mod radix;
 pub mod replica;
-pub mod lab;
 pub mod router;
 pub mod scheduler;
 pub mod selector;

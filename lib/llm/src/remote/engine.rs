@@ -1,8 +1,10 @@
 //! Engines that forward to a worker over the runtime's request plane: an OpenAI
 //! engine (for `chat`/`completions` models) and a token engine (for `backend` models,
 //! under the frontend's preprocessor). Formats are in [`super::wire`]. The token engine
-//! may route with a [`KvRouter`] instead of the client's modes, and continues a stream
-//! broken mid-way on another worker (see [`super::migration`]).
+//! picks each attempt's instance with a [`crate::routing`] selector (round-robin,
+//! random, one pinned instance, or the [`KvRouter`]) and sends direct to it; whether a
+//! failed attempt is resent, and where, is decided in [`super::migration`]. The OpenAI
+//! engine still uses the runtime client's modes and retry.
 
 use std::sync::Arc;
 

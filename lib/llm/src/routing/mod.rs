@@ -3,7 +3,8 @@
 //! the routing lab), one [`Selector`] trait, one file per policy.
 //!
 //! - [`round_robin`], [`random`], [`direct`] (one given instance), [`kv`] (over
-//!   [`crate::kv_router::KvRouter`]).
+//!   [`crate::kv_router::KvRouter`]). The routing lab ([`crate::routing_lab`]) replays
+//!   traces through the same selectors.
 //!
 //! Imports run one way: `routing` uses `kv_router`; the remote engine
 //! ([`crate::remote`]) and the routing lab use `routing`. A new policy is a new file
@@ -75,7 +76,7 @@ pub trait Selector: Send + Sync + fmt::Debug {
 pub fn selector(mode: RouterMode, router: Option<Arc<KvRouter>>) -> Arc<dyn Selector> {
     match (mode, router) {
         (RouterMode::Kv, Some(router)) => Arc::new(KvSelector::new(router)),
-        (RouterMode::Random, _) => Arc::new(Random),
+        (RouterMode::Random, _) => Arc::new(Random::new()),
         (RouterMode::RoundRobin | RouterMode::Kv, _) => Arc::new(RoundRobin::new()),
     }
 }

@@ -1,5 +1,5 @@
 //! A mocker engine stepped by hand on simulated time, for discrete-event simulations
-//! (the routing lab, [`crate::kv_router::lab`]): no task, no sleeping. The caller
+//! (the routing lab, [`crate::routing_lab`]): no task, no sleeping. The caller
 //! starts a step ([`SimWorker::start_step`], which says how long it takes), advances
 //! its own clock, and finishes it ([`SimWorker::finish_step`]), collecting the tokens
 //! produced and the KV events the step queued. The scheduler, KV manager and timing

@@ -15,6 +15,10 @@
 //! the worker's KV events (policy `kv` only) and load metrics reach the router at once,
 //! and the router sees each stream's timing (the straggler penalty).
 //! The same trace, policy, configuration and seed give the same report.
+//!
+//! It sits beside the router and the engines, importing both: [`crate::routing`]'s
+//! selectors pick for `round-robin` and `random`, and `kv`/`approx` route with the
+//! [`KvRouter`] the `kv` selector wraps, on the lab's virtual clock and seeded draws.
 
 use std::io::BufRead;
 use std::path::Path;
@@ -22,13 +26,12 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 use serde::Deserialize;
 
-use super::router::{KvRouter, KvRouterConfig};
-use super::scheduler::{ScheduleError, SchedulerConfig};
-use super::protocols::{KvCacheEvent, RouterEvent};
 use crate::engines::mocker::{ArgsError, MockerArgs, SimOutput, SimWorker};
+use crate::kv_router::{KvCacheEvent, KvRouter, KvRouterConfig, RouterEvent, ScheduleError, SchedulerConfig};
+use crate::routing::{self, RouterMode, Selector};
 
 /// Default tokens per trace block (the Mooncake traces' 512).
 pub const DEFAULT_TRACE_BLOCK_SIZE: usize = 512;
@@ -97,12 +100,14 @@ impl FromStr for Policy {
     type Err = LabError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "kv" => Ok(Policy::Kv),
-            "approx" => Ok(Policy::Approx),
-            "round-robin" | "round_robin" => Ok(Policy::RoundRobin),
-            "random" => Ok(Policy::Random),
-            _ => Err(LabError::Invalid(format!("unknown policy '{s}': expected kv, approx, round-robin or random"))),
+        // The frontend's router modes, parsed by their one parser, and the lab's own
+        // `approx` (KV routing without KV events).
+        match s.parse::<RouterMode>() {
+            _ if s == "approx" => Ok(Policy::Approx),
+            Ok(RouterMode::Kv) => Ok(Policy::Kv),
+            Ok(RouterMode::RoundRobin) => Ok(Policy::RoundRobin),
+            Ok(RouterMode::Random) => Ok(Policy::Random),
+            Err(_) => Err(LabError::Invalid(format!("unknown policy '{s}': expected kv, approx, round-robin or random"))),
         }
     }
 }
@@ -328,6 +333,12 @@ pub fn run(trace: &[TraceRequest], policy: Policy, config: &LabConfig) -> Result
     let (mut first_arrival, mut last_token) = (None::<f64>, 0f64);
     let mut next = 0;
     let uses_router = matches!(policy, Policy::Kv | Policy::Approx);
+    // The frontend's selectors, started where the lab's replay is reproducible.
+    let selector: Option<Box<dyn Selector>> = match policy {
+        Policy::RoundRobin => Some(Box::new(routing::RoundRobin::starting_at(0))),
+        Policy::Random => Some(Box::new(routing::Random::seeded(config.seed))),
+        Policy::Kv | Policy::Approx => None,
+    };
 
     loop {
         let next_arrival = order.get(next).map(|&i| arrival(i));
@@ -347,10 +358,12 @@ pub fn run(trace: &[TraceRequest], policy: Policy, config: &LabConfig) -> Result
                 }
                 samples += 1;
                 let tokens = synthesize_tokens(&trace[i], i, config.trace_block_size);
-                let chosen = match policy {
-                    Policy::RoundRobin => Ok((i % n, None)),
-                    Policy::Random => Ok((rng.random_range(0..n), None)),
-                    Policy::Kv | Policy::Approx => {
+                let chosen = match &selector {
+                    Some(selector) => match selector.select(&tokens, &ids) {
+                        Ok(pick) => Ok((pick.instance as usize, None)),
+                        Err(_) => Err(ScheduleError::NoWorkers),
+                    },
+                    None => {
                         router.route_with(&tokens, &ids, at(t), &mut rng).map(|d| {
                             (d.worker as usize, Some((d.sent, d.new_blocks())))
                         })
