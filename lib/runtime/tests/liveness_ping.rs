@@ -168,7 +168,7 @@ async fn a_worker_stops_serving_a_caller_that_went_silent() {
     // A caller that sends its request and then goes silent (partitioned, SIGSTOPped):
     // it neither answers pings nor reads.
     let mut socket = tokio::net::TcpStream::connect(worker.tcp_address()).await.unwrap();
-    let hello = Frame::with_header(FrameKind::Hello, 0, Bytes::from_static(br#"{"version":2,"instance_id":7}"#), Bytes::new());
+    let hello = Frame::with_header(FrameKind::Hello, 0, Bytes::from_static(br#"{"version":3,"instance_id":7}"#), Bytes::new());
     let request = Frame::with_header(
         FrameKind::Request,
         1,

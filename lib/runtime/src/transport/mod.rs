@@ -168,6 +168,8 @@ impl Transport {
             }
             FrameKind::Subscribe => self.events.add_remote_subscriber(conn, frame.stream, &frame.header),
             FrameKind::Event => self.events.deliver(frame.stream, frame.header, frame.body),
+            FrameKind::SubscribeSync => self.events.subscribe_sync(conn, frame.stream).await,
+            FrameKind::Subscribed => self.events.subscribed(frame.stream),
             FrameKind::Hello => tracing::debug!(peer = %conn.peer(), "ignoring a repeated Hello"),
             // Answered by the connection's reader before routing.
             FrameKind::Ping | FrameKind::Pong => {}
