@@ -7,9 +7,8 @@
 //!   prefix as predicted there (confirmed or corrected by KV events where workers publish
 //!   them; the only source of cache contents in approximate mode).
 //! - `ended`: that request's stream ended; peers stop counting it.
-//! - `hello`: a replica started (repeated with backoff until a snapshot begins, up to
-//!   about 16 s: the first messages of a new publisher may be lost while peers connect
-//!   to it). One peer answers (each waits a random moment up to [`ANSWER_JITTER`] and
+//! - `hello`: a replica started (sent once: the event plane delivers a new publisher's
+//!   first message to every replica already subscribed). One peer answers (each waits a random moment up to [`ANSWER_JITTER`] and
 //!   stays quiet when another answer has begun) with:
 //! - `snapshot`: its index (confirmed and predicted blocks, see
 //!   [`super::radix::RadixTree::snapshot`]) in parts of at most [`SNAPSHOT_PART_BLOCKS`]
@@ -44,15 +43,6 @@ pub const SNAPSHOT_PART_BLOCKS: usize = 4096;
 pub const ANSWER_JITTER: Duration = Duration::from_millis(100);
 /// A peer's request whose `ended` never came (the peer died) stops counting after this.
 pub const PEER_REQUEST_TTL: Duration = Duration::from_secs(600);
-/// Waits after each `hello` while no snapshot has begun (no peer, or lost messages).
-const HELLO_RETRIES: [Duration; 6] = [
-    Duration::from_millis(250),
-    Duration::from_millis(500),
-    Duration::from_secs(1),
-    Duration::from_secs(2),
-    Duration::from_secs(4),
-    Duration::from_secs(8),
-];
 /// Messages waiting for the event plane before new ones are dropped.
 const OUTBOX: usize = 4096;
 
@@ -206,19 +196,8 @@ pub(crate) async fn start(router: &Arc<KvRouter>, component: &Component) -> dyna
             }
         }
     });
-    // The first messages of a new publisher can be lost while peers connect to it (the
-    // embedded event plane), so the hello is repeated until a snapshot begins.
-    let hello_state = state.clone();
-    let hello = tokio::spawn(async move {
-        for wait in HELLO_RETRIES {
-            if hello_state.peers.lock().snapshot_from.is_some() {
-                return;
-            }
-            hello_state.send(SyncMessage::Hello { replica: hello_state.id });
-            tokio::time::sleep(wait).await;
-        }
-    });
-    router.add_tasks([publish, follow, hello]);
+    state.send(SyncMessage::Hello { replica: state.id });
+    router.add_tasks([publish, follow]);
     tracing::debug!(replica = %format_args!("{:x}", state.id), component = component.name(), "router replica sync started");
     Ok(())
 }
