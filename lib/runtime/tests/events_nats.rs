@@ -2,6 +2,7 @@
 //! event published after it, including a new publisher's very first ones.
 
 mod nats_support;
+mod poll;
 
 use std::sync::Arc;
 use std::time::Duration;

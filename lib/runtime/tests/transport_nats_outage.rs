@@ -4,6 +4,7 @@
 //! restarting the runtimes.
 
 mod nats_support;
+mod poll;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,6 +16,7 @@ use dynamo_runtime::typed::stream_handler;
 use dynamo_runtime::{Client, DistributedRuntime, ErrorKind, RequestContext};
 use futures::StreamExt;
 use nats_support::{free_port, Nats};
+use poll::eventually;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn config(port: u16) -> RuntimeConfig {
@@ -53,16 +55,6 @@ async fn request(client: &Client) -> dynamo_runtime::Result<usize> {
     Ok(n)
 }
 
-async fn eventually<T>(what: &str, within: Duration, mut attempt: impl AsyncFnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(v) = attempt().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_outage_fails_fast_and_recovers_without_restarts() {

@@ -4,7 +4,7 @@
 #![allow(dead_code)]
 
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// A nats-server on a fixed loopback port, killed -9 on drop.
 pub struct Nats {
@@ -28,11 +28,11 @@ impl Nats {
 
     /// Wait (bounded) until the server accepts connections.
     pub async fn wait_ready(&self) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while tokio::net::TcpStream::connect(("127.0.0.1", self.port)).await.is_err() {
-            assert!(Instant::now() < deadline, "nats-server did not start on port {}", self.port);
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let what = format!("nats-server accepts connections on port {}", self.port);
+        crate::poll::eventually(&what, Duration::from_secs(10), async || {
+            tokio::net::TcpStream::connect(("127.0.0.1", self.port)).await.ok()
+        })
+        .await;
     }
 
     /// Kill the server (SIGKILL) and reap it.
