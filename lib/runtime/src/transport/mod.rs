@@ -11,6 +11,7 @@ pub(crate) mod nats_connection;
 mod peer_health;
 mod pending;
 mod pool;
+pub mod response_stream;
 mod server;
 
 use std::collections::HashMap;
@@ -28,7 +29,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::events::EventHub;
-use crate::response_stream::ResponseStream;
+use response_stream::ResponseStream;
 use connection::Connection;
 use frame::{Frame, FrameKind};
 use peer_health::PeerHealth;
