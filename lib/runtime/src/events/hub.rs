@@ -1,5 +1,6 @@
-//! Subscription tables of the embedded (TCP) event plane, kept inside the transport so
-//! connection frames (Subscribe, Event) can reach them.
+//! Subscription tables of the embedded (TCP) event plane. The hub registers itself with
+//! the transport as the handler of the event frames (Subscribe, Event, SubscribeSync,
+//! Subscribed).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,7 +13,10 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, Notify};
 
 use super::{subject_matches, Event};
+use futures::future::BoxFuture;
+
 use crate::transport::connection::{Connection, TrySendError};
+use crate::transport::dispatch::FrameHandler;
 use crate::transport::frame::{Frame, FrameKind};
 
 struct RemoteSubscriber {
@@ -38,6 +42,10 @@ pub(crate) struct EventHub {
 }
 
 impl EventHub {
+    /// The frame kinds the hub handles.
+    pub(crate) const FRAMES: [FrameKind; 4] =
+        [FrameKind::Subscribe, FrameKind::Event, FrameKind::SubscribeSync, FrameKind::Subscribed];
+
     /// A peer subscribed on `conn` (Subscribe frame).
     pub(crate) fn add_remote_subscriber(&self, conn: &Arc<Connection>, sub_id: u64, header: &[u8]) {
         let pattern = match serde_json::from_slice::<serde_json::Value>(header) {
@@ -160,5 +168,23 @@ impl EventHub {
         if n.is_power_of_two() {
             tracing::warn!(subscriber = who, dropped_total = n, "event subscriber is too slow; dropping events");
         }
+    }
+}
+
+impl FrameHandler for EventHub {
+    fn on_frame<'a>(&'a self, conn: &'a Arc<Connection>, frame: Frame) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            match frame.kind {
+                FrameKind::Subscribe => self.add_remote_subscriber(conn, frame.stream, &frame.header),
+                FrameKind::Event => self.deliver(frame.stream, frame.header, frame.body),
+                FrameKind::SubscribeSync => self.subscribe_sync(conn, frame.stream).await,
+                FrameKind::Subscribed => self.subscribed(frame.stream),
+                other => tracing::debug!(kind = ?other, "not an event frame; ignored"),
+            }
+        })
+    }
+
+    fn connection_closed(&self, conn_id: u64) {
+        EventHub::connection_closed(self, conn_id);
     }
 }

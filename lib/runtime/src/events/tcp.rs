@@ -17,7 +17,7 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 use tokio::sync::OnceCell;
 
-use super::Subscription;
+use super::{EventHub, Subscription};
 use crate::discovery::{Discovery, WatchEvent};
 use crate::error::Result;
 use crate::transport::connection::Connection;
@@ -35,6 +35,7 @@ const SYNC_TIMEOUT: Duration = Duration::from_secs(3);
 pub struct TcpEventPlane {
     transport: Arc<Transport>,
     discovery: Arc<dyn Discovery>,
+    hub: Arc<EventHub>,
     registered: OnceCell<()>,
     subscriber_registered: OnceCell<()>,
     watching: OnceCell<()>,
@@ -43,9 +44,12 @@ pub struct TcpEventPlane {
 
 impl TcpEventPlane {
     pub(super) fn new(transport: Arc<Transport>, discovery: Arc<dyn Discovery>) -> Self {
+        let hub = Arc::new(EventHub::default());
+        transport.register_frames(&EventHub::FRAMES, hub.clone());
         TcpEventPlane {
             transport,
             discovery,
+            hub,
             registered: OnceCell::new(),
             subscriber_registered: OnceCell::new(),
             watching: OnceCell::new(),
@@ -55,7 +59,7 @@ impl TcpEventPlane {
 
     pub(super) async fn publish(&self, subject: &str, payload: Bytes) -> Result<()> {
         self.registered.get_or_try_init(|| self.register_publisher()).await?;
-        self.transport.events.publish(subject, &payload);
+        self.hub.publish(subject, &payload);
         Ok(())
     }
 
@@ -70,7 +74,7 @@ impl TcpEventPlane {
             .iter()
             .filter_map(|kv| u64::from_str_radix(kv.key.strip_prefix(SUBSCRIBERS_PREFIX)?, 16).ok())
             .collect();
-        let missing = self.transport.events.wait_synced(&subscribers, SYNC_TIMEOUT).await;
+        let missing = self.hub.wait_synced(&subscribers, SYNC_TIMEOUT).await;
         if !missing.is_empty() {
             let missing: Vec<String> = missing.iter().map(|i| format!("{i:x}")).collect();
             tracing::warn!(?missing, "event subscribers did not connect within {SYNC_TIMEOUT:?}; they may miss the first events");
@@ -87,8 +91,8 @@ impl TcpEventPlane {
     /// Subscribe; returns once every publisher known from discovery acknowledged (each
     /// bounded by [`SYNC_TIMEOUT`]).
     pub(super) async fn subscribe(&self, subject: &str) -> Result<Subscription> {
-        let (id, rx) = self.transport.events.add_local(subject);
-        let guard = Unsubscribe { transport: self.transport.clone(), id };
+        let (id, rx) = self.hub.add_local(subject);
+        let guard = Unsubscribe { hub: self.hub.clone(), id };
         // Registered before the publishers are read: a publisher that this read misses
         // finds this subscriber in discovery and waits for it.
         self.subscriber_registered.get_or_try_init(|| self.register(SUBSCRIBERS_PREFIX)).await?;
@@ -96,7 +100,7 @@ impl TcpEventPlane {
         let conns: Vec<Arc<Connection>> = self.publishers.lock().values().cloned().collect();
         futures::future::join_all(conns.iter().map(|conn| async {
             if conn.send(subscribe_frame(id, subject)).await.is_ok() {
-                sync(&self.transport, conn).await;
+                sync(&self.hub, conn).await;
             }
         }))
         .await;
@@ -106,9 +110,10 @@ impl TcpEventPlane {
     async fn watch_publishers(&self) -> Result<()> {
         let mut watch = self.discovery.watch_prefix(PUBLISHERS_PREFIX).await?;
         for kv in std::mem::take(&mut watch.initial) {
-            connect_publisher(&self.transport, &self.publishers, &kv.key, &kv.value).await;
+            connect_publisher(&self.transport, &self.hub, &self.publishers, &kv.key, &kv.value).await;
         }
         let transport = self.transport.clone();
+        let hub = self.hub.clone();
         let publishers = self.publishers.clone();
         let cancel = transport.cancel.clone();
         self.transport.tracker.spawn(async move {
@@ -118,7 +123,7 @@ impl TcpEventPlane {
                     _ = cancel.cancelled() => return,
                 };
                 match event {
-                    Some(WatchEvent::Put(kv)) => connect_publisher(&transport, &publishers, &kv.key, &kv.value).await,
+                    Some(WatchEvent::Put(kv)) => connect_publisher(&transport, &hub, &publishers, &kv.key, &kv.value).await,
                     Some(WatchEvent::Delete(key)) => {
                         publishers.lock().remove(&key);
                     }
@@ -137,6 +142,7 @@ impl TcpEventPlane {
 
 async fn connect_publisher(
     transport: &Arc<Transport>,
+    hub: &EventHub,
     publishers: &Mutex<HashMap<String, Arc<Connection>>>,
     key: &str,
     value: &[u8],
@@ -153,10 +159,10 @@ async fn connect_publisher(
             // Listed before the subscriptions are read, so that a concurrent `subscribe`
             // either is among them or sends its own to this connection.
             publishers.lock().insert(key.to_string(), conn.clone());
-            for (id, pattern) in transport.events.local_subscriptions() {
+            for (id, pattern) in hub.local_subscriptions() {
                 let _ = conn.send(subscribe_frame(id, &pattern)).await;
             }
-            sync(transport, &conn).await;
+            sync(hub, &conn).await;
         }
         Err(e) => tracing::warn!(address, error = %e, "cannot reach event publisher"),
     }
@@ -164,13 +170,13 @@ async fn connect_publisher(
 
 /// Send SubscribeSync on `conn` and wait (bounded) for the publisher's answer: it then
 /// holds every subscription sent before on this connection.
-async fn sync(transport: &Transport, conn: &Connection) {
-    let (frame, answered) = transport.events.sync_request();
+async fn sync(hub: &EventHub, conn: &Connection) {
+    let (frame, answered) = hub.sync_request();
     let token = frame.stream;
     let sent = conn.send(frame).await.is_ok();
     let acknowledged = sent && matches!(tokio::time::timeout(SYNC_TIMEOUT, answered).await, Ok(Ok(())));
     if !acknowledged {
-        transport.events.forget_sync(token);
+        hub.forget_sync(token);
         tracing::warn!(peer = %conn.peer(), "event publisher did not acknowledge subscriptions within {SYNC_TIMEOUT:?}");
     }
 }
@@ -181,12 +187,12 @@ fn subscribe_frame(id: u64, subject: &str) -> Frame {
 }
 
 struct Unsubscribe {
-    transport: Arc<Transport>,
+    hub: Arc<EventHub>,
     id: u64,
 }
 
 impl Drop for Unsubscribe {
     fn drop(&mut self) {
-        self.transport.events.remove_local(self.id);
+        self.hub.remove_local(self.id);
     }
 }

@@ -289,7 +289,7 @@ impl Connection {
         for ctx in running.into_values() {
             ctx.kill();
         }
-        transport.events.connection_closed(self.id);
+        transport.frame_handlers.connection_closed(self.id);
         transport.forget_connection(self);
     }
 

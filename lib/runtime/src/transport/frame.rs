@@ -23,7 +23,7 @@ pub(crate) const LENGTH_PREFIX: usize = 4;
 pub(crate) const PROTOCOL_VERSION: u32 = 3;
 
 /// What a frame means. The numbers are the wire values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum FrameKind {
     /// First frame of a connection: header `{"version":3,"instance_id":N}`.
