@@ -74,8 +74,9 @@ async def test_a_new_publisher_loses_no_event(runtime, namespace):
         got = [await inbox.next(f"event {n} of 100") for n in range(100)]
         assert [event["n"] for event in got] == list(range(100))
         assert all(event["worker"] == publisher.instance_id() for event in got)
-        await asyncio.sleep(0.3)
-        assert inbox.queue.empty(), "an event arrived twice"
+        # One publisher's events arrive in order: a duplicate would come before this one.
+        await scope.publish("load", {"worker": publisher.instance_id(), "n": "end"})
+        assert (await inbox.next("the end marker"))["n"] == "end", "an event arrived twice"
     finally:
         inbox.close()
         await shutdown_runtime(publisher)
@@ -107,8 +108,10 @@ async def test_subscribers_only_see_their_subject(runtime, namespace):
     try:
         await ns.publish("wanted", 1)
         assert await wanted.next("the event on 'wanted'") == 1
-        await asyncio.sleep(0.3)
-        assert unwanted.queue.empty()
+        # Not a sleep and a look: one publisher's events arrive in order, so a leaked
+        # "wanted" event would reach "unwanted" before this marker.
+        await ns.publish("unwanted", {"marker": True})
+        assert await unwanted.next("the marker on 'unwanted'") == {"marker": True}
     finally:
         wanted.close()
         unwanted.close()
