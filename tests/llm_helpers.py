@@ -225,10 +225,7 @@ def write_json(path: Path, obj: Any) -> Path:
 
 async def wait_for_metrics_from(subscription: Any, workers: set[int], timeout: float = READY_TIMEOUT) -> None:
     """Wait until `subscription` (a component's `load_metrics`; mockers report at least
-    every second) has carried a report from each of `workers`. This process is then
-    connected to their event publishers, so what they publish from now on reaches all of
-    its subscriptions taken before: the event plane drops events for a subscriber that
-    is not connected yet."""
+    every second) has carried a report from each of `workers`."""
     heard: set[int] = set()
 
     async def listen() -> None:

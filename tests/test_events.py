@@ -1,17 +1,18 @@
 """The event plane from Python: publish/subscribe between processes and between
-runtimes. Delivery is at most once, so publishers repeat until the subscriber has one."""
+runtimes. A subscription receives every event published after `subscribe()` returned,
+including a new publisher's very first ones, so each event here is published once."""
 
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 import pytest
 from dynamo.runtime import DistributedRuntime
 from helpers import shutdown_runtime
 
-#: Bound on the first event getting through (subscriptions take a moment to connect).
+#: Bound on an event published once arriving (a new publisher may first wait for the
+#: subscribers it finds in discovery to connect).
 DELIVERY_TIMEOUT = 15.0
 
 
@@ -26,28 +27,20 @@ class Inbox:
         async for event in subscription:
             await self.queue.put(event)
 
+    async def next(self, what: str) -> Any:
+        """The next event, or a test failure naming `what` after DELIVERY_TIMEOUT."""
+        get = asyncio.ensure_future(self.queue.get())
+        done, _ = await asyncio.wait({get, self.task}, timeout=DELIVERY_TIMEOUT, return_when=asyncio.FIRST_COMPLETED)
+        if get in done:
+            return get.result()
+        get.cancel()
+        if self.task.done():
+            self.task.result()  # the subscription failed: raise why
+            pytest.fail("the subscription ended")
+        pytest.fail(f"no event within {DELIVERY_TIMEOUT:.0f}s: {what}")
+
     def close(self) -> None:
         self.task.cancel()
-
-
-async def publish_until_received(scope: Any, subject: str, inbox: Inbox, make_event, accept) -> Any:
-    """Publish `make_event(n)` every 100 ms until `inbox` holds an event `accept` takes."""
-    deadline = time.monotonic() + DELIVERY_TIMEOUT
-    n = 0
-    while time.monotonic() < deadline:
-        await scope.publish(subject, make_event(n))
-        n += 1
-        try:
-            while True:
-                event = await asyncio.wait_for(inbox.queue.get(), 0.1)
-                if accept(event):
-                    return event
-        except asyncio.TimeoutError:
-            pass
-        if inbox.task.done():
-            inbox.task.result()  # the subscription failed: raise why
-            pytest.fail("the subscription ended")
-    pytest.fail(f"no event on '{subject}' within {DELIVERY_TIMEOUT:.0f}s ({n} published)")
 
 
 @pytest.mark.parametrize("scope", ["namespace", "component"])
@@ -58,11 +51,10 @@ async def test_events_between_processes(runtime, workers, namespace, scope):
         here = here.component("backend")
     inbox = Inbox(await here.subscribe("pong"))
     try:
-        pong = await publish_until_received(
-            here, "ping", inbox,
-            make_event=lambda n: {"n": n, "text": "ping", "nested": [1, 2.5, None, True]},
-            accept=lambda event: isinstance(event, dict) and "ping" in event,
-        )
+        # Published once: the worker subscribed before it reported ready, and its answer
+        # is its first publication.
+        await here.publish("ping", {"text": "ping", "nested": [1, 2.5, None, True]})
+        pong = await inbox.next("the worker's pong")
     finally:
         inbox.close()
     assert pong["pid"] == worker.pid
@@ -70,20 +62,41 @@ async def test_events_between_processes(runtime, workers, namespace, scope):
     assert pong["ping"]["nested"] == [1, 2.5, None, True]
 
 
-async def test_events_between_two_runtimes(runtime, namespace):
+async def test_a_new_publisher_loses_no_event(runtime, namespace):
+    """A runtime started after the subscription publishes at once: every event arrives,
+    in order, once."""
+    inbox = Inbox(await runtime.namespace(namespace).component("backend").subscribe("load"))
+    publisher = DistributedRuntime(asyncio.get_running_loop(), False)
+    try:
+        scope = publisher.namespace(namespace).component("backend")
+        for n in range(100):
+            await scope.publish("load", {"worker": publisher.instance_id(), "n": n})
+        got = [await inbox.next(f"event {n} of 100") for n in range(100)]
+        assert [event["n"] for event in got] == list(range(100))
+        assert all(event["worker"] == publisher.instance_id() for event in got)
+        # One publisher's events arrive in order: a duplicate would come before this one.
+        await scope.publish("load", {"worker": publisher.instance_id(), "n": "end"})
+        assert (await inbox.next("the end marker"))["n"] == "end", "an event arrived twice"
+    finally:
+        inbox.close()
+        await shutdown_runtime(publisher)
+
+
+async def test_a_new_subscription_gets_what_follows(runtime, namespace):
+    """A subscription made while a publisher runs receives everything published after
+    `subscribe()` returned."""
+    scope = runtime.namespace(namespace).component("backend")
+    await scope.publish("load", {"n": -1})  # the publisher is running before the subscriber
     other = DistributedRuntime(asyncio.get_running_loop(), False)
     try:
         inbox = Inbox(await other.namespace(namespace).component("backend").subscribe("load"))
         try:
-            event = await publish_until_received(
-                runtime.namespace(namespace).component("backend"), "load", inbox,
-                make_event=lambda n: {"worker": runtime.instance_id(), "active_blocks": n},
-                accept=lambda event: True,
-            )
+            for n in range(100):
+                await scope.publish("load", {"n": n})
+            got = [await inbox.next(f"event {n} of 100") for n in range(100)]
+            assert [event["n"] for event in got] == list(range(100))
         finally:
             inbox.close()
-        assert event["worker"] == runtime.instance_id()
-        assert isinstance(event["active_blocks"], int)
     finally:
         await shutdown_runtime(other)
 
@@ -93,26 +106,12 @@ async def test_subscribers_only_see_their_subject(runtime, namespace):
     wanted = Inbox(await ns.subscribe("wanted"))
     unwanted = Inbox(await ns.subscribe("unwanted"))
     try:
-        await publish_until_received(ns, "wanted", wanted, make_event=lambda n: n, accept=lambda e: True)
-        # Not a sleep and a look: markers on "unwanted" show what reached it. Once the first
-        # arrives, both subscriptions are live; one more "wanted" event, then markers of a
-        # second round behind it (one publisher's events arrive in order): when one of
-        # those arrives, a leaked "wanted" event would have arrived before it.
-        seen: list[Any] = []
-
-        def marker(round_: str) -> Any:
-            def accept(event: Any) -> bool:
-                seen.append(event)
-                return isinstance(event, dict) and event.get("marker") == round_
-
-            return accept
-
-        await publish_until_received(ns, "unwanted", unwanted, make_event=lambda n: {"marker": "first", "n": n},
-                                     accept=marker("first"))
-        await ns.publish("wanted", "late")
-        await publish_until_received(ns, "unwanted", unwanted, make_event=lambda n: {"marker": "second", "n": n},
-                                     accept=marker("second"))
-        assert [e for e in seen if not (isinstance(e, dict) and "marker" in e)] == [], seen
+        await ns.publish("wanted", 1)
+        assert await wanted.next("the event on 'wanted'") == 1
+        # Not a sleep and a look: one publisher's events arrive in order, so a leaked
+        # "wanted" event would reach "unwanted" before this marker.
+        await ns.publish("unwanted", {"marker": True})
+        assert await unwanted.next("the marker on 'unwanted'") == {"marker": True}
     finally:
         wanted.close()
         unwanted.close()

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
 import openai
 import pytest
 from helpers import EXAMPLES_DIR, free_port, wait_for_instances, wait_until
-from llm_helpers import wait_for_metrics_from
 
 LLM = EXAMPLES_DIR / "llm"
 #: The services of each graph, and of each component run alone (what it depends on, unlinked).
@@ -110,7 +110,7 @@ async def test_agg_router_graph(workers, runtime, namespace, tmp_path: Path) -> 
     (tmp_path / "recording_policy.py").write_text(RECORDING_POLICY)
     record = tmp_path / "choices.txt"
     port = free_port()
-    env = {**workers.env, "PYTHONPATH": str(tmp_path)}
+    env = {**workers.env, "PYTHONPATH": os.pathsep.join(p for p in (str(tmp_path), workers.env.get("PYTHONPATH")) if p)}
     argv_extra = ("--Router.policy=recording_policy:Recording", f"--Router.record-to={record}")
     served = serve(workers, "agg_router", "agg_router", namespace, port, *argv_extra, env=env)
     await served.wait_for_line("Frontend[0] | Frontend ready", 90)
@@ -143,7 +143,6 @@ async def test_agg_router_graph_routes_by_kv_cache(workers, runtime, namespace) 
 
     workers_component = runtime.namespace(namespace).component("Worker")
     indexer = KvIndexer(workers_component, BLOCK_SIZE)
-    await wait_for_metrics_from(await workers_component.subscribe("load_metrics"), set(worker_ids))
     for k, worker in enumerate(sorted(worker_ids)):
         prompt = [3 + (i * (k + 2)) % 250 for i in range(8 * BLOCK_SIZE)]  # 8 blocks, a first block of its own
         request = {"token_ids": prompt, "stop_conditions": {"max_tokens": 2}}

@@ -11,7 +11,7 @@ use futures::future::BoxFuture;
 use crate::component::{EndpointId, Instance, InstanceTransport};
 use crate::error::{Error, ErrorKind, Result};
 use crate::instances::InstanceWatcher;
-use crate::response_stream::{ResponseStream, StreamBounds};
+use crate::transport::response_stream::{ResponseStream, StreamBounds};
 use crate::runtime::DistributedRuntime;
 use crate::transport::nats;
 

@@ -11,7 +11,7 @@ use serde::Serialize;
 use crate::context::RequestContext;
 use crate::error::{Error, ErrorKind, Result};
 use crate::handler::{IncomingRequest, RequestHandler, Responder};
-use crate::response_stream::ResponseItem;
+use crate::transport::response_stream::ResponseItem;
 
 /// A handler from an async stream function: `f(request, context)` yields items or an
 /// error message. Each request runs in its own task; a killed stream stops being polled.

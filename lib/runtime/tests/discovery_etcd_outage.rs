@@ -4,12 +4,14 @@
 //! Without an `etcd` binary the tests print why and pass.
 
 mod discovery_support;
+mod poll;
 
 use std::collections::HashSet;
 use std::time::Duration;
 
 use bytes::Bytes;
-use discovery_support::{next, raw, wait_for, Etcd};
+use discovery_support::{next, raw, Etcd};
+use poll::{eventually, wait_until};
 use dynamo_runtime::config::{LeaseLossPolicy, RuntimeConfig};
 use dynamo_runtime::discovery::{Discovery, EtcdDiscovery, KeyValue, WatchEvent};
 use dynamo_runtime::{DiscoveryHealth, DistributedRuntime};
@@ -62,7 +64,7 @@ async fn watch_survives_etcd_kill_and_immediate_restart() {
     late.put_leased("ns/ep/2", b("two")).await.unwrap();
     collect_until(&mut watch, &[WatchEvent::Put(kv("ns/ep/2", "two"))], Duration::from_secs(10))
         .await;
-    wait_for("watcher healthy", Duration::from_secs(10), || w.health().is_healthy()).await;
+    wait_until("watcher healthy", Duration::from_secs(10), || w.health().is_healthy()).await;
     assert!(!cancel_w.is_cancelled());
     // The earlier registration survived the blip.
     assert_eq!(w.get("ns/ep/1").await.unwrap(), Some(b("one")));
@@ -81,7 +83,7 @@ async fn watch_survives_etcd_down_longer_than_the_lease_ttl() {
     cancel_dying.cancel();
     drop(dying);
     etcd.kill();
-    wait_for("watcher degraded", Duration::from_secs(5), || !w.health().is_healthy()).await;
+    wait_until("watcher degraded", Duration::from_secs(5), || !w.health().is_healthy()).await;
     sleep(TTL * 2).await;
     assert!(
         timeout(Duration::from_millis(100), watch.events.recv()).await.is_err(),
@@ -96,7 +98,7 @@ async fn watch_survives_etcd_down_longer_than_the_lease_ttl() {
     late.put_leased("ns/ep/new", b("n")).await.unwrap();
     collect_until(&mut watch, &[WatchEvent::Put(kv("ns/ep/new", "n"))], Duration::from_secs(10))
         .await;
-    wait_for("watcher healthy", Duration::from_secs(10), || w.health().is_healthy()).await;
+    wait_until("watcher healthy", Duration::from_secs(10), || w.health().is_healthy()).await;
     assert!(!cancel_w.is_cancelled());
 }
 
@@ -167,11 +169,7 @@ async fn watch_reads_again_when_etcd_comes_back_without_its_data() {
     // The unleased key is gone for good; the live process registers its key again.
     collect_until(&mut watch, &[WatchEvent::Delete("ns/ep/plain".into())], Duration::from_secs(10))
         .await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while w.get("ns/ep/a").await.unwrap().is_none() {
-        assert!(Instant::now() < deadline, "the live process did not register again");
-        sleep(Duration::from_millis(50)).await;
-    }
+    eventually("the live process registers again", Duration::from_secs(10), async || w.get("ns/ep/a").await.unwrap()).await;
     let mut direct = etcd.raw().await;
     direct.put("ns/ep/after", "x", None).await.unwrap();
     collect_until(&mut watch, &[WatchEvent::Put(kv("ns/ep/after", "x"))], Duration::from_secs(10))
@@ -201,8 +199,8 @@ async fn lease_loss_keeps_the_process_and_reregisters_when_etcd_is_back() {
     assert_eq!(a.health(), DiscoveryHealth::Healthy);
 
     etcd.kill();
-    wait_for("degraded", Duration::from_secs(5), || !a.health().is_healthy()).await;
-    wait_for("lease lost", Duration::from_secs(5), || {
+    wait_until("degraded", Duration::from_secs(5), || !a.health().is_healthy()).await;
+    wait_until("lease lost", Duration::from_secs(5), || {
         matches!(a.health(), DiscoveryHealth::Degraded { ref reason, .. } if reason.contains("lost"))
     })
     .await;
@@ -217,7 +215,7 @@ async fn lease_loss_keeps_the_process_and_reregisters_when_etcd_is_back() {
     assert!(since.elapsed() >= TTL * 2);
 
     etcd.restart().await;
-    wait_for("healthy again", Duration::from_secs(15), || a.health().is_healthy()).await;
+    wait_until("healthy again", Duration::from_secs(15), || a.health().is_healthy()).await;
     assert!(!cancel_a.is_cancelled());
     let mut direct = etcd.raw().await;
     for (key, value) in [("ns/ep/a", "a"), ("ns/ep/excl", "x"), ("ns/ep/later", "l")] {
@@ -256,11 +254,11 @@ async fn runtime_reports_discovery_health_and_outlives_an_etcd_outage() {
     let rt = DistributedRuntime::new(config).await.unwrap();
     assert_eq!(rt.discovery_health(), DiscoveryHealth::Healthy);
     etcd.kill();
-    wait_for("degraded", Duration::from_secs(5), || !rt.discovery_health().is_healthy()).await;
+    wait_until("degraded", Duration::from_secs(5), || !rt.discovery_health().is_healthy()).await;
     sleep(TTL * 2).await;
     assert!(!rt.cancel_token().is_cancelled() && !rt.is_shutting_down());
     etcd.restart().await;
-    wait_for("healthy", Duration::from_secs(15), || rt.discovery_health().is_healthy()).await;
+    wait_until("healthy", Duration::from_secs(15), || rt.discovery_health().is_healthy()).await;
     assert!(!rt.cancel_token().is_cancelled());
     rt.shutdown().await;
 }

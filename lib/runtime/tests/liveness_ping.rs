@@ -3,6 +3,8 @@
 //! dead within the peer timeout plus one ping interval, taken out of routing, and
 //! routed to again once something at its address answers pings.
 
+mod poll;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -12,6 +14,7 @@ use dynamo_runtime::discovery::MemStore;
 use dynamo_runtime::typed::stream_handler;
 use dynamo_runtime::{DistributedRuntime, EndpointId, ErrorKind, Instance, InstanceTransport, RequestContext};
 use futures::StreamExt;
+use poll::wait_until;
 use tokio::io::AsyncReadExt;
 use tokio::task::JoinSet;
 
@@ -60,13 +63,6 @@ async fn register_at(rt: &DistributedRuntime, id: u64, address: &str) {
     rt.discovery().put(&key, serde_json::to_vec(&instance).unwrap().into()).await.unwrap();
 }
 
-async fn eventually(what: &str, within: Duration, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !check() {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_peer_is_declared_dead_taken_out_and_brought_back_when_it_answers() {
@@ -109,7 +105,7 @@ async fn a_silent_peer_is_declared_dead_taken_out_and_brought_back_when_it_answe
         }
     }
     let worker = worker.expect("could not take over the frozen peer's port");
-    eventually("the instance is routable again", Duration::from_secs(10), || client.routable_instance_ids() == vec![fake_id]).await;
+    wait_until("the instance is routable again", Duration::from_secs(10), || client.routable_instance_ids() == vec![fake_id]).await;
 
     // And requests to it work (the worker now serves the endpoint at that address).
     let handler = stream_handler(|n: i64, _ctx: RequestContext| futures::stream::iter((0..n).map(Ok::<i64, String>)));
@@ -168,7 +164,7 @@ async fn a_worker_stops_serving_a_caller_that_went_silent() {
     // A caller that sends its request and then goes silent (partitioned, SIGSTOPped):
     // it neither answers pings nor reads.
     let mut socket = tokio::net::TcpStream::connect(worker.tcp_address()).await.unwrap();
-    let hello = Frame::with_header(FrameKind::Hello, 0, Bytes::from_static(br#"{"version":2,"instance_id":7}"#), Bytes::new());
+    let hello = Frame::with_header(FrameKind::Hello, 0, Bytes::from_static(br#"{"version":3,"instance_id":7}"#), Bytes::new());
     let request = Frame::with_header(
         FrameKind::Request,
         1,

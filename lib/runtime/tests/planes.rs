@@ -125,26 +125,43 @@ async fn stop_and_drop_reach_the_worker_and_shutdown_unregisters() {
     caller.shutdown().await;
 }
 
+/// Receive `n` events within a bound and return their payloads.
+async fn receive(sub: &mut dynamo_runtime::events::Subscription, n: usize) -> Vec<String> {
+    let mut got = Vec::new();
+    while got.len() < n {
+        match tokio::time::timeout(Duration::from_secs(5), sub.next_event()).await {
+            Ok(Some(ev)) => got.push(String::from_utf8_lossy(&ev.payload).into_owned()),
+            _ => break,
+        }
+    }
+    got
+}
+
+fn numbered(range: std::ops::Range<usize>) -> Vec<String> {
+    range.map(|i| format!("{{\"n\":{i}}}")).collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_on_the_embedded_plane() {
     let store = Arc::new(MemStore::default());
-    let publisher = runtime(&store).await;
     let subscriber = runtime(&store).await;
-    let ns_pub = publisher.namespace("ev").unwrap();
     let mut sub = subscriber.namespace("ev").unwrap().subscribe("kv_events").await.unwrap();
-    // At-most-once delivery: publish until the subscriber is connected and sees one.
-    let got = tokio::time::timeout(Duration::from_secs(10), async {
-        loop {
-            ns_pub.publish("kv_events", Bytes::from_static(b"{\"a\":1}")).await.unwrap();
-            if let Ok(Some(ev)) = tokio::time::timeout(Duration::from_millis(100), sub.next_event()).await {
-                return ev;
-            }
-        }
-    })
-    .await
-    .unwrap();
-    assert_eq!(got.subject, "namespace.ev.kv_events");
-    assert_eq!(&got.payload[..], b"{\"a\":1}");
+    // A publisher that starts after the subscription publishes at once: nothing is lost.
+    let publisher = runtime(&store).await;
+    let ns_pub = publisher.namespace("ev").unwrap();
+    for payload in numbered(0..100) {
+        ns_pub.publish("kv_events", Bytes::from(payload)).await.unwrap();
+    }
+    assert_eq!(receive(&mut sub, 100).await, numbered(0..100));
+    // A subscription made while the publisher runs gets everything published after it returns.
+    let mut late = subscriber.namespace("ev").unwrap().subscribe("kv_events").await.unwrap();
+    for payload in numbered(100..200) {
+        ns_pub.publish("kv_events", Bytes::from(payload)).await.unwrap();
+    }
+    assert_eq!(receive(&mut late, 100).await, numbered(100..200));
+    assert_eq!(receive(&mut sub, 100).await, numbered(100..200));
+    let extra = tokio::time::timeout(Duration::from_millis(300), sub.next_event()).await;
+    assert!(extra.is_err(), "unexpected extra event {extra:?}");
     publisher.shutdown().await;
     subscriber.shutdown().await;
 }

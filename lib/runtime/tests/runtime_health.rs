@@ -3,12 +3,15 @@
 //! than `DYN_DISCOVERY_HEALTH_GRACE` (serving on what it last knew), unhealthy past it,
 //! healthy again once discovery recovers, and unhealthy once the runtime shut down.
 
+mod poll;
+
 use std::fs;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use dynamo_runtime::config::{DiscoveryBackend, RuntimeConfig};
 use dynamo_runtime::DistributedRuntime;
+use poll::wait_until;
 
 /// Replace `dir/name` by a plain file (root ignores permissions, so `chmod` would not
 /// do); the returned closure puts the directory back.
@@ -22,13 +25,6 @@ fn break_dir(dir: &Path, name: &str) -> impl FnOnce() {
     }
 }
 
-async fn wait_for(what: &str, within: Duration, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !cond() {
-        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_follows_discovery_past_its_grace_and_the_runtime_shutdown() {
@@ -45,15 +41,15 @@ async fn health_follows_discovery_past_its_grace_and_the_runtime_shutdown() {
     assert_eq!(rt.health(), Ok(()));
 
     let restore = break_dir(dir.path(), "leases");
-    wait_for("discovery degraded", Duration::from_secs(3), || !rt.discovery_health().is_healthy()).await;
+    wait_until("discovery degraded", Duration::from_secs(3), || !rt.discovery_health().is_healthy()).await;
     assert_eq!(rt.health(), Ok(()), "within the grace the process still serves on what it knew");
-    wait_for("unhealthy past the grace", Duration::from_secs(5), || rt.health().is_err()).await;
+    wait_until("unhealthy past the grace", Duration::from_secs(5), || rt.health().is_err()).await;
     let reason = rt.health().unwrap_err();
     assert!(reason.contains("DYN_DISCOVERY_HEALTH_GRACE") && reason.contains("file"), "{reason}");
     assert!(!rt.cancel_token().is_cancelled(), "a degraded store never shuts the process down");
 
     restore();
-    wait_for("healthy again", Duration::from_secs(10), || rt.health().is_ok()).await;
+    wait_until("healthy again", Duration::from_secs(10), || rt.health().is_ok()).await;
 
     rt.shutdown().await;
     let reason = rt.health().unwrap_err();

@@ -3,7 +3,9 @@
 //! server is back on the same port, requests and event subscriptions work again without
 //! restarting the runtimes.
 
-use std::process::{Child, Command, Stdio};
+mod nats_support;
+mod poll;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -13,50 +15,9 @@ use dynamo_runtime::discovery::MemStore;
 use dynamo_runtime::typed::stream_handler;
 use dynamo_runtime::{Client, DistributedRuntime, ErrorKind, RequestContext};
 use futures::StreamExt;
+use nats_support::{free_port, Nats};
+use poll::eventually;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-/// A nats-server on a fixed loopback port, killed -9 on drop.
-struct Nats {
-    child: Child,
-    port: u16,
-}
-
-impl Nats {
-    fn start(port: u16) -> Nats {
-        let binary = std::env::var("NATS_SERVER_BIN").unwrap_or_else(|_| "nats-server".to_string());
-        let child = Command::new(&binary)
-            .args(["-a", "127.0.0.1", "-p", &port.to_string()])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start `{binary}` ({e}): these tests need a real nats-server (or set NATS_SERVER_BIN)"));
-        Nats { child, port }
-    }
-
-    async fn wait_ready(&self) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while tokio::net::TcpStream::connect(("127.0.0.1", self.port)).await.is_err() {
-            assert!(Instant::now() < deadline, "nats-server did not start on port {}", self.port);
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Nats {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
 
 fn config(port: u16) -> RuntimeConfig {
     RuntimeConfig {
@@ -94,16 +55,6 @@ async fn request(client: &Client) -> dynamo_runtime::Result<usize> {
     Ok(n)
 }
 
-async fn eventually<T>(what: &str, within: Duration, mut attempt: impl AsyncFnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(v) = attempt().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_outage_fails_fast_and_recovers_without_restarts() {

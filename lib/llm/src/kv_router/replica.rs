@@ -7,9 +7,8 @@
 //!   prefix as predicted there (confirmed or corrected by KV events where workers publish
 //!   them; the only source of cache contents in approximate mode).
 //! - `ended`: that request's stream ended; peers stop counting it.
-//! - `hello`: a replica started (repeated with backoff until a snapshot begins, up to
-//!   about 16 s: the first messages of a new publisher may be lost while peers connect
-//!   to it). One peer answers (each waits a random moment up to [`ANSWER_JITTER`] and
+//! - `hello`: a replica started (sent once: the event plane delivers a new publisher's
+//!   first message to every replica already subscribed). One peer answers (each waits a random moment up to [`ANSWER_JITTER`] and
 //!   stays quiet when another answer has begun) with:
 //! - `snapshot`: its index (confirmed and predicted blocks, see
 //!   [`super::radix::RadixTree::snapshot`]) in parts of at most [`SNAPSHOT_PART_BLOCKS`]
@@ -32,8 +31,9 @@ use rand::Rng;
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
+use tokio::task::JoinHandle;
+
 use super::radix::SnapshotBlock;
-use super::router::KvRouter;
 
 /// Where router replicas of a component's workers talk (on that component).
 pub const ROUTER_SYNC_SUBJECT: &str = "kv_router_sync";
@@ -44,15 +44,6 @@ pub const SNAPSHOT_PART_BLOCKS: usize = 4096;
 pub const ANSWER_JITTER: Duration = Duration::from_millis(100);
 /// A peer's request whose `ended` never came (the peer died) stops counting after this.
 pub const PEER_REQUEST_TTL: Duration = Duration::from_secs(600);
-/// Waits after each `hello` while no snapshot has begun (no peer, or lost messages).
-const HELLO_RETRIES: [Duration; 6] = [
-    Duration::from_millis(250),
-    Duration::from_millis(500),
-    Duration::from_secs(1),
-    Duration::from_secs(2),
-    Duration::from_secs(4),
-    Duration::from_secs(8),
-];
 /// Messages waiting for the event plane before new ones are dropped.
 const OUTBOX: usize = 4096;
 
@@ -115,7 +106,27 @@ struct PeerRequest {
     at: Instant,
 }
 
-/// The replica side of a [`KvRouter`]: its id, its outbox, and what it knows of peers.
+/// What replica sync needs of its router ([`super::router::KvRouter`] implements it), so
+/// that this file does not import the router.
+pub(crate) trait ReplicaHost: Send + Sync + 'static {
+    /// The router's replica state.
+    fn replica(&self) -> &Arc<ReplicaState>;
+    /// Tokens per KV block of the router's index.
+    fn block_size(&self) -> u32;
+    /// Count a peer's decision (`blocks` on `worker`, its prefix `hashes` when the block
+    /// sizes agree) as this router's own; returns its id in the load tracker.
+    fn apply_peer_decision(&self, worker: u64, blocks: u64, hashes: Option<&Vec<u64>>, now: Instant) -> u64;
+    /// Stop counting a peer's decision `sent` of `blocks` blocks on `worker`.
+    fn forget_peer_decision(&self, worker: u64, sent: u64, blocks: u64, now: Instant);
+    /// The router's index as snapshot blocks.
+    fn snapshot(&self, now: Instant) -> Vec<SnapshotBlock>;
+    /// Merge a peer's snapshot blocks into the index.
+    fn restore(&self, blocks: &[SnapshotBlock], now: Instant);
+    /// Keep `tasks` alive as long as the router (aborted when it is dropped).
+    fn add_tasks(&self, tasks: Vec<JoinHandle<()>>);
+}
+
+/// The replica side of a KV router: its id, its outbox, and what it knows of peers.
 #[derive(Debug)]
 pub(crate) struct ReplicaState {
     pub(crate) id: u64,
@@ -173,7 +184,7 @@ impl ReplicaState {
 
 /// Start sharing `router`'s decisions with the other replicas on `component`'s event
 /// plane, and ask them for a snapshot. The tasks end when the router is dropped.
-pub(crate) async fn start(router: &Arc<KvRouter>, component: &Component) -> dynamo_runtime::Result<()> {
+pub(crate) async fn start<R: ReplicaHost>(router: &Arc<R>, component: &Component) -> dynamo_runtime::Result<()> {
     let state = router.replica().clone();
     if state.is_syncing() {
         return Ok(());
@@ -206,25 +217,14 @@ pub(crate) async fn start(router: &Arc<KvRouter>, component: &Component) -> dyna
             }
         }
     });
-    // The first messages of a new publisher can be lost while peers connect to it (the
-    // embedded event plane), so the hello is repeated until a snapshot begins.
-    let hello_state = state.clone();
-    let hello = tokio::spawn(async move {
-        for wait in HELLO_RETRIES {
-            if hello_state.peers.lock().snapshot_from.is_some() {
-                return;
-            }
-            hello_state.send(SyncMessage::Hello { replica: hello_state.id });
-            tokio::time::sleep(wait).await;
-        }
-    });
-    router.add_tasks([publish, follow, hello]);
+    state.send(SyncMessage::Hello { replica: state.id });
+    router.add_tasks(vec![publish, follow]);
     tracing::debug!(replica = %format_args!("{:x}", state.id), component = component.name(), "router replica sync started");
     Ok(())
 }
 
 /// Apply a message from the event plane (ignoring this router's own).
-pub(crate) fn receive(router: &Arc<KvRouter>, message: SyncMessage) {
+pub(crate) fn receive<R: ReplicaHost>(router: &Arc<R>, message: SyncMessage) {
     let state = router.replica();
     let now = Instant::now();
     match message {
@@ -234,7 +234,7 @@ pub(crate) fn receive(router: &Arc<KvRouter>, message: SyncMessage) {
         | SyncMessage::Snapshot { replica, .. }
             if replica == state.id => {}
         SyncMessage::Routed { replica, request, worker, blocks, block_size, hashes } => {
-            let sent = router.apply_peer_decision(worker, blocks, (block_size == router.config().block_size).then_some(&hashes), now);
+            let sent = router.apply_peer_decision(worker, blocks, (block_size == router.block_size()).then_some(&hashes), now);
             let mut peers = state.peers.lock();
             if peers.requests.len() >= 4096 && peers.requests.len().is_power_of_two() {
                 // Requests whose `ended` was lost (their replica died) stop counting.
@@ -246,9 +246,8 @@ pub(crate) fn receive(router: &Arc<KvRouter>, message: SyncMessage) {
                     }
                     keep
                 });
-                let mut load = router.load().lock();
                 for r in lost {
-                    load.forget_sent(r.worker, r.sent, r.blocks, now);
+                    router.forget_peer_decision(r.worker, r.sent, r.blocks, now);
                 }
             }
             peers.requests.insert((replica, request), PeerRequest { worker, sent, blocks, at: now });
@@ -256,7 +255,7 @@ pub(crate) fn receive(router: &Arc<KvRouter>, message: SyncMessage) {
         SyncMessage::Ended { replica, request } => {
             let ended = state.peers.lock().requests.remove(&(replica, request));
             if let Some(r) = ended {
-                router.load().lock().forget_sent(r.worker, r.sent, r.blocks, now);
+                router.forget_peer_decision(r.worker, r.sent, r.blocks, now);
             }
         }
         SyncMessage::Hello { replica } => {
@@ -272,7 +271,7 @@ pub(crate) fn receive(router: &Arc<KvRouter>, message: SyncMessage) {
             if peers.snapshot_done || *peers.snapshot_from.get_or_insert(replica) != replica {
                 return; // another peer answered first
             }
-            if block_size == router.config().block_size {
+            if block_size == router.block_size() {
                 router.restore(&blocks, now);
                 peers.snapshot_blocks += blocks.len();
             }
@@ -291,7 +290,7 @@ pub(crate) fn receive(router: &Arc<KvRouter>, message: SyncMessage) {
 
 /// Answer a new replica's `hello` with this router's snapshot, unless another peer
 /// begins first.
-async fn answer_hello(router: Weak<KvRouter>, to: u64) {
+async fn answer_hello<R: ReplicaHost>(router: Weak<R>, to: u64) {
     let wait = rand::rng().random_range(Duration::ZERO..=ANSWER_JITTER);
     tokio::time::sleep(wait).await;
     let Some(router) = router.upgrade() else { return };
@@ -306,7 +305,7 @@ async fn answer_hello(router: Weak<KvRouter>, to: u64) {
         peers.answered.insert(to, now);
     }
     let blocks = router.snapshot(Instant::now());
-    let block_size = router.config().block_size;
+    let block_size = router.block_size();
     let parts: Vec<&[SnapshotBlock]> =
         if blocks.is_empty() { vec![&[]] } else { blocks.chunks(SNAPSHOT_PART_BLOCKS).collect() };
     let count = parts.len();

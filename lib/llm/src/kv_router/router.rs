@@ -18,7 +18,7 @@ use tokio::task::JoinHandle;
 use super::inflight::{InflightGuard, InflightTracker};
 use super::protocols::{compute_block_hash_for_seq, LoadMetricsEvent, RouterEvent, KV_EVENTS_SUBJECT, LOAD_METRICS_SUBJECT};
 use super::radix::{RadixTree, SnapshotBlock};
-use super::replica::{self, ReplicaState, SyncMessage};
+use super::replica::{self, ReplicaHost, ReplicaState, SyncMessage};
 use super::scheduler::{new_blocks, LoadTracker, ScheduleError, SchedulerConfig};
 
 /// Default tokens per KV-cache block, when the model does not say.
@@ -242,24 +242,6 @@ impl KvRouter {
         self.index.lock().restore(blocks, now);
     }
 
-    /// A peer sent a request of `blocks` blocks to `worker` (with the tokens hashes of its
-    /// prompt, when they use this router's block size): count it and predict its prefix
-    /// there, as for this router's own decisions. Returns its id in the load tracker.
-    pub(crate) fn apply_peer_decision(&self, worker: u64, blocks: u64, hashes: Option<&Vec<u64>>, now: Instant) -> u64 {
-        if let Some(hashes) = hashes {
-            self.index.lock().record_prediction(worker, hashes, now);
-        }
-        self.inflight.load().lock().record_peer_sent(worker, blocks, now)
-    }
-
-    pub(crate) fn replica(&self) -> &Arc<ReplicaState> {
-        &self.replica
-    }
-
-    pub(crate) fn add_tasks(&self, tasks: impl IntoIterator<Item = JoinHandle<()>>) {
-        self.tasks.lock().extend(tasks);
-    }
-
     /// The load and timing the router tracks.
     pub fn load(&self) -> &Arc<Mutex<LoadTracker>> {
         self.inflight.load()
@@ -329,6 +311,42 @@ impl KvRouter {
         let mut index = self.index.lock();
         index.expire(Instant::now());
         index.find_matches(&hashes).scores.get(&worker).map_or(0, |&n| n as usize)
+    }
+}
+
+impl ReplicaHost for KvRouter {
+    fn replica(&self) -> &Arc<ReplicaState> {
+        &self.replica
+    }
+
+    fn block_size(&self) -> u32 {
+        self.config.block_size
+    }
+
+    /// A peer sent a request of `blocks` blocks to `worker` (with the tokens hashes of its
+    /// prompt, when they use this router's block size): count it and predict its prefix
+    /// there, as for this router's own decisions. Returns its id in the load tracker.
+    fn apply_peer_decision(&self, worker: u64, blocks: u64, hashes: Option<&Vec<u64>>, now: Instant) -> u64 {
+        if let Some(hashes) = hashes {
+            self.index.lock().record_prediction(worker, hashes, now);
+        }
+        self.inflight.load().lock().record_peer_sent(worker, blocks, now)
+    }
+
+    fn forget_peer_decision(&self, worker: u64, sent: u64, blocks: u64, now: Instant) {
+        self.load().lock().forget_sent(worker, sent, blocks, now);
+    }
+
+    fn snapshot(&self, now: Instant) -> Vec<SnapshotBlock> {
+        KvRouter::snapshot(self, now)
+    }
+
+    fn restore(&self, blocks: &[SnapshotBlock], now: Instant) {
+        KvRouter::restore(self, blocks, now)
+    }
+
+    fn add_tasks(&self, tasks: Vec<JoinHandle<()>>) {
+        self.tasks.lock().extend(tasks);
     }
 }
 

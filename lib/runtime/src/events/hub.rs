@@ -1,16 +1,22 @@
-//! Subscription tables of the embedded (TCP) event plane, kept inside the transport so
-//! connection frames (Subscribe, Event) can reach them.
+//! Subscription tables of the embedded (TCP) event plane. The hub registers itself with
+//! the transport as the handler of the event frames (Subscribe, Event, SubscribeSync,
+//! Subscribed).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use bytes::Bytes;
 use parking_lot::Mutex;
-use tokio::sync::mpsc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot, Notify};
 
 use super::{subject_matches, Event};
+use futures::future::BoxFuture;
+
 use crate::transport::connection::{Connection, TrySendError};
+use crate::transport::dispatch::FrameHandler;
 use crate::transport::frame::{Frame, FrameKind};
 
 struct RemoteSubscriber {
@@ -28,9 +34,18 @@ pub(crate) struct EventHub {
     local: Mutex<HashMap<u64, (String, mpsc::Sender<Event>)>>,
     next_sub: AtomicU64,
     dropped: AtomicU64,
+    /// Publisher side: instances that sent a SubscribeSync (their subscriptions are here).
+    synced: Mutex<HashSet<u64>>,
+    synced_changed: Notify,
+    /// Subscriber side: SubscribeSync tokens awaiting their Subscribed answer.
+    awaiting: Mutex<HashMap<u64, oneshot::Sender<()>>>,
 }
 
 impl EventHub {
+    /// The frame kinds the hub handles.
+    pub(crate) const FRAMES: [FrameKind; 4] =
+        [FrameKind::Subscribe, FrameKind::Event, FrameKind::SubscribeSync, FrameKind::Subscribed];
+
     /// A peer subscribed on `conn` (Subscribe frame).
     pub(crate) fn add_remote_subscriber(&self, conn: &Arc<Connection>, sub_id: u64, header: &[u8]) {
         let pattern = match serde_json::from_slice::<serde_json::Value>(header) {
@@ -44,6 +59,58 @@ impl EventHub {
         if !remote.iter().any(|r| r.conn_id == conn.id() && r.sub_id == sub_id) {
             remote.push(RemoteSubscriber { conn: Arc::downgrade(conn), conn_id: conn.id(), sub_id, pattern });
         }
+    }
+
+    /// A peer sent SubscribeSync on `conn`: every Subscribe it sent before is recorded.
+    /// Remember the peer as synced and answer Subscribed.
+    pub(crate) async fn subscribe_sync(&self, conn: &Arc<Connection>, token: u64) {
+        if let Some(instance) = conn.peer_instance() {
+            self.synced.lock().insert(instance);
+            self.synced_changed.notify_waiters();
+        }
+        if let Err(e) = conn.send(Frame::control(FrameKind::Subscribed, token)).await {
+            tracing::debug!(peer = %conn.peer(), error = %e, "cannot answer SubscribeSync");
+        }
+    }
+
+    /// Wait until each of `instances` has sent a SubscribeSync, or `bound` passed; returns
+    /// the instances still missing.
+    pub(crate) async fn wait_synced(&self, instances: &[u64], bound: Duration) -> Vec<u64> {
+        let missing = || -> Vec<u64> {
+            let synced = self.synced.lock();
+            instances.iter().copied().filter(|i| !synced.contains(i)).collect()
+        };
+        let _ = tokio::time::timeout(bound, async {
+            loop {
+                let changed = self.synced_changed.notified();
+                if missing().is_empty() {
+                    return;
+                }
+                changed.await;
+            }
+        })
+        .await;
+        missing()
+    }
+
+    /// A SubscribeSync frame with a fresh token, and the receiver its Subscribed answer fires.
+    pub(crate) fn sync_request(&self) -> (Frame, oneshot::Receiver<()>) {
+        let token = self.next_sub.fetch_add(1, Ordering::Relaxed) + 1;
+        let (tx, rx) = oneshot::channel();
+        self.awaiting.lock().insert(token, tx);
+        (Frame::control(FrameKind::SubscribeSync, token), rx)
+    }
+
+    /// A Subscribed frame arrived: the publisher holds the subscriptions sent before `token`.
+    pub(crate) fn subscribed(&self, token: u64) {
+        if let Some(tx) = self.awaiting.lock().remove(&token) {
+            let _ = tx.send(());
+        }
+    }
+
+    /// Forget a SubscribeSync whose answer is no longer awaited.
+    pub(crate) fn forget_sync(&self, token: u64) {
+        self.awaiting.lock().remove(&token);
     }
 
     pub(crate) fn connection_closed(&self, conn_id: u64) {
@@ -101,5 +168,23 @@ impl EventHub {
         if n.is_power_of_two() {
             tracing::warn!(subscriber = who, dropped_total = n, "event subscriber is too slow; dropping events");
         }
+    }
+}
+
+impl FrameHandler for EventHub {
+    fn on_frame<'a>(&'a self, conn: &'a Arc<Connection>, frame: Frame) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            match frame.kind {
+                FrameKind::Subscribe => self.add_remote_subscriber(conn, frame.stream, &frame.header),
+                FrameKind::Event => self.deliver(frame.stream, frame.header, frame.body),
+                FrameKind::SubscribeSync => self.subscribe_sync(conn, frame.stream).await,
+                FrameKind::Subscribed => self.subscribed(frame.stream),
+                other => tracing::debug!(kind = ?other, "not an event frame; ignored"),
+            }
+        })
+    }
+
+    fn connection_closed(&self, conn_id: u64) {
+        EventHub::connection_closed(self, conn_id);
     }
 }

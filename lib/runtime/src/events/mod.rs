@@ -1,8 +1,10 @@
 //! The event plane: publish/subscribe by subject. KV events and load metrics travel here.
 //!
 //! Subjects are `.`-separated tokens; a subscription may use `*` (one token) and `>`
-//! (the rest), as in NATS. Delivery is at most once: a subscriber that is not connected
-//! yet, or falls too far behind, misses events (and the drop is logged).
+//! (the rest), as in NATS. A subscription receives every event published after
+//! `subscribe` returned, on both backends (docs/wire-protocol.md, "The embedded event
+//! plane"); beyond that delivery is at most once: a subscriber that falls too far behind,
+//! or whose connection breaks, misses events (and the drop is logged).
 
 mod hub;
 mod nats;

@@ -7,6 +7,9 @@ use tokio::sync::mpsc;
 use super::{Event, Subscription, SUBSCRIPTION_BUFFER};
 use crate::error::{Error, ErrorKind, Result};
 
+/// Bound on the server confirming a new subscription.
+const SUBSCRIBE_CONFIRM_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 pub(super) async fn publish(client: &async_nats::Client, subject: &str, payload: Bytes) -> Result<()> {
     client
         .publish(subject.to_string(), payload)
@@ -19,6 +22,18 @@ pub(super) async fn subscribe(client: &async_nats::Client, subject: &str) -> Res
         .subscribe(subject.to_string())
         .await
         .map_err(|e| Error::with_source(ErrorKind::Nats, format!("subscribe to {subject} failed"), e))?;
+    // The subscription is acknowledged once the server answered a PING sent after the SUB:
+    // it then delivers every message published after this returns.
+    match tokio::time::timeout(SUBSCRIBE_CONFIRM_TIMEOUT, client.flush()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return Err(Error::with_source(ErrorKind::Nats, format!("subscribe to {subject}: the server did not confirm"), e)),
+        Err(_) => {
+            return Err(Error::new(
+                ErrorKind::Nats,
+                format!("subscribe to {subject}: the server did not confirm within {SUBSCRIBE_CONFIRM_TIMEOUT:?}"),
+            ))
+        }
+    }
     let (tx, rx) = mpsc::channel(SUBSCRIPTION_BUFFER);
     // The forwarding task ends when the subscription's receiver is dropped. A NATS outage
     // does not end it: the client reconnects by itself and re-sends every subscription,

@@ -6,7 +6,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use bytes::BytesMut;
 use futures::StreamExt;
@@ -60,6 +60,8 @@ pub struct Connection {
     running: Mutex<Option<HashMap<u64, RequestContext>>>,
     /// Streams this side awaits on this connection (caller role); `None` once closed.
     bound: Mutex<Option<HashSet<u64>>>,
+    /// The peer's instance id, from its Hello (inbound connections only).
+    peer_instance: OnceLock<u64>,
 }
 
 impl std::fmt::Debug for Connection {
@@ -85,6 +87,7 @@ impl Connection {
             closed: transport.cancel.child_token(),
             running: Mutex::new(Some(HashMap::new())),
             bound: Mutex::new(Some(HashSet::new())),
+            peer_instance: OnceLock::new(),
         });
         if outbound {
             let hello = serde_json::json!({"version": PROTOCOL_VERSION, "instance_id": transport.instance_id});
@@ -158,7 +161,8 @@ impl Connection {
                 };
                 if !greeted {
                     match check_hello(&frame) {
-                        Ok(()) => {
+                        Ok(instance) => {
+                            let _ = reader_conn.peer_instance.set(instance);
                             greeted = true;
                             continue;
                         }
@@ -208,6 +212,11 @@ impl Connection {
     /// The remote address.
     pub fn peer(&self) -> &str {
         &self.peer
+    }
+
+    /// The peer's instance id, known on an inbound connection once its Hello arrived.
+    pub(crate) fn peer_instance(&self) -> Option<u64> {
+        self.peer_instance.get().copied()
     }
 
     /// Whether the connection is closed.
@@ -280,7 +289,7 @@ impl Connection {
         for ctx in running.into_values() {
             ctx.kill();
         }
-        transport.events.connection_closed(self.id);
+        transport.frame_handlers.connection_closed(self.id);
         transport.forget_connection(self);
     }
 
@@ -331,7 +340,8 @@ fn set_tcp_keepalive(socket: &TcpStream) {
     }
 }
 
-fn check_hello(frame: &Frame) -> Result<()> {
+/// Check a Hello frame; returns the peer's instance id.
+fn check_hello(frame: &Frame) -> Result<u64> {
     if frame.kind != FrameKind::Hello {
         return Err(Error::new(ErrorKind::Protocol, format!("expected Hello, got {:?}", frame.kind)));
     }
@@ -343,5 +353,5 @@ fn check_hello(frame: &Frame) -> Result<()> {
             format!("peer speaks protocol version {version}, this runtime speaks {PROTOCOL_VERSION}"),
         ));
     }
-    Ok(())
+    Ok(hello.get("instance_id").and_then(|v| v.as_u64()).unwrap_or(0))
 }

@@ -18,14 +18,15 @@ pub(crate) const FIXED_LEN: usize = 1 + 8 + 4;
 /// Bytes of the length prefix.
 pub(crate) const LENGTH_PREFIX: usize = 4;
 /// Protocol version sent in [`FrameKind::Hello`].
-/// Version 2 added Ping and Pong; a version-1 peer would close the connection on them.
-pub(crate) const PROTOCOL_VERSION: u32 = 2;
+/// Version 2 added Ping and Pong; version 3 added SubscribeSync and Subscribed. A peer of
+/// an older version would close the connection on them.
+pub(crate) const PROTOCOL_VERSION: u32 = 3;
 
 /// What a frame means. The numbers are the wire values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum FrameKind {
-    /// First frame of a connection: header `{"version":2,"instance_id":N}`.
+    /// First frame of a connection: header `{"version":3,"instance_id":N}`.
     Hello = 1,
     /// A request for an endpoint: header `{"endpoint":"ns/comp/ep","id":"..."}`, body = payload.
     Request = 2,
@@ -49,6 +50,11 @@ pub enum FrameKind {
     Ping = 11,
     /// Answer to a Ping (stream 0).
     Pong = 12,
+    /// Subscriber → publisher, after its Subscribe frames: stream id = a sync token. The
+    /// publisher has every earlier subscription of this connection once it reads it.
+    SubscribeSync = 13,
+    /// Publisher → subscriber: the answer to SubscribeSync, same stream id (the token).
+    Subscribed = 14,
 }
 
 impl FrameKind {
@@ -66,6 +72,8 @@ impl FrameKind {
             10 => FrameKind::Event,
             11 => FrameKind::Ping,
             12 => FrameKind::Pong,
+            13 => FrameKind::SubscribeSync,
+            14 => FrameKind::Subscribed,
             _ => return None,
         })
     }

@@ -4,6 +4,7 @@
 //! `nats.rs`; responses always come back over TCP.
 
 pub mod connection;
+pub(crate) mod dispatch;
 pub mod frame;
 mod liveness;
 pub(crate) mod nats;
@@ -11,6 +12,7 @@ pub(crate) mod nats_connection;
 mod peer_health;
 mod pending;
 mod pool;
+pub mod response_stream;
 mod server;
 
 use std::collections::HashMap;
@@ -27,9 +29,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::events::EventHub;
-use crate::response_stream::ResponseStream;
+use response_stream::ResponseStream;
 use connection::Connection;
+use dispatch::{FrameHandler, FrameHandlers};
 use frame::{Frame, FrameKind};
 use peer_health::PeerHealth;
 use pending::PendingStreams;
@@ -66,7 +68,8 @@ pub struct Transport {
     pub(crate) instance_id: u64,
     pub(crate) cancel: CancellationToken,
     pub(crate) tracker: TaskTracker,
-    pub(crate) events: EventHub,
+    /// Handlers of the frame kinds other rooms own (the event plane registers its own).
+    pub(crate) frame_handlers: FrameHandlers,
     shutting_down: AtomicBool,
     address: String,
     pending: PendingStreams,
@@ -97,7 +100,7 @@ impl Transport {
             instance_id,
             cancel: cancel.clone(),
             tracker,
-            events: EventHub::default(),
+            frame_handlers: FrameHandlers::default(),
             shutting_down: AtomicBool::new(false),
             address,
             pending: PendingStreams::default(),
@@ -147,6 +150,11 @@ impl Transport {
         Ok(())
     }
 
+    /// Route frames of `kinds` to `handler` (see [`dispatch`]).
+    pub(crate) fn register_frames(&self, kinds: &[FrameKind], handler: Arc<dyn FrameHandler>) {
+        self.frame_handlers.register(kinds, handler);
+    }
+
     /// Route one frame read from `conn`.
     pub(crate) async fn route(self: &Arc<Self>, conn: &Arc<Connection>, frame: Frame) {
         match frame.kind {
@@ -166,8 +174,12 @@ impl Transport {
                     ctx.kill();
                 }
             }
-            FrameKind::Subscribe => self.events.add_remote_subscriber(conn, frame.stream, &frame.header),
-            FrameKind::Event => self.events.deliver(frame.stream, frame.header, frame.body),
+            FrameKind::Subscribe | FrameKind::Event | FrameKind::SubscribeSync | FrameKind::Subscribed => {
+                match self.frame_handlers.get(frame.kind) {
+                    Some(handler) => handler.on_frame(conn, frame).await,
+                    None => tracing::debug!(peer = %conn.peer(), kind = ?frame.kind, "no handler for this frame kind; ignored"),
+                }
+            }
             FrameKind::Hello => tracing::debug!(peer = %conn.peer(), "ignoring a repeated Hello"),
             // Answered by the connection's reader before routing.
             FrameKind::Ping | FrameKind::Pong => {}

@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use super::frame::{Frame, FrameKind};
 use super::{RequestHeader, Transport};
 use crate::error::{Error, ErrorKind, Result};
-use crate::response_stream::ResponseStream;
+use super::response_stream::ResponseStream;
 
 /// How often streams whose worker never answered are checked against their deadline.
 const SWEEP_INTERVAL: std::time::Duration = std::time::Duration::from_millis(250);

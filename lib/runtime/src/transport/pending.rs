@@ -14,7 +14,7 @@ use super::connection::Connection;
 use super::frame::{Frame, FrameKind};
 use super::Transport;
 use crate::error::{Error, ErrorKind, Result};
-use crate::response_stream::{ResponseItem, ResponseStream, StreamEvent};
+use super::response_stream::{ResponseItem, ResponseStream, StreamEvent};
 
 /// Items buffered per awaited stream before the connection's reader waits for the consumer.
 const STREAM_BUFFER: usize = 1024;

@@ -3,8 +3,8 @@
 //! on the same ports with the same data, or on another client port that the clients
 //! under test do not know.
 //!
-//! When the `etcd` binary is missing, [`Etcd::start`] prints why and returns `None`,
-//! and the test returns early.
+//! When the `etcd` binary is missing, [`Etcd::start`] fails the test under `CI=true`;
+//! elsewhere it prints why and returns `None`, and the test returns early (skipped).
 
 #![allow(dead_code)]
 
@@ -46,7 +46,8 @@ fn url(port: u16) -> String {
 }
 
 impl Etcd {
-    /// Start etcd, or print why not and return `None` when the binary is missing.
+    /// Start etcd. When the binary is missing: panic under `CI=true`, else print why and
+    /// return `None`.
     pub async fn start() -> Option<Etcd> {
         let binary = std::env::var("ETCD_BIN").unwrap_or_else(|_| "etcd".to_string());
         let dir = tempfile::tempdir().expect("temp dir");
@@ -64,11 +65,14 @@ impl Etcd {
         match etcd.spawn(client_port) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                eprintln!(
-                    "skipping: no `{}` binary ({e}); install etcd (e.g. `apt-get install \
-                     etcd-server`) or set ETCD_BIN",
+                let why = format!(
+                    "no `{}` binary ({e}); install etcd (e.g. `apt-get install etcd-server`) or set ETCD_BIN",
                     etcd.binary
                 );
+                if std::env::var("CI").is_ok_and(|v| v == "true") {
+                    panic!("{why} (CI=true: a missing etcd fails the test instead of skipping it)");
+                }
+                eprintln!("skipping: {why}");
                 return None;
             }
             Err(e) => panic!("cannot start `{}`: {e}", etcd.binary),
@@ -206,13 +210,4 @@ pub async fn next(watch: &mut PrefixWatch, within: Duration) -> WatchEvent {
         .await
         .expect("no watch event in time")
         .expect("watch ended")
-}
-
-/// Wait (bounded) until `cond` holds.
-pub async fn wait_for(what: &str, within: Duration, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !cond() {
-        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
-        sleep(Duration::from_millis(20)).await;
-    }
 }
