@@ -2,6 +2,9 @@
 
 use std::fmt;
 
+/// Names the bound in the error of a request no worker took ([`Error::is_not_taken`]).
+pub(crate) const NOT_TAKEN: &str = "DYN_RESPONSE_TIMEOUT";
+
 /// What went wrong, for callers that react differently to different failures
 /// (a router retries `NoInstances`/`Unavailable` elsewhere, a user fixes `Config`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -115,6 +118,13 @@ impl Error {
         source: impl std::error::Error + Send + Sync + 'static,
     ) -> Self {
         Error { kind, message: message.into(), source: Some(Box::new(source)) }
+    }
+
+    /// Whether this is the timeout of a request no worker took within
+    /// `DYN_RESPONSE_TIMEOUT` (NATS plane): the instance did not answer at all, unlike a
+    /// stream bound (first-item or item timeout), which a slow handler of a live worker hits.
+    pub fn is_not_taken(&self) -> bool {
+        self.kind == ErrorKind::Timeout && self.message.contains(NOT_TAKEN)
     }
 
     /// What went wrong.

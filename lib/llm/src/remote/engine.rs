@@ -262,14 +262,20 @@ impl Resender for Arc<Sender> {
         Sender::send(self, request, ctx, avoid).await
     }
 
-    fn set_aside(&self, instance: u64, kind: ErrorKind) {
+    fn set_aside(&self, instance: u64, error: &dynamo_runtime::Error) {
         if self.pinned {
             return;
         }
-        match kind {
-            ErrorKind::Timeout => self.client.mark_unresponsive(instance),
-            _ => self.client.mark_down(instance),
+        if error.is_not_taken() {
+            // It did not take the request at all: out of routing until it answers a ping.
+            self.client.mark_unresponsive(instance);
+        } else if error.kind() != ErrorKind::Timeout {
+            // Refused, or its stream broke: skipped for a moment (discovery removes a
+            // dying instance soon).
+            self.client.mark_down(instance);
         }
+        // A stream bound (first-item or item timeout) is a slow handler on a live
+        // worker: this request avoids it, new requests still go to it.
     }
 }
 

@@ -3,10 +3,12 @@
 //! when an attempt fails, whether and where the request goes next:
 //!
 //! - **Not started** — the instance was unreachable, refused the request (draining),
-//!   did not take it within the response timeout, or broke or timed out before its
-//!   first item: the request is sent to another instance. No output reached the
-//!   caller, so this is always safe; it is bounded by [`MigrationPolicy::resend_limit`]
-//!   and does not count against the migration limit.
+//!   did not take it within the response timeout, or its stream broke before the first
+//!   item: the request is sent to another instance. No output reached the caller, so
+//!   this is always safe; it is bounded by [`MigrationPolicy::resend_limit`] and does not
+//!   count against the migration limit. When no other instance takes it, the caller
+//!   gets the first failure. A first-item timeout (`DYN_STREAM_FIRST_ITEM_TIMEOUT`) is
+//!   not resent: the worker took the request and may still be working on it.
 //! - **Lost mid-stream** — the worker died, stopped answering or timed out after some
 //!   items: the request is continued on another worker with the prompt plus the tokens
 //!   generated so far, so the client sees one uninterrupted stream (only slower).
@@ -15,8 +17,9 @@
 //! Only failures of the worker or the path to it are resent (`Disconnected`,
 //! `Unavailable`, `Timeout` from the runtime, a gone instance). An error the engine
 //! itself returned, a malformed item, or a request the caller stopped never is. An
-//! instance that timed out is avoided by new requests until it answers again; one that
-//! refused or broke a stream is skipped for a moment ([`Resender::set_aside`]).
+//! instance that did not take a request in time is avoided by new requests until it
+//! answers again; one that refused or broke a stream is skipped for a moment; a slow
+//! handler (a stream bound) sets nothing aside ([`Resender::set_aside`]).
 
 use futures::stream::BoxStream;
 use futures::StreamExt;
@@ -47,11 +50,11 @@ impl StreamFailure {
         matches!(self, StreamFailure::Runtime(e) if resendable(e.kind()))
     }
 
-    fn kind(&self) -> Option<ErrorKind> {
-        match self {
-            StreamFailure::Runtime(e) => Some(e.kind()),
-            StreamFailure::Decode(_) => None,
-        }
+    /// A stream bound ran out (first-item or item timeout): the worker took the request
+    /// and may still be working on it, so before any output it is not resent (the
+    /// caller gets the timeout, as a 504); after some output it is a lost stream.
+    fn is_stream_bound(&self) -> bool {
+        matches!(self, StreamFailure::Runtime(e) if e.kind() == ErrorKind::Timeout && !e.is_not_taken())
     }
 
     pub(crate) fn into_engine_error(self) -> EngineError {
@@ -90,9 +93,9 @@ pub(crate) enum SendError {
 pub(crate) trait Resender: Send + Sync + 'static {
     async fn send(&self, request: PreprocessedRequest, ctx: &RequestContext, avoid: &[u64]) -> Result<Attempt, SendError>;
 
-    /// `instance` failed a request with `kind`: keep new requests away from it (until it
-    /// answers again when it timed out).
-    fn set_aside(&self, instance: u64, kind: ErrorKind);
+    /// `instance` failed a request with `error`: keep new requests away from it (until it
+    /// answers again when it did not take the request in time).
+    fn set_aside(&self, instance: u64, error: &dynamo_runtime::Error);
 }
 
 /// The bounds on resending one request, and where migrations are counted.
@@ -160,7 +163,7 @@ impl<R: Resender> State<R> {
                 Ok(attempt) => return Ok(attempt),
                 Err(SendError::Failed(e)) => return Err(e),
                 Err(SendError::Unreachable { instance, error }) => {
-                    self.resender.set_aside(instance, error.kind());
+                    self.resender.set_aside(instance, &error);
                     self.avoid.push(instance);
                     if self.resends_left == 0 || self.ctx.is_stopped() {
                         return Err(decode_error(error));
@@ -226,12 +229,12 @@ pub(crate) async fn send_resending<R: Resender>(
                 None => return None,
                 Some(Err(failure)) => failure,
             };
-            if !failure.resendable() || st.ctx.is_stopped() {
+            if !failure.resendable() || st.ctx.is_stopped() || (!st.started && failure.is_stream_bound()) {
                 st.done = true;
                 return Some((Err(failure.into_engine_error()), st));
             }
-            if let Some(kind) = failure.kind() {
-                st.resender.set_aside(st.instance, kind);
+            if let StreamFailure::Runtime(error) = &failure {
+                st.resender.set_aside(st.instance, error);
             }
             let lost = if st.started { &mut st.migrations_left } else { &mut st.resends_left };
             if *lost == 0 {
@@ -264,9 +267,16 @@ pub(crate) async fn send_resending<R: Resender>(
             let next = continuation(&st.request, &st.generated);
             match st.send(next).await {
                 Ok(attempt) => st.switch_to(attempt),
+                Err(e) if !st.started => {
+                    // No other instance took it: the first failure says what happened
+                    // (a first-item timeout stays a timeout).
+                    st.done = true;
+                    tracing::warn!(request = st.ctx.id(), error = %e, "resending the request failed");
+                    return Some((Err(reason), st));
+                }
                 Err(e) => {
                     st.done = true;
-                    let e = EngineError::Unavailable(format!("{reason}; resending the request failed: {e}"));
+                    let e = EngineError::Unavailable(format!("{reason}; migrating the request failed: {e}"));
                     return Some((Err(e), st));
                 }
             }
@@ -296,6 +306,12 @@ mod tests {
 
     fn broken(kind: ErrorKind) -> Result<LLMEngineOutput, StreamFailure> {
         Err(StreamFailure::Runtime(dynamo_runtime::Error::new(kind, "worker gone")))
+    }
+
+    /// The runtime's error for a request no worker took within the response timeout.
+    fn not_taken() -> Result<LLMEngineOutput, StreamFailure> {
+        let message = "no worker took the request within 2s (DYN_RESPONSE_TIMEOUT)";
+        Err(StreamFailure::Runtime(dynamo_runtime::Error::new(ErrorKind::Timeout, message)))
     }
 
     /// Answers each send with the next scripted outcome (instance 100 + n for the n-th
@@ -329,8 +345,8 @@ mod tests {
             }
         }
 
-        fn set_aside(&self, instance: u64, kind: ErrorKind) {
-            self.set_aside.lock().push((instance, kind));
+        fn set_aside(&self, instance: u64, error: &dynamo_runtime::Error) {
+            self.set_aside.lock().push((instance, error.kind()));
         }
     }
 
@@ -400,7 +416,7 @@ mod tests {
         let script = Script::default();
         script
             .then(Err(ErrorKind::Unavailable))
-            .then(Ok(vec![broken(ErrorKind::Timeout)]))
+            .then(Ok(vec![not_taken()]))
             .then(Ok(vec![out(&[7], Some(FinishReason::Stop))]));
         let (items, migrations) = run(&script, 0, 2).await;
         assert_eq!(ids(&items.unwrap()), vec![7], "resent although the migration limit is 0");
@@ -409,6 +425,16 @@ mod tests {
         let sent = script.sent.lock();
         assert_eq!(sent[2].1, vec![100, 101], "both failed instances are avoided");
         assert_eq!(sent[2].0.token_ids, vec![1, 2, 3]);
+    }
+
+    #[tokio::test]
+    async fn a_first_item_timeout_is_not_resent_and_sets_nothing_aside_as_unresponsive() {
+        let script = Script::default();
+        script.then(Ok(vec![broken(ErrorKind::Timeout)])).then(Ok(vec![out(&[7], Some(FinishReason::Stop))]));
+        let (items, _) = run(&script, 3, 3).await;
+        let items = items.unwrap();
+        assert!(matches!(items.as_slice(), [Err(EngineError::Timeout(_))]), "{items:?}");
+        assert_eq!(script.sent.lock().len(), 1, "the worker took it: not sent again");
     }
 
     #[tokio::test]

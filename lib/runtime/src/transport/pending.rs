@@ -120,7 +120,7 @@ impl Transport {
                 id,
                 Error::new(
                     ErrorKind::Timeout,
-                    format!("no worker took the request within {:?} (DYN_RESPONSE_TIMEOUT)", self.config.response_timeout),
+                    format!("no worker took the request within {:?} ({})", self.config.response_timeout, crate::error::NOT_TAKEN),
                 ),
             );
         }
