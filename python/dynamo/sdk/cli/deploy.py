@@ -10,11 +10,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from dynamo.sdk.deploy import lifecycle, platform
+from dynamo.sdk.deploy import artifact, lifecycle, platform
 from dynamo.sdk.deploy.errors import DeployError
 from dynamo.sdk.deploy.graph import ResolvedGraph, load_config, resolve_graph
 from dynamo.sdk.deploy.kubernetes import RenderOptions, dump, render
 from dynamo.sdk.lib.config import ServiceConfigError
+from dynamo.sdk.lib.overrides import deep_merge
 
 TARGETS = ("kubernetes",)
 
@@ -35,7 +36,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # argparse keep
     parser.add_argument("--working-dir", default=None, help="directory the module is imported from (default: .)")
     parser.add_argument("--image", default=None,
                         help="image of every service (default: ServiceArgs.image, else $DYNAMO_IMAGE or "
-                        "dynamo:latest; for an artifact: its own NAME:DIGEST)")
+                        "dynamo:latest; for an artifact: its own dynamo-GRAPH:TAG)")
+    parser.add_argument("--registry", default=None, help="for an artifact: the registry its image was pushed to "
+                        "(image REGISTRY/dynamo-GRAPH:TAG)")
     parser.add_argument("--etcd", default=None, metavar="URL", help="existing etcd endpoints (no etcd StatefulSet)")
     parser.add_argument("--nats", default=None, metavar="URL", help="existing NATS server (no NATS StatefulSet)")
     parser.add_argument("--ingress", default=None, metavar="HOST", help="add an Ingress for HOST to the frontend")
@@ -49,6 +52,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # argparse keep
 
 
 def _working_dir(args: argparse.Namespace) -> str:
+    """As ``dynamo serve`` finds it: ``--working-dir``, else the module's path if it is a directory, else ``.``."""
     if args.working_dir:
         return str(args.working_dir)
     module = args.graph.partition(":")[0]
@@ -56,9 +60,18 @@ def _working_dir(args: argparse.Namespace) -> str:
 
 
 def resolve(args: argparse.Namespace, extra: Sequence[str]) -> tuple[ResolvedGraph, str | None]:
-    """The graph the arguments name, and the image its artifact implies (None for a graph)."""
+    """The graph the arguments name, and the image its artifact implies (None for a graph).
+    An artifact is resolved from its own source and configuration (``-f`` merged over it)."""
     file_config, overrides = load_config(args.config_file, extra)
-    return resolve_graph(args.graph, _working_dir(args), file_config, overrides, args.name), None
+    if not artifact.is_artifact(args.graph):
+        return resolve_graph(args.graph, _working_dir(args), file_config, overrides, args.name), None
+    built = artifact.load(args.graph)
+    sys.dont_write_bytecode = True  # leave the artifact's directory as it was built
+    config = deep_merge(built.config(), file_config)
+    source = built.path / built.manifest["source"]
+    graph = resolve_graph(built.manifest["graph"], source, config, overrides, args.name or built.manifest["name"])
+    image = f"{args.registry.rstrip('/')}/{built.image}" if args.registry else built.image
+    return graph, image
 
 
 def options(args: argparse.Namespace, artifact_image: str | None) -> RenderOptions:
