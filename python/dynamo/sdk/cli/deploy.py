@@ -1,6 +1,7 @@
-"""``dynamo deploy GRAPH|ARTIFACT [-f config.yaml] --target kubernetes [--namespace NS] [-o DIR]``:
+"""``dynamo deploy GRAPH|ARTIFACT [-f config.yaml] --target kubernetes [--namespace NS] [-o DIR] [--apply]``:
 render a graph (``module:Service``, resolved as ``dynamo serve`` resolves it) or a built
-artifact (``dynamo build``) as Kubernetes manifests."""
+artifact (``dynamo build``) as Kubernetes manifests, and with ``--apply`` apply them to
+the current kubeconfig context and wait until they are ready."""
 
 from __future__ import annotations
 
@@ -10,14 +11,16 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from dynamo.sdk.deploy import artifact, lifecycle, platform
-from dynamo.sdk.deploy.errors import DeployError
+from dynamo.sdk.deploy import apply, artifact, lifecycle, platform
+from dynamo.sdk.deploy.errors import DeployError, DeployErrorKind
 from dynamo.sdk.deploy.graph import ResolvedGraph, load_config, resolve_graph
 from dynamo.sdk.deploy.kubernetes import RenderOptions, dump, render
 from dynamo.sdk.lib.config import ServiceConfigError
 from dynamo.sdk.lib.overrides import deep_merge
 
 TARGETS = ("kubernetes",)
+#: Default bound on waiting for readiness after --apply (seconds).
+DEFAULT_TIMEOUT = 600
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:  # argparse keeps this type private
@@ -48,6 +51,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # argparse keep
                         f"(default {lifecycle.DEFAULT_SHUTDOWN_TIMEOUT})")
     parser.add_argument("--etcd-image", default=platform.ETCD_IMAGE, help=f"default {platform.ETCD_IMAGE}")
     parser.add_argument("--nats-image", default=platform.NATS_IMAGE, help=f"default {platform.NATS_IMAGE}")
+    parser.add_argument("--apply", action="store_true",
+                        help="apply the objects (server-side apply, field manager dynamo) to the current "
+                        "kubeconfig context and wait until every Deployment is ready")
+    parser.add_argument("--context", default=None, help="with --apply: the kubeconfig context (default: current)")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
+                        help=f"with --apply: seconds to wait for readiness (default {DEFAULT_TIMEOUT})")
+    parser.add_argument("--server-dry-run", action="store_true",
+                        help="with --apply: the API server checks every object and changes nothing (no wait)")
     parser.set_defaults(handler=deploy, accepts_overrides=True)
 
 
@@ -108,6 +119,27 @@ def deploy(args: argparse.Namespace, extra: Sequence[str]) -> int:
         path = out / f"{graph.name}.yaml"
         path.write_text(text)
         print(f"wrote {len(objects)} objects to {os.fspath(path)}", file=sys.stderr)
-    else:
+    elif not args.apply:
         sys.stdout.write(text)
+    if not args.apply:
+        return 0
+    try:
+        apply_objects(args, objects)
+    except DeployError as exc:
+        print(f"dynamo deploy: error: {exc}", file=sys.stderr)
+        return 1
     return 0
+
+
+def apply_objects(args: argparse.Namespace, objects: list[dict]) -> None:
+    """``--apply``: apply, then wait for every Deployment (progress on stderr)."""
+    if args.timeout <= 0:
+        raise DeployError(DeployErrorKind.INVALID, f"--timeout must be > 0, got {args.timeout:g}")
+    client, context_namespace = apply.connect(args.context)
+    applier = apply.Applier(client, args.namespace or context_namespace)
+    apply.apply_all(applier, objects, sys.stderr, dry_run=args.server_dry_run)
+    if args.server_dry_run:
+        return
+    deployments = [o["metadata"]["name"] for o in objects if o["kind"] == "Deployment"]
+    apply.wait_ready(applier, deployments, args.timeout, sys.stderr)
+    print(f"{len(deployments)} deployments ready in {applier.namespace}", file=sys.stderr)
