@@ -251,3 +251,42 @@ def test_bad_input_is_a_clear_error(override, message):
 def test_ingress_needs_a_frontend():
     proc = deploy(EXAMPLES_DIR / "standalone", "greeter:Greeter", "--ingress", "x.example.com", check=False)
     assert proc.returncode == 2 and "has no HTTP frontend" in proc.stderr, proc.stderr
+
+
+def test_the_proposals_deployment_class_renders_like_a_service(tmp_path):
+    """Proposal 002's `Deployment` (namespace, name, resources in a plain class) and the
+    seeds' `@service(resources=…, workers=…)` reach the same renderer; a config file sets
+    replicas and resources of either by name."""
+    (tmp_path / "decode.py").write_text(
+        "from dynamo.deploy import BaseDeployment\n\n\n"
+        "class Deployment(BaseDeployment):\n"
+        '    namespace = "dynamo"\n'
+        '    name = "sgldecode"\n'
+        '    resources = {"gpu": 1}\n'
+    )
+    (tmp_path / "graph.py").write_text(
+        "from dynamo.sdk import depends, endpoint, service\n"
+        "from decode import Deployment\n\n\n"
+        '@service(dynamo={"namespace": "dynamo"}, resources={"gpu": 2, "cpu": "10", "memory": "20Gi"}, workers=1)\n'
+        "class ServiceA:\n"
+        "    decode = depends(Deployment)\n\n"
+        "    @endpoint()\n"
+        "    async def generate(self, request: str):\n"
+        "        yield request\n"
+    )
+    (tmp_path / "config.yaml").write_text(
+        "sgldecode:\n  ServiceArgs:\n    workers: 3\n    resources:\n      memory: 40Gi\n"
+        "ServiceA:\n  ServiceArgs:\n    workers: 2\n"
+    )
+    objects = render(tmp_path, "graph:ServiceA", "-f", "config.yaml")
+    decode, service_a = find(objects, "Deployment", "graph-sgldecode"), find(objects, "Deployment", "graph-service-a")
+    assert decode["spec"]["replicas"] == 3 and service_a["spec"]["replicas"] == 2
+    assert container(decode)["command"] == ["python", "-m", "decode"]
+    assert container(decode)["resources"] == {
+        "requests": {"memory": "40Gi"}, "limits": {"memory": "40Gi", "nvidia.com/gpu": 1},
+    }
+    assert container(service_a)["resources"] == {
+        "requests": {"cpu": "10", "memory": "20Gi"}, "limits": {"cpu": "10", "memory": "20Gi", "nvidia.com/gpu": 2},
+    }
+    assert decode["metadata"]["labels"]["dynamo.ai/service"] == "sgldecode"
+    validate_all(objects)
