@@ -229,6 +229,11 @@ def test_an_unreachable_api_server_is_a_clear_error(tmp_path):
     assert proc.returncode == 1 and "does not answer" in proc.stderr, proc.stderr
 
 
+def test_a_missing_kubeconfig_is_a_clear_error(tmp_path):
+    proc = deploy_apply(tmp_path / "absent")
+    assert proc.returncode == 1 and "cannot load the kubeconfig" in proc.stderr, proc.stderr
+
+
 def _reachable_cluster() -> str | None:
     """Why the real-cluster test cannot run, or None when it can."""
     config = os.environ.get("KUBECONFIG")

@@ -125,7 +125,7 @@ def resolve_graph(
     # Importing the graph may read the configuration (dynamo_address(), module-level code).
     os.environ[CONFIG_ENV] = json.dumps(config)
     ServiceConfig.set_instance(config)
-    root = load_service(pipeline, working_dir)
+    root = load_service(pipeline, Path(working_dir))
     nodes = root.all_services()
     warnings = tuple(check_config_names(nodes, file_config, overrides))
     plans = plan_services(pipeline, root, config, CONTAINER_WORKDIR)
