@@ -101,8 +101,8 @@ class Applier:
             raise DeployError(DeployErrorKind.API, f"{method} {path}: {exc.status} {_status_message(exc)}") from exc
         except HTTPError as exc:
             raise DeployError(DeployErrorKind.API, f"{method} {path}: the API server does not answer: {exc}") from exc
-        data = response[0].data if isinstance(response, tuple) else response.data
-        return json.loads(data) if data else {}
+        # Without preloading, the client returns the urllib3 response itself.
+        return json.loads(response.data) if response.data else {}
 
     def apply(self, obj: dict[str, Any], dry_run: bool = False) -> dict[str, Any]:
         """Server-side apply ``obj`` (forcing ownership of its fields to ``dynamo``)."""

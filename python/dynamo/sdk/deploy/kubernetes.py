@@ -20,7 +20,7 @@ from dynamo.sdk.lib.image import DYNAMO_IMAGE
 #: Label keys a planner (or kubectl) selects on.
 GRAPH_LABEL, SERVICE_LABEL, ROLE_LABEL = "dynamo.ai/graph", "dynamo.ai/service", "dynamo.ai/role"
 NAMESPACE_LABEL = "dynamo.ai/namespace"
-#: Pod annotation with the digest of the service's configuration (a change rolls the pods).
+#: Pod annotation with the digest of the graph's configuration (a change rolls the pods).
 CONFIG_DIGEST_ANNOTATION = "dynamo.ai/config-digest"
 #: The ConfigMap key that holds the configuration (the variable ``dynamo serve`` sets).
 CONFIG_KEY = CONFIG_ENV
@@ -231,7 +231,7 @@ def _deployment(
     if service.role == "frontend":
         prestop = lifecycle.FRONTEND_PRESTOP_SECONDS
         container["lifecycle"] = lifecycle.prestop_sleep(prestop)
-    digest = hashlib.sha256((graph.config_json + repr(sorted(service.plan.args.envs.items()))).encode()).hexdigest()
+    digest = hashlib.sha256(graph.config_json.encode()).hexdigest()
     labels = _labels(graph, service, service.role)
     return {
         "apiVersion": "apps/v1",
