@@ -248,6 +248,12 @@ def test_bad_input_is_a_clear_error(override, message):
     assert proc.stdout == ""
 
 
+def test_registry_needs_an_artifact():
+    cwd, args = graph_args("llm", "graphs.agg:Frontend", "configs/agg.yaml")
+    proc = deploy(cwd, *args, "--registry", "registry.example.com", check=False)
+    assert proc.returncode == 2 and "use --image" in proc.stderr, proc.stderr
+
+
 def test_ingress_needs_a_frontend():
     proc = deploy(EXAMPLES_DIR / "standalone", "greeter:Greeter", "--ingress", "x.example.com", check=False)
     assert proc.returncode == 2 and "has no HTTP frontend" in proc.stderr, proc.stderr

@@ -75,6 +75,8 @@ def resolve(args: argparse.Namespace, extra: Sequence[str]) -> tuple[ResolvedGra
     An artifact is resolved from its own source and configuration (``-f`` merged over it)."""
     file_config, overrides = load_config(args.config_file, extra)
     if not artifact.is_artifact(args.graph):
+        if args.registry:
+            raise DeployError(DeployErrorKind.INVALID, "--registry names where an artifact's image is; use --image")
         return resolve_graph(args.graph, _working_dir(args), file_config, overrides, args.name), None
     built = artifact.load(args.graph)
     sys.dont_write_bytecode = True  # leave the artifact's directory as it was built
