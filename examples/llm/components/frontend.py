@@ -59,7 +59,10 @@ class Frontend:
 
     @async_on_start
     async def start(self) -> None:
-        self.process = await asyncio.create_subprocess_exec(*self.argv, preexec_fn=_die_with_parent)
+        # This service's runtime serves the system port (DYN_SYSTEM_PORT); the HTTP
+        # frontend answers its probes on its HTTP port, so it must not bind it too.
+        env = {**os.environ, "DYN_SYSTEM_ENABLED": "false"}
+        self.process = await asyncio.create_subprocess_exec(*self.argv, env=env, preexec_fn=_die_with_parent)
         self.watcher = asyncio.create_task(self.watch(self.process))
         logger.info("Frontend: HTTP frontend (pid %d) serving %s", self.process.pid, self.endpoint)
 

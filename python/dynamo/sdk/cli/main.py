@@ -1,4 +1,5 @@
-"""``dynamo``: the command-line entry point (``dynamo serve``, ``dynamo run``)."""
+"""``dynamo``: the command-line entry point (``dynamo serve``, ``dynamo build``,
+``dynamo deploy``, ``dynamo run``)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import shutil
 import sys
 from collections.abc import Sequence
 
-from dynamo.sdk.cli import serve
+from dynamo.sdk.cli import build, deploy, serve
 
 
 def _run(args: argparse.Namespace, extra: Sequence[str]) -> int:
@@ -28,6 +29,8 @@ def parser() -> argparse.ArgumentParser:
     root.add_argument("--version", action="version", version=f"dynamo {__version__}")
     sub = root.add_subparsers(dest="command", required=True)
     serve.add_parser(sub)
+    build.add_parser(sub)
+    deploy.add_parser(sub)
     run = sub.add_parser("run", help="run dynamo-run with the remaining arguments", add_help=False)
     run.add_argument("args", nargs=argparse.REMAINDER)
     run.set_defaults(handler=_run, accepts_overrides=True)

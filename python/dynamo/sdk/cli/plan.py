@@ -15,6 +15,7 @@ from dynamo.sdk.deployment import BaseDeployment
 from dynamo.sdk.lib.config import COMMON_SECTION, CONFIG_ENV, ServiceConfigError
 from dynamo.sdk.runner import WORKER_INDEX_ENV
 from dynamo.sdk.service import DynamoService
+from dynamo.sdk.service_args import ServiceArgs
 
 
 @dataclass
@@ -38,6 +39,10 @@ class ServicePlan:
     restart: str
     max_restarts: int
     config: dict[str, Any]
+    #: The validated settings (resources, envs, image…) that deployment renderers read.
+    args: ServiceArgs
+    #: What follows the interpreter on each process's command line (``-m module …``).
+    command: list[str]
     processes: list[ProcessPlan] = field(default_factory=list)
 
 
@@ -58,6 +63,44 @@ def check_config_names(services: list[Any], file_config: dict[str, Any], overrid
     return [f"configuration section {key!r} names no service of this graph" for key in file_config if key not in names]
 
 
+def plan_services(
+    pipeline: str,
+    root: DynamoService,
+    config: dict[str, Any],
+    working_dir: str,
+    service_name: str | None = None,
+    already_running: tuple[str, ...] = (),
+) -> list[ServicePlan]:
+    """What each service of ``root``'s graph (or only ``service_name``) runs with, before
+    any process is planned: settings, configuration and command (``working_dir`` is
+    written into the command as given). ``dynamo serve`` and the deployment renderers
+    (``dynamo build``/``deploy``) share this resolution."""
+    graph = root.all_services()
+    nodes = [root.find(service_name)] if service_name else [s for s in graph if _node_name(s) not in already_running]
+    plans: list[ServicePlan] = []
+    for node in nodes:
+        args = node.service_args(config)
+        name = _node_name(node)
+        if isinstance(node, type) and issubclass(node, BaseDeployment):
+            command = ["-m", node.module()]
+        else:
+            command = ["-m", "dynamo.sdk.run", pipeline, "--service-name", name, "--working-dir", working_dir]
+        plans.append(
+            ServicePlan(
+                name=name,
+                namespace=args.dynamo.namespace,
+                workers=args.workers,
+                gpus_per_worker=args.gpus,
+                restart=args.restart,
+                max_restarts=args.max_restarts,
+                config=node.effective_config(config),
+                args=args,
+                command=command,
+            )
+        )
+    return plans
+
+
 def build_plan(
     pipeline: str,
     root: DynamoService,
@@ -68,29 +111,15 @@ def build_plan(
     gpu_count: int = 0,
 ) -> list[ServicePlan]:
     """The processes to start for ``root``'s graph (or only ``service_name``)."""
-    graph = root.all_services()
-    nodes = [root.find(service_name)] if service_name else [s for s in graph if _node_name(s) not in already_running]
     allocator = None if allocation_disabled() else GpuAllocator(gpu_count)
     config_json = json.dumps(config)
     workdir = str(Path(working_dir).resolve())
     python_path = os.pathsep.join(p for p in (workdir, os.environ.get("PYTHONPATH", "")) if p)
-    plans: list[ServicePlan] = []
-    for node in nodes:
-        args = node.service_args(config)
-        name = _node_name(node)
-        plan = ServicePlan(
-            name=name,
-            namespace=args.dynamo.namespace,
-            workers=args.workers,
-            gpus_per_worker=args.gpus,
-            restart=args.restart,
-            max_restarts=args.max_restarts,
-            config=node.effective_config(config),
-        )
-        if isinstance(node, type) and issubclass(node, BaseDeployment):
-            argv = [sys.executable, "-m", node.module()]
-        else:
-            argv = [sys.executable, "-m", "dynamo.sdk.run", pipeline, "--service-name", name, "--working-dir", workdir]
+    plans = plan_services(pipeline, root, config, workdir, service_name, already_running)
+    for plan in plans:
+        args = plan.args
+        name = plan.name
+        argv = [sys.executable, *plan.command]
         for index in range(args.workers):
             env = {
                 **args.envs,
@@ -105,7 +134,6 @@ def build_plan(
                 gpus = allocator.assign(f"{name}[{index}]", args.gpus)
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
             plan.processes.append(ProcessPlan(label=f"{name}[{index}]", argv=argv, env=env, gpus=gpus))
-        plans.append(plan)
     return plans
 
 

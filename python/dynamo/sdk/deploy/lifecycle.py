@@ -1,0 +1,48 @@
+"""The probe, preStop and grace-period contract between the manifests and the processes
+(docs/deploy.md, "Readiness and drain"): workers answer ``/live`` and ``/ready`` on their
+system port, the HTTP frontend on its HTTP port; SIGTERM drains within
+``DYN_SHUTDOWN_TIMEOUT``; a frontend sleeps in preStop so that Service endpoints drop it
+before it stops accepting."""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: The system server's port in every container (``DYN_SYSTEM_PORT``).
+SYSTEM_PORT = 9090
+#: ``DYN_SHUTDOWN_TIMEOUT`` when nothing sets it (seconds; the runtime's own default).
+DEFAULT_SHUTDOWN_TIMEOUT = 30
+#: The frontend's preStop sleep (seconds).
+FRONTEND_PRESTOP_SECONDS = 5
+#: Slack between the drain bound and SIGKILL (seconds).
+GRACE_MARGIN_SECONDS = 10
+
+LIVE_PATH, READY_PATH = "/live", "/ready"
+
+
+def grace_period(prestop_seconds: int, shutdown_timeout: int) -> int:
+    """``terminationGracePeriodSeconds``: preStop + drain bound + margin."""
+    return prestop_seconds + shutdown_timeout + GRACE_MARGIN_SECONDS
+
+
+def probes(port_name: str) -> dict[str, Any]:
+    """The container's readiness (``/ready``) and liveness (``/live``) probes on ``port_name``."""
+    return {
+        "readinessProbe": {
+            "httpGet": {"path": READY_PATH, "port": port_name},
+            "periodSeconds": 5,
+            "timeoutSeconds": 2,
+            "failureThreshold": 2,
+        },
+        "livenessProbe": {
+            "httpGet": {"path": LIVE_PATH, "port": port_name},
+            "periodSeconds": 10,
+            "timeoutSeconds": 5,
+            "failureThreshold": 3,
+        },
+    }
+
+
+def prestop_sleep(seconds: int) -> dict[str, Any]:
+    """The container's ``lifecycle`` with a preStop that sleeps ``seconds``."""
+    return {"preStop": {"exec": {"command": ["sleep", str(seconds)]}}}
