@@ -155,6 +155,13 @@ def test_scale_to_zero_and_back() -> None:
     assert decider.load("agg", {"agg": RoleState(ready=0)}, waiting).target == 1
 
 
+def test_below_the_minimum_starts_replicas_even_without_signals() -> None:
+    decider = Decider(config(roles={"agg": {"min_replicas": 2, "max_replicas": 4}}))
+    blind = Observation(None, None, None, None, missing=("frontend_metrics",))
+    decision = decider.load("agg", {"agg": RoleState(ready=0)}, blind)
+    assert (decision.action, decision.target) == ("up", 2) and "min_replicas 2" in decision.reason
+
+
 def test_count_reversals() -> None:
     assert count_reversals([1, 0, 1, -1, 0, -1, 1]) == 2
     assert count_reversals([]) == 0

@@ -183,6 +183,10 @@ class Decider:
         """The load loop's pass for ``role``: +1, -1 or hold."""
         state = fleet[role]
         current = state.total
+        least = self.config.roles[role].min_replicas
+        if current < least:
+            target, capped = self._constrain(role, least, fleet)
+            return Decision(role, "load", current, target, f"below min_replicas {least}{capped}")
         if obs.missing:
             return Decision(role, "load", current, current, "hold: signals missing or stale", obs.missing)
         demand = (obs.request_rate or 0.0) > 0 or obs.waiting > 0
