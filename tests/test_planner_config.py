@@ -60,3 +60,14 @@ def test_a_file_that_is_not_a_mapping(tmp_path: Path) -> None:
     path.write_text("- a\n- b\n")
     with pytest.raises(PlannerConfigError, match="must be a mapping"):
         load_config(path)
+
+
+def test_the_documented_example_is_valid() -> None:
+    """The configuration block of docs/planner.md parses, as written."""
+    import yaml
+
+    text = (Path(__file__).parent.parent / "docs" / "planner.md").read_text()
+    block = text.split("```yaml\n", 1)[1].split("```", 1)[0]
+    config = build_config(yaml.safe_load(block))
+    assert config.model == "tiny-words" and config.roles["agg"].command[:3] == ["python", "-m", "dynamo.mocker"]
+    assert config.predictor.warm_start == [2.0, 2.5, 3.1] and config.connector.kind == "local"
