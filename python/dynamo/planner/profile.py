@@ -221,3 +221,12 @@ class PerformanceModel:
         ttft, itl = self.latency(sample.isl, sample.concurrency)
         # Predicted latencies before this correction's own factors: observed ÷ profile.
         return c.add(sample, ttft / c.ttft_factor, itl / c.itl_factor)
+
+
+if __name__ == "__main__":
+    # ``python -m dynamo.planner.profile``: the sweep that writes a profile.
+    import sys
+
+    from dynamo.planner.sweep import main
+
+    sys.exit(main())
