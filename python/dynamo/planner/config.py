@@ -29,7 +29,7 @@ class _Strict(BaseModel):
 class Target(_Strict):
     """A latency target: the ``quantile`` of the latency must stay at or under ``ms``."""
 
-    quantile: float = Field(0.9, gt=0.0, lt=1.0)
+    quantile: float = Field(default=0.9, gt=0.0, lt=1.0)
     ms: float = Field(gt=0.0)
 
 
@@ -43,9 +43,9 @@ class Targets(_Strict):
 class RoleConfig(_Strict):
     """One pool of identical workers the planner sizes."""
 
-    min_replicas: int = Field(1, ge=0)
-    max_replicas: int = Field(8, ge=1)
-    gpus_per_replica: float = Field(1.0, ge=0.0)
+    min_replicas: int = Field(default=1, ge=0)
+    max_replicas: int = Field(default=8, ge=1)
+    gpus_per_replica: float = Field(default=1.0, ge=0.0)
     #: ``namespace.component.endpoint`` the workers serve (their load reports arrive on the
     #: component's ``load_metrics`` subject).
     endpoint: str = "dynamo.mocker.generate"
@@ -65,18 +65,18 @@ class Intervals(_Strict):
     """Seconds between two passes of each loop."""
 
     #: The predictive loop: forecast demand, set each role's replica floor.
-    throughput_s: float = Field(60.0, gt=0.0)
+    throughput_s: float = Field(default=60.0, gt=0.0)
     #: The reactive loop: ±1 replica when the observed quantiles cross the targets.
-    load_s: float = Field(10.0, gt=0.0)
+    load_s: float = Field(default=10.0, gt=0.0)
 
 
 class PredictorConfig(_Strict):
     """How demand is forecast (docs/planner.md, "Predict")."""
 
     kind: Literal["constant", "moving_average", "holt"] = "holt"
-    window: int = Field(6, ge=1)
-    alpha: float = Field(0.5, gt=0.0, le=1.0)
-    beta: float = Field(0.3, ge=0.0, le=1.0)
+    window: int = Field(default=6, ge=1)
+    alpha: float = Field(default=0.5, gt=0.0, le=1.0)
+    beta: float = Field(default=0.3, ge=0.0, le=1.0)
     #: Past request rates (req/s, one per throughput interval) that warm the model up.
     warm_start: list[float] = Field(default_factory=list)
 
@@ -86,9 +86,9 @@ class LocalConnectorConfig(_Strict):
 
     kind: Literal["local"] = "local"
     #: Seconds to wait before starting a process (to emulate slow starts in experiments).
-    startup_delay_s: float = Field(0.0, ge=0.0)
+    startup_delay_s: float = Field(default=0.0, ge=0.0)
     #: Seconds a stopped worker gets to drain after SIGTERM before SIGKILL.
-    stop_timeout_s: float = Field(30.0, gt=0.0)
+    stop_timeout_s: float = Field(default=30.0, gt=0.0)
     #: Added to every worker's environment.
     env: dict[str, str] = Field(default_factory=dict)
 
@@ -100,7 +100,7 @@ class VirtualConnectorConfig(_Strict):
     #: Discovery key prefix of the decisions and reports.
     prefix: str = "v1/planner"
     #: Seconds to wait for the actor's report before the decision counts as not done.
-    report_timeout_s: float = Field(60.0, gt=0.0)
+    report_timeout_s: float = Field(default=60.0, gt=0.0)
 
 
 class KubernetesConnectorConfig(_Strict):
@@ -127,7 +127,7 @@ class PlannerConfig(_Strict):
     frontend_metrics_url: str = "http://127.0.0.1:8000/metrics"
     targets: Targets = Targets()
     #: Most GPUs all roles together may hold; ``None``: no budget.
-    gpu_budget: float | None = Field(None, gt=0.0)
+    gpu_budget: float | None = Field(default=None, gt=0.0)
     roles: dict[str, RoleConfig] = Field(default_factory=lambda: {"agg": RoleConfig()})
     intervals: Intervals = Intervals()
     predictor: PredictorConfig = PredictorConfig()
@@ -139,15 +139,15 @@ class PlannerConfig(_Strict):
     #: Allow ``min_replicas: 0``.
     scale_to_zero: bool = False
     #: Seconds after a worker becomes ready during which its latencies do not correct the model.
-    warmup_s: float = Field(30.0, ge=0.0)
+    warmup_s: float = Field(default=30.0, ge=0.0)
     #: Seconds after which a signal not refreshed counts as stale.
-    stale_after_s: float = Field(5.0, gt=0.0)
+    stale_after_s: float = Field(default=5.0, gt=0.0)
     #: Scale down only when the fleet with one replica fewer is predicted to stay this
     #: far under the targets (0.2: under 80 % of each target). The band between this and
     #: the targets is the hysteresis that keeps constant load from flapping.
-    scale_down_margin: float = Field(0.2, ge=0.0, lt=1.0)
+    scale_down_margin: float = Field(default=0.2, ge=0.0, lt=1.0)
     #: Port of the planner's own ``/health`` and ``/metrics``; 0 picks a free one.
-    port: int = Field(0, ge=0, le=65535)
+    port: int = Field(default=0, ge=0, le=65535)
     connector: ConnectorConfig = LocalConnectorConfig()
 
     @model_validator(mode="after")

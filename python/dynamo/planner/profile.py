@@ -56,7 +56,7 @@ class Profile(BaseModel):
 
     version: int = 1
     engine: str = "unknown"
-    quantile: float = Field(0.9, gt=0, lt=1)
+    quantile: float = Field(default=0.9, gt=0, lt=1)
     osl: int | None = None
     points: list[ProfilePoint] = Field(min_length=1)
 
