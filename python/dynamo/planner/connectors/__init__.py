@@ -1,0 +1,1 @@
+"""The planner's connectors, one module each (see ``dynamo.planner.connector``)."""

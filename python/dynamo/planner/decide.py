@@ -1,0 +1,223 @@
+"""Decisions: how many replicas each role should have, from two loops.
+
+* The **throughput loop** (every ``intervals.throughput_s``) sets a role's *floor*: the
+  forecast request rate ÷ what one replica serves within the targets (the profile's
+  capacity, live-corrected), rounded up. It only ever raises the fleet to its floor.
+* The **load loop** (every ``intervals.load_s``) adds one replica when an observed
+  quantile is over its target, and removes one only when the fleet with one replica
+  fewer is predicted to stay under ``(1 - scale_down_margin)`` times each target. Between
+  that line and the target nothing moves: that band is the hysteresis that keeps a
+  constant load from flapping 2↔1.
+
+A replica that was started but is not ready yet (*pending*) is counted in the fleet,
+never waited for: a scale-down decision is made as if it were there, and executing it
+removes a pending replica first. A missing or stale signal is a decision too: *hold*,
+with the missing signals named (``Decision.missing``), never a silent no-op.
+Every target is then constrained by ``min_replicas``/``max_replicas`` and the GPU budget.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from dynamo.planner.config import PlannerConfig, RoleConfig
+from dynamo.planner.profile import PerformanceModel
+
+
+@dataclass(frozen=True)
+class RoleState:
+    """A role's replicas as the connector knows them."""
+
+    ready: int
+    #: Started (or asked for) and not ready yet.
+    pending: int = 0
+
+    @property
+    def total(self) -> int:
+        """Every replica the role holds, ready or not."""
+        return self.ready + self.pending
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the load loop saw over its last interval."""
+
+    #: Requests/s reaching the frontend (``None``: unknown).
+    request_rate: float | None
+    #: Mean input length (tokens).
+    isl: float | None
+    #: The observed latencies at the targets' quantiles (``None``: no request ended).
+    ttft_ms: float | None
+    itl_ms: float | None
+    #: Requests the workers hold waiting (their load reports); a sign of demand at zero replicas.
+    waiting: int = 0
+    #: Names of the signals that are missing or stale.
+    missing: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One loop's verdict on one role."""
+
+    role: str
+    loop: str  # "throughput" | "load"
+    current: int
+    target: int
+    reason: str
+    missing: tuple[str, ...] = ()
+
+    @property
+    def change(self) -> int:
+        """Replicas to add (positive) or remove (negative)."""
+        return self.target - self.current
+
+    @property
+    def action(self) -> str:
+        """``up``, ``down`` or ``hold``."""
+        return "up" if self.change > 0 else "down" if self.change < 0 else "hold"
+
+
+def count_reversals(changes: Iterable[int]) -> int:
+    """Direction changes in a sequence of replica changes (zeros skipped): up then down,
+    or down then up, is one reversal."""
+    reversals, last = 0, 0
+    for change in changes:
+        if change == 0:
+            continue
+        sign = 1 if change > 0 else -1
+        if last and sign != last:
+            reversals += 1
+        last = sign
+    return reversals
+
+
+class Decider:
+    """The two loops' rules over one configuration and (optionally) a performance model."""
+
+    def __init__(self, config: PlannerConfig, model: PerformanceModel | None = None) -> None:
+        self.config = config
+        self.model = model
+        #: Each role's floor from the last throughput pass.
+        self.floors: dict[str, int] = {name: role.min_replicas for name, role in config.roles.items()}
+
+    def _limits(self, role: str) -> tuple[float | None, float | None]:
+        """The (TTFT, ITL) targets a role answers for: prefill the first, decode the second."""
+        t = self.config.targets
+        return (None if role == "decode" else t.ttft.ms, None if role == "prefill" else t.itl.ms)
+
+    def _constrain(self, role: str, target: int, fleet: Mapping[str, RoleState]) -> tuple[int, str]:
+        spec: RoleConfig = self.config.roles[role]
+        why = ""
+        if target > spec.max_replicas:
+            target, why = spec.max_replicas, f"; capped at max_replicas {spec.max_replicas}"
+        budget = self.config.gpu_budget
+        if budget is not None and spec.gpus_per_replica > 0:
+            others = sum(
+                state.total * self.config.roles[name].gpus_per_replica for name, state in fleet.items() if name != role
+            )
+            affordable = math.floor((budget - others) / spec.gpus_per_replica + 1e-9)
+            if target > affordable:
+                target, why = max(affordable, 0), f"; capped by gpu_budget {budget:g}"
+        if target < spec.min_replicas:
+            target, why = spec.min_replicas, f"; raised to min_replicas {spec.min_replicas}"
+        return target, why
+
+    def throughput(
+        self,
+        role: str,
+        fleet: Mapping[str, RoleState],
+        predicted_rate: float | None,
+        predicted_isl: float | None,
+        missing: tuple[str, ...] = (),
+    ) -> Decision:
+        """The throughput loop's pass for ``role``: set its floor, raise the fleet to it."""
+        current = fleet[role].total
+        if predicted_rate is None or predicted_isl is None:
+            pairs = (("request_rate", predicted_rate), ("isl", predicted_isl))
+            gone = missing or tuple(name for name, value in pairs if value is None)
+            return Decision(role, "throughput", current, current, "hold: no demand forecast", gone)
+        if self.model is None:
+            return Decision(role, "throughput", current, current, "hold: no profile (the load loop sizes alone)")
+        capacity = self.model.capacity(predicted_isl, *self._limits(role))
+        spec = self.config.roles[role]
+        if capacity <= 0:
+            floor, why = spec.max_replicas, "the profile meets the targets at no concurrency"
+        else:
+            floor = math.ceil(predicted_rate / capacity - 1e-9)
+            why = f"forecast {predicted_rate:.2f} req/s ÷ {capacity:.2f} req/s per replica"
+        floor, capped = self._constrain(role, floor, fleet)
+        self.floors[role] = floor
+        target = max(current, floor)
+        return Decision(role, "throughput", current, target, f"floor {floor}: {why}{capped}")
+
+    def _fits_with(self, role: str, ready: int, serving: int, obs: Observation) -> tuple[bool, str]:
+        """Whether ``serving`` replicas keep the role under the targets less the margin
+        (``obs`` was seen with ``ready`` replicas serving)."""
+        rate = obs.request_rate or 0.0
+        if rate == 0 and obs.waiting == 0:
+            return True, "no demand"
+        if serving == 0:
+            return False, "demand remains"
+        keep = 1.0 - self.config.scale_down_margin
+        ttft, itl = self._limits(role)
+        if self.model is not None and obs.isl is not None:
+            capacity = self.model.capacity(
+                obs.isl, None if ttft is None else ttft * keep, None if itl is None else itl * keep
+            )
+            ok = rate / serving <= capacity
+            return ok, f"{rate / serving:.2f} req/s per replica vs {capacity:.2f} within {keep:.0%} of the targets"
+        # No profile: latency taken to grow in proportion to the load per replica.
+        scale = ready / serving
+        for name, observed, limit in (("TTFT", obs.ttft_ms, ttft), ("ITL", obs.itl_ms, itl)):
+            if limit is None:
+                continue
+            if observed is None:
+                return False, f"no {name} observed under load"
+            if observed * scale > limit * keep:
+                return False, f"{name} {observed * scale:.0f} ms predicted over {keep:.0%} of {limit:g} ms"
+        return True, "observed latencies scaled to the smaller fleet stay under the margin"
+
+    def load(self, role: str, fleet: Mapping[str, RoleState], obs: Observation) -> Decision:
+        """The load loop's pass for ``role``: +1, -1 or hold."""
+        state = fleet[role]
+        current = state.total
+        least = self.config.roles[role].min_replicas
+        if current < least:
+            target, capped = self._constrain(role, least, fleet)
+            return Decision(role, "load", current, target, f"below min_replicas {least}{capped}")
+        if obs.missing:
+            return Decision(role, "load", current, current, "hold: signals missing or stale", obs.missing)
+        demand = (obs.request_rate or 0.0) > 0 or obs.waiting > 0
+        if current == 0:
+            if not demand:
+                return Decision(role, "load", 0, 0, "hold: no replicas and no demand")
+            target, capped = self._constrain(role, 1, fleet)
+            return Decision(role, "load", 0, target, f"demand at zero replicas: start one{capped}")
+        t = self.config.targets
+        ttft, itl = self._limits(role)
+        over = [
+            f"p{q * 100:g} {name} {observed:.0f} ms > {limit:g} ms"
+            for name, observed, limit, q in (
+                ("TTFT", obs.ttft_ms, ttft, t.ttft.quantile),
+                ("ITL", obs.itl_ms, itl, t.itl.quantile),
+            )
+            if limit is not None and observed is not None and observed > limit
+        ]
+        if over:
+            if state.pending:
+                return Decision(role, "load", current, current, f"hold: {over[0]}; {state.pending} replica(s) starting")
+            target, capped = self._constrain(role, current + 1, fleet)
+            return Decision(role, "load", current, target, f"{'; '.join(over)}{capped}")
+        floor = max(self.floors[role], self.config.roles[role].min_replicas)
+        if current - 1 < floor:
+            return Decision(role, "load", current, current, f"hold: at the floor ({floor})")
+        # One fewer: a pending replica goes first, so the serving fleet shrinks only
+        # when none is pending.
+        serving = min(state.ready, current - 1)
+        fits, why = self._fits_with(role, state.ready, serving, obs)
+        if not fits:
+            return Decision(role, "load", current, current, f"hold: {current - 1} replica(s) would not do ({why})")
+        target, capped = self._constrain(role, current - 1, fleet)
+        return Decision(role, "load", current, target, f"{current - 1} replica(s) suffice ({why}){capped}")

@@ -1,0 +1,232 @@
+"""The performance model: what one replica sustains within the targets.
+
+A *profile* (JSON, written by a sweep of one worker over concurrency x input length)
+records, per point, the time to first token, the inter-token latency (both at the
+profile's ``quantile``) and the request throughput:
+
+    {"version": 1, "engine": "mocker", "quantile": 0.9, "osl": 64,
+     "points": [{"isl": 128, "concurrency": 1, "ttft_ms": 21.0, "itl_ms": 5.2,
+                 "throughput_rps": 2.9}, ...]}
+
+``PerformanceModel.capacity`` interpolates it: along concurrency, linearly between the two
+points around the largest concurrency whose latencies meet the targets; along input
+length, linearly between the two profiled lengths around the one asked (clamped to the
+profiled range). ``LiveCorrection`` scales the profile's latencies by what the running
+fleet shows (observed ÷ predicted, smoothed), leaving out samples taken while a worker
+was in its warm-up window: a new worker's first, slow passes describe its start, not
+its steady state.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from bisect import bisect_left
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+#: A correction factor stays within [1/FACTOR_LIMIT, FACTOR_LIMIT]: one odd window must
+#: not make the model say a replica does nothing (or everything).
+FACTOR_LIMIT = 4.0
+
+
+class ProfileError(ValueError):
+    """A profile file cannot be used; the message says why."""
+
+
+class ProfilePoint(BaseModel):
+    """One measured operating point of one replica."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    isl: int = Field(gt=0)
+    concurrency: float = Field(gt=0)
+    ttft_ms: float = Field(ge=0)
+    itl_ms: float = Field(ge=0)
+    throughput_rps: float = Field(ge=0)
+
+
+class Profile(BaseModel):
+    """A sweep of one replica (see the module's docstring)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    version: int = 1
+    engine: str = "unknown"
+    quantile: float = Field(default=0.9, gt=0, lt=1)
+    osl: int | None = None
+    points: list[ProfilePoint] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _grid(self) -> Profile:
+        seen = set()
+        for p in self.points:
+            if (p.isl, p.concurrency) in seen:
+                raise ValueError(f"two points at isl {p.isl}, concurrency {p.concurrency:g}")
+            seen.add((p.isl, p.concurrency))
+        return self
+
+    def lengths(self) -> list[int]:
+        """The profiled input lengths, ascending."""
+        return sorted({p.isl for p in self.points})
+
+    def curve(self, isl: int) -> list[ProfilePoint]:
+        """The points of one profiled input length by concurrency."""
+        return sorted((p for p in self.points if p.isl == isl), key=lambda p: p.concurrency)
+
+    def save(self, path: Path) -> None:
+        """Write the profile as JSON."""
+        Path(path).write_text(json.dumps(self.model_dump(), indent=2) + "\n")
+
+
+def load_profile(path: Path) -> Profile:
+    """The profile in the JSON file at ``path``.
+
+    Raises:
+        ProfileError: unreadable, not JSON, or not a profile.
+    """
+    try:
+        data: Any = json.loads(Path(path).read_text())
+        return Profile.model_validate(data)
+    except (OSError, ValueError) as e:
+        detail = e.errors()[0] if isinstance(e, ValidationError) else e
+        raise ProfileError(f"{path}: not a usable profile: {detail}") from None
+
+
+def _lerp(x: float, x0: float, x1: float, y0: float, y1: float) -> float:
+    return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+def _capacity_of_curve(curve: list[ProfilePoint], ttft_ms: float | None, itl_ms: float | None) -> float:
+    """Requests/s of one replica at the largest concurrency meeting both limits (0: none)."""
+
+    def meets(p: ProfilePoint) -> bool:
+        return (ttft_ms is None or p.ttft_ms <= ttft_ms) and (itl_ms is None or p.itl_ms <= itl_ms)
+
+    if not meets(curve[0]):
+        return 0.0
+    for low, high in itertools.pairwise(curve):
+        if meets(high):
+            continue
+        # The limit is crossed between low and high: where, for each latency over it.
+        edge = high.concurrency
+        for limit, lo, hi in ((ttft_ms, low.ttft_ms, high.ttft_ms), (itl_ms, low.itl_ms, high.itl_ms)):
+            if limit is not None and hi > limit:
+                edge = min(edge, _lerp(limit, lo, hi, low.concurrency, high.concurrency))
+        return _lerp(edge, low.concurrency, high.concurrency, low.throughput_rps, high.throughput_rps)
+    return curve[-1].throughput_rps
+
+
+def _on_curve(curve: list[ProfilePoint], concurrency: float) -> tuple[float, float]:
+    """(TTFT, ITL) of one curve at ``concurrency``, clamped to its profiled range."""
+    c = min(max(concurrency, curve[0].concurrency), curve[-1].concurrency)
+    if len(curve) == 1:
+        return curve[0].ttft_ms, curve[0].itl_ms
+    i = max(1, min(len(curve) - 1, bisect_left([p.concurrency for p in curve], c)))
+    low, high = curve[i - 1], curve[i]
+    return (
+        _lerp(c, low.concurrency, high.concurrency, low.ttft_ms, high.ttft_ms),
+        _lerp(c, low.concurrency, high.concurrency, low.itl_ms, high.itl_ms),
+    )
+
+
+@dataclass(frozen=True)
+class Sample:
+    """What the fleet showed over one load interval, for the live correction."""
+
+    #: Input length (tokens, mean) and requests in flight per ready replica.
+    isl: float
+    concurrency: float
+    ttft_ms: float | None
+    itl_ms: float | None
+    #: Seconds since the youngest ready worker became ready.
+    youngest_worker_age_s: float
+
+
+class LiveCorrection:
+    """Observed ÷ predicted latency, smoothed (exponentially, weight ``smoothing``), per
+    metric; samples from a fleet with a worker younger than ``warmup_s`` are left out."""
+
+    def __init__(self, warmup_s: float, smoothing: float = 0.3) -> None:
+        self.warmup_s = warmup_s
+        self.smoothing = smoothing
+        self.ttft_factor = 1.0
+        self.itl_factor = 1.0
+        self.used = 0
+        self.excluded_warmup = 0
+
+    def add(self, sample: Sample, predicted_ttft_ms: float | None, predicted_itl_ms: float | None) -> bool:
+        """Fold one sample in; whether it was used (``False``: warm-up, or nothing to compare)."""
+        if sample.youngest_worker_age_s < self.warmup_s:
+            self.excluded_warmup += 1
+            return False
+        used = False
+        for name, observed, predicted in (
+            ("ttft_factor", sample.ttft_ms, predicted_ttft_ms),
+            ("itl_factor", sample.itl_ms, predicted_itl_ms),
+        ):
+            if observed is None or not predicted:
+                continue
+            ratio = min(FACTOR_LIMIT, max(1.0 / FACTOR_LIMIT, observed / predicted))
+            setattr(self, name, (1 - self.smoothing) * getattr(self, name) + self.smoothing * ratio)
+            used = True
+        self.used += used
+        return used
+
+
+class PerformanceModel:
+    """A profile with its live correction: latencies and per-replica capacity."""
+
+    def __init__(self, profile: Profile, correction: LiveCorrection | None = None) -> None:
+        self.profile = profile
+        self.correction = correction or LiveCorrection(warmup_s=0.0)
+        self._lengths = profile.lengths()
+        self._curves = {isl: profile.curve(isl) for isl in self._lengths}
+
+    def _around(self, isl: float) -> tuple[int, int]:
+        lengths = self._lengths
+        if isl <= lengths[0]:
+            return lengths[0], lengths[0]
+        if isl >= lengths[-1]:
+            return lengths[-1], lengths[-1]
+        i = bisect_left(lengths, isl)
+        return lengths[i - 1], lengths[i]
+
+    def latency(self, isl: float, concurrency: float) -> tuple[float, float]:
+        """Predicted (TTFT ms, ITL ms) of one replica at ``concurrency`` requests in flight,
+        corrected by the live factors (clamped to the profiled concurrencies)."""
+        values = [_on_curve(self._curves[length], concurrency) for length in self._around(isl)]
+        lo, hi = self._around(isl)
+        ttft = _lerp(isl, lo, hi, values[0][0], values[1][0])
+        itl = _lerp(isl, lo, hi, values[0][1], values[1][1])
+        return ttft * self.correction.ttft_factor, itl * self.correction.itl_factor
+
+    def capacity(self, isl: float, ttft_ms: float | None, itl_ms: float | None) -> float:
+        """Requests/s one replica serves with its TTFT ≤ ``ttft_ms`` and ITL ≤ ``itl_ms``
+        (``None``: that latency is not a limit; a prefill pool minds TTFT only, a decode
+        pool ITL only). 0 when even one request at a time misses them."""
+        raw_ttft = None if ttft_ms is None else ttft_ms / self.correction.ttft_factor
+        raw_itl = None if itl_ms is None else itl_ms / self.correction.itl_factor
+        lo, hi = self._around(isl)
+        at_lo = _capacity_of_curve(self._curves[lo], raw_ttft, raw_itl)
+        at_hi = _capacity_of_curve(self._curves[hi], raw_ttft, raw_itl)
+        return _lerp(isl, lo, hi, at_lo, at_hi)
+
+    def correct(self, sample: Sample) -> bool:
+        """Fold a live sample into the correction (see ``LiveCorrection.add``)."""
+        c = self.correction
+        ttft, itl = self.latency(sample.isl, sample.concurrency)
+        # Predicted latencies before this correction's own factors: observed ÷ profile.
+        return c.add(sample, ttft / c.ttft_factor, itl / c.itl_factor)
+
+
+if __name__ == "__main__":
+    # ``python -m dynamo.planner.profile``: the sweep that writes a profile.
+    import sys
+
+    from dynamo.planner.sweep import main
+
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""The planner in real processes (both backends): an HTTP frontend, the planner with
+its local connector, and the mocker workers it starts. A load step makes the fleet grow;
+a lighter load lets it shrink back to one replica while requests still flow (each
+removal drains), and the planner's SIGTERM drains the rest. No request may fail."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from faults.load import Load
+from helpers import free_port, wait_until
+from llm_helpers import DYNAMO_RUN, MOCKER, Frontend, write_json
+
+#: Two sequences at a time and 20 ms steps: a 24-token request holds a slot ~0.5 s, so
+#: eight clients queue on one worker (TTFT well over 500 ms) and not on four.
+MOCKER_SETTINGS = {"max_num_seqs": 2, "decode_base_ms": 20.0}
+SCALE_BOUND = 60.0
+
+
+def planner_yaml(path: Path, model: str, frontend_port: int, endpoint: str, settings: Path, model_dir: Path) -> Path:
+    command = [*MOCKER, "--model-path", str(model_dir), "--endpoint", endpoint, "--extra-engine-args", str(settings)]
+    config = {
+        "model": model,
+        "frontend_metrics_url": f"http://127.0.0.1:{frontend_port}/metrics",
+        "targets": {"ttft": {"quantile": 0.9, "ms": 500}, "itl": {"quantile": 0.9, "ms": 200}},
+        "roles": {"agg": {"min_replicas": 1, "max_replicas": 4, "endpoint": endpoint, "command": command}},
+        "intervals": {"load_s": 1.5, "throughput_s": 30},
+        "stale_after_s": 5,
+        "connector": {"kind": "local", "stop_timeout_s": 20},
+    }
+    path.write_text(json.dumps(config))
+    return path
+
+
+def health(port: int) -> dict[str, Any]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as e:  # 503 while a signal is not ok: same body
+        return json.loads(e.read())
+
+
+@pytest.mark.timeout(150)
+async def test_scales_up_under_a_load_step_and_back_down_losing_nothing(
+    backend: Any, workers: Any, namespace: str, model_dir: Path, tmp_path: Path
+) -> None:
+    endpoint = f"{namespace}.mocker.generate"
+    settings = write_json(tmp_path / "mocker.json", MOCKER_SETTINGS)
+    port, planner_port = free_port(), free_port()
+    frontend = Frontend(
+        workers.command([*DYNAMO_RUN, "in=http", "out=dyn", "--http-port", str(port), "--http-host", "127.0.0.1"],
+                        name="frontend"),
+        port,
+    )
+    config = planner_yaml(tmp_path / "planner.yaml", model_dir.name, port, endpoint, settings, model_dir)
+    planner = workers.command(
+        [sys.executable, "-m", "dynamo.planner", "--config", str(config), "--port", str(planner_port)], name="planner"
+    )
+
+    def fleet() -> dict[str, int]:
+        return health(planner_port).get("fleet", {}).get("agg", {})
+
+    def describe() -> str:
+        return f"planner health: {json.dumps(health(planner_port))[:3000]}\n{planner.describe()}"
+
+    await frontend.wait_live()
+    # The planner starts the minimum (one worker) by itself.
+    await frontend.wait_models([model_dir.name], timeout=SCALE_BOUND)
+    await wait_until(lambda: fleet().get("ready") == 1, SCALE_BOUND, describe, ignore=(OSError,))
+
+    heavy = Load(port, model_dir.name, clients=8)
+    heavy.start()
+    await wait_until(lambda: fleet().get("ready", 0) >= 3, SCALE_BOUND, describe, interval=0.2, ignore=(OSError,))
+    light = Load(port, model_dir.name, clients=2)
+    light.start()
+    await heavy.stop()
+    # Under the light load the fleet shrinks, one drained worker at a time, to the minimum.
+    await wait_until(lambda: fleet() == {"ready": 1, "pending": 0}, SCALE_BOUND, describe, interval=0.2,
+                     ignore=(OSError,))
+    await light.stop()
+
+    outcomes = heavy.outcomes + light.outcomes
+    bad = [o for o in outcomes if o.kind != "ok"]
+    assert not bad, f"{len(bad)} of {len(outcomes)} requests failed: {[o.detail for o in bad[:5]]}"
+    assert len(light.outcomes) > 0
+    decisions = health(planner_port)["decisions"]
+    downs = [d for d in decisions if d["action"] == "down" and d["done"]]
+    assert downs, decisions
+
+    # SIGTERM: the planner drains its workers and exits 0.
+    planner.send_signal(signal.SIGTERM)
+    assert await planner.wait_exit(40) == 0, planner.describe()
+    await frontend.wait_status("/health", 503, timeout=30)

@@ -1,0 +1,100 @@
+"""The planner process's loop and its /health: a missing frontend is a visible state
+(signal, /health 503, decisions that hold naming it), advisory mode never acts, and a bad
+configuration stops `python -m dynamo.planner` with the key named."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from typing import Any
+
+from dynamo.planner.config import build_config
+from dynamo.planner.decide import Decider, RoleState
+from dynamo.planner.health import HealthServer
+from dynamo.planner.loop import Planner
+from dynamo.planner.observe import FrontendObserver
+from helpers import free_port
+
+
+class RecordingConnector:
+    """A connector over a fleet held in memory: it records what it is asked."""
+
+    name = "recording"
+
+    def __init__(self, ready: int) -> None:
+        self.ready = ready
+        self.calls: list[tuple[str, int]] = []
+
+    async def replicas(self) -> dict[str, RoleState]:
+        return {"agg": RoleState(ready=self.ready)}
+
+    async def scale(self, role: str, target: int, reason: str) -> None:
+        self.calls.append((role, target))
+        self.ready = target
+
+    async def close(self) -> None:
+        pass
+
+
+def planner(advisory: bool, min_replicas: int = 1) -> tuple[Planner, RecordingConnector]:
+    config = build_config({
+        "model": "m", "advisory": advisory, "frontend_metrics_url": f"http://127.0.0.1:{free_port()}/metrics",
+        "roles": {"agg": {"min_replicas": min_replicas, "max_replicas": 4}},
+    })
+    frontend = FrontendObserver(config.frontend_metrics_url, "m", config.stale_after_s, 0.9, 0.9)
+    connector = RecordingConnector(ready=2)
+    return Planner(config, connector, frontend, Decider(config)), connector
+
+
+def get(port: int) -> tuple[int, dict[str, Any]]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+async def test_a_missing_frontend_is_visible_and_holds() -> None:
+    p, connector = planner(advisory=False)
+    decisions = await p.load_pass()
+    assert [(d.action, d.missing) for d in decisions] == [("hold", ("frontend_metrics",))]
+    assert connector.calls == []
+    server = HealthServer(p.health)
+    port = await server.start()
+    try:
+        status, body = await asyncio.to_thread(get, port)
+    finally:
+        await server.close()
+    assert status == 503 and body["status"] == "degraded"
+    assert body["signals"]["frontend_metrics"]["state"] == "missing"
+    assert "Connection refused" in body["signals"]["frontend_metrics"]["detail"]
+    assert body["fleet"] == {"agg": {"ready": 2, "pending": 0}}
+    assert body["decisions"][-1]["missing"] == ["frontend_metrics"]
+    # The throughput loop, with no window at all, holds and says why too.
+    [decision] = await p.throughput_pass()
+    assert decision.action == "hold" and decision.missing == ("frontend_metrics",)
+
+
+async def test_advisory_mode_decides_but_never_acts() -> None:
+    p, connector = planner(advisory=True, min_replicas=3)
+    [decision] = await p.load_pass()
+    assert (decision.action, decision.target) == ("up", 3)
+    assert connector.calls == [] and p.decisions[-1]["done"] is False
+    acting, connector = planner(advisory=False, min_replicas=3)
+    await acting.load_pass()
+    assert connector.calls == [("agg", 3)] and acting.decisions[-1]["done"] is True
+
+
+def test_a_bad_configuration_exits_2_naming_the_key(tmp_path) -> None:
+    path = tmp_path / "planner.yaml"
+    path.write_text("model: m\nintervals: {load_s: soon}\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "dynamo.planner", "--config", str(path), "--set", "roles.agg.max_replicas=many"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "intervals.load_s" in proc.stderr and "roles.agg.max_replicas" in proc.stderr

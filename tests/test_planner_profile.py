@@ -1,0 +1,90 @@
+"""The performance model: interpolating a profile to a replica's capacity at the targets,
+and the live correction that leaves warm-up samples out."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from dynamo.planner.profile import (
+    LiveCorrection,
+    PerformanceModel,
+    Profile,
+    ProfileError,
+    Sample,
+    load_profile,
+)
+
+
+def grid() -> Profile:
+    """Two input lengths; latency grows linearly with concurrency, twice as fast at 1024."""
+    points = []
+    for isl, slope in ((128, 1.0), (1024, 2.0)):
+        for c in (1, 2, 4, 8):
+            points.append({"isl": isl, "concurrency": c, "ttft_ms": 100 * slope * c, "itl_ms": 10 * slope * c,
+                           "throughput_rps": c / slope})
+    return Profile.model_validate({"engine": "test", "points": points})
+
+
+def test_capacity_interpolates_along_concurrency() -> None:
+    model = PerformanceModel(grid())
+    # isl 128: TTFT 300 ms is reached at concurrency 3 (between 2 and 4) -> 3 req/s.
+    assert model.capacity(128, ttft_ms=300, itl_ms=None) == pytest.approx(3.0)
+    # ITL is the tighter limit: 25 ms at concurrency 2.5.
+    assert model.capacity(128, ttft_ms=300, itl_ms=25) == pytest.approx(2.5)
+    # Looser than the whole profile: its best point; tighter than its first: nothing.
+    assert model.capacity(128, ttft_ms=10_000, itl_ms=None) == pytest.approx(8.0)
+    assert model.capacity(128, ttft_ms=50, itl_ms=None) == 0.0
+
+
+def test_capacity_interpolates_along_input_length_and_clamps() -> None:
+    model = PerformanceModel(grid())
+    at_128 = model.capacity(128, 400, None)  # concurrency 4 -> 4 req/s
+    at_1024 = model.capacity(1024, 400, None)  # concurrency 2 -> 1 req/s
+    assert (at_128, at_1024) == (pytest.approx(4.0), pytest.approx(1.0))
+    assert model.capacity(576, 400, None) == pytest.approx(2.5)
+    assert model.capacity(64, 400, None) == at_128 and model.capacity(4096, 400, None) == at_1024
+
+
+def test_latency_between_points() -> None:
+    ttft, itl = PerformanceModel(grid()).latency(128, 3)
+    assert (ttft, itl) == (pytest.approx(300), pytest.approx(30))
+
+
+def test_live_correction_scales_latency_and_capacity() -> None:
+    model = PerformanceModel(grid(), LiveCorrection(warmup_s=30, smoothing=1.0))
+    # The fleet runs twice as slow as profiled.
+    assert model.correct(Sample(isl=128, concurrency=2, ttft_ms=400, itl_ms=40, youngest_worker_age_s=60))
+    assert model.correction.ttft_factor == pytest.approx(2.0)
+    assert model.latency(128, 2) == (pytest.approx(400), pytest.approx(40))
+    assert model.capacity(128, 400, None) == pytest.approx(2.0)
+
+
+def test_warm_up_samples_do_not_move_the_model() -> None:
+    model = PerformanceModel(grid(), LiveCorrection(warmup_s=30, smoothing=0.5))
+    # A worker 5 s old: its first passes are ten times slower; left out.
+    slow = Sample(isl=128, concurrency=2, ttft_ms=2000, itl_ms=200, youngest_worker_age_s=5)
+    for _ in range(5):
+        assert not model.correct(slow)
+    assert (model.correction.ttft_factor, model.correction.itl_factor) == (1.0, 1.0)
+    assert (model.correction.excluded_warmup, model.correction.used) == (5, 0)
+    assert model.capacity(128, 300, None) == pytest.approx(3.0)
+    # Once the worker is past its warm-up, samples count (and are bounded).
+    assert model.correct(Sample(isl=128, concurrency=2, ttft_ms=2000, itl_ms=None, youngest_worker_age_s=31))
+    assert model.correction.ttft_factor == pytest.approx(0.5 + 0.5 * 4.0)
+
+
+def test_load_profile_and_its_errors(tmp_path: Path) -> None:
+    path = tmp_path / "profile.json"
+    grid().save(path)
+    assert load_profile(path) == grid()
+    path.write_text(json.dumps({"points": [{"isl": 1, "concurrency": 1, "ttft_ms": "x", "itl_ms": 1,
+                                            "throughput_rps": 1}]}))
+    with pytest.raises(ProfileError, match="ttft_ms"):
+        load_profile(path)
+    path.write_text("{")
+    with pytest.raises(ProfileError, match="not a usable profile"):
+        load_profile(path)
+    with pytest.raises(ProfileError):
+        load_profile(tmp_path / "missing.json")

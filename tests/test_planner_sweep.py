@@ -1,0 +1,55 @@
+"""`python -m dynamo.planner.profile --mocker`: a small sweep of a real mocker, written
+as a profile the planner's model loads and interpolates."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from dynamo.planner.profile import PerformanceModel, load_profile
+from dynamo.planner.sweep import prompt_of, quantile
+from llm_helpers import write_json
+
+
+@pytest.mark.timeout(120)
+def test_a_mocker_sweep_is_a_usable_profile(tmp_path: Path) -> None:
+    settings = write_json(tmp_path / "mocker.json", {"speedup_ratio": 4.0})
+    output = tmp_path / "profile.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "dynamo.planner.profile", "--mocker", "--extra-engine-args", str(settings),
+         "--isl", "64,256", "--concurrency", "1,4", "--osl", "16", "--rounds", "3", "--output", str(output)],
+        capture_output=True, text=True, timeout=100,
+    )
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    profile = load_profile(output)
+    assert profile.engine == "mocker" and profile.osl == 16
+    assert sorted((p.isl, p.concurrency) for p in profile.points) == [(64, 1), (64, 4), (256, 1), (256, 4)]
+    for isl in (64, 256):
+        one, four = profile.curve(isl)
+        assert one.ttft_ms > 0 and one.itl_ms > 0
+        # The engine batches: four clients get through more than one does.
+        assert four.throughput_rps > one.throughput_rps
+    model = PerformanceModel(profile)
+    assert model.capacity(128, ttft_ms=10_000, itl_ms=10_000) == pytest.approx(
+        (profile.curve(64)[1].throughput_rps * 2 + profile.curve(256)[1].throughput_rps) / 3
+    )
+
+
+def test_a_failing_sweep_says_why(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "dynamo.planner.profile", "--url", "http://127.0.0.1:1", "--isl", "8",
+         "--concurrency", "1", "--rounds", "2", "--output", str(tmp_path / "p.json")],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 1 and "isl 8, concurrency 1" in proc.stderr, proc.stderr
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_prompts_and_quantiles() -> None:
+    import random
+
+    assert len(prompt_of(100, random.Random(0))) == 100
+    assert quantile([4.0, 1.0, 3.0, 2.0], 0.5) == pytest.approx(2.5)
+    assert quantile([5.0], 0.9) == 5.0
