@@ -33,7 +33,7 @@ pub mod scheduler;
 pub mod selector;
 
 pub use indexer::KvIndexer;
-pub use inflight::{GuardedStream, InflightGuard, InflightTracker};
+pub use inflight::{InflightGuard, InflightTracker};
 pub use protocols::{
     compute_block_hash_for_seq, BlockHash, ForwardPassMetrics, KvCacheEvent, KvCacheEventData, KvCacheRemoveData,
     KvCacheStoreData, KvCacheStoredBlockData, LoadMetricsEvent, RouterEvent, KV_EVENTS_SUBJECT, LOAD_METRICS_SUBJECT,

@@ -25,10 +25,10 @@ use crate::engine::{
     ChatStream, CompletionStream, EngineError, OpenAIEngine, OpenAIStream, RequestContext, StreamItem, TokenEngine,
     TokenStream,
 };
-use crate::kv_router::{GuardedStream, KvRouter};
+use crate::kv_router::KvRouter;
 use crate::protocols::common::{LLMEngineOutput, PreprocessedRequest};
 use crate::protocols::openai::{ChatCompletionChunk, ChatCompletionRequest, CompletionRequest, CompletionResponse, FinishingChunk};
-use crate::routing::{self, Direct, KvSelector, Pick, RouterMode, Selector};
+use crate::routing::{self, Direct, KvSelector, Outcome, Pick, RouterMode, Selector, TrackedStream};
 
 /// The worker's items decoded as engine outputs; annotation-only items are skipped.
 fn worker_items(stream: LinkedStream) -> WorkerStream<LLMEngineOutput> {
@@ -229,10 +229,10 @@ impl Sender {
     }
 
     /// Send one attempt of `request` direct to the instance of `pick`, its items decoded
-    /// by `items`; every resend is decided by [`super::migration`]. The pick's load (a
-    /// KV-routed stream in flight on its worker) is held until the stream ends or is
-    /// dropped; an instance that is gone is reported to the selector (the KV router
-    /// drops it from its index).
+    /// by `items`; every resend is decided by [`super::migration`]. The selector hears
+    /// how the attempt ended ([`Selector::on_end`]): at the stream's end, error or drop
+    /// ([`TrackedStream`]), or at once when it could not be sent (`Gone` for an instance
+    /// that is not there: the KV router drops it from its index).
     async fn send_direct<O: Send + 'static>(
         &self,
         pick: Pick,
@@ -242,25 +242,29 @@ impl Sender {
     ) -> Result<Attempt<O>, SendError> {
         let instance = pick.instance;
         tracing::debug!(request = ctx.id(), instance = %format_args!("{instance:x}"), "sending to instance");
-        let body = serde_json::to_vec(request)
-            .map_err(|e| SendError::Failed(EngineError::Internal(format!("cannot serialize the request: {e}"))))?;
+        let body = match serde_json::to_vec(request) {
+            Ok(body) => body,
+            Err(e) => {
+                self.selector.on_end(pick, Outcome::Failed);
+                return Err(SendError::Failed(EngineError::Internal(format!("cannot serialize the request: {e}"))));
+            }
+        };
         let direct = dynamo_runtime::RouterMode::Direct(instance);
         match self.client.send(direct, Bytes::from(body), Some(ctx.id().to_string())).await {
             Ok(stream) => {
                 let stream = items(LinkedStream::new(stream, ctx));
-                let stream = match pick.load {
-                    Some(load) => GuardedStream::new(stream, load).boxed(),
-                    None => stream,
-                };
+                let stream = TrackedStream::new(stream, self.selector.clone(), pick).boxed();
                 Ok(Attempt { stream, instance })
             }
             Err(e) if !self.pinned && is_unreachable(e.kind()) => {
-                if is_gone(e.kind()) {
-                    self.selector.on_end_unreachable(instance);
-                }
+                let outcome = if is_gone(e.kind()) { Outcome::Gone } else { Outcome::Failed };
+                self.selector.on_end(pick, outcome);
                 Err(SendError::Unreachable { instance, error: e })
             }
-            Err(e) => Err(SendError::Failed(decode_error(e))),
+            Err(e) => {
+                self.selector.on_end(pick, Outcome::Failed);
+                Err(SendError::Failed(decode_error(e)))
+            }
         }
     }
 

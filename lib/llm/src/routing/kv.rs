@@ -2,9 +2,10 @@
 //! cost (prefill of the blocks it does not hold, plus its decode load).
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use super::round_robin::RoundRobin;
-use super::{Pick, SelectError, Selector};
+use super::{Outcome, Pick, SelectError, Selector};
 use crate::kv_router::{KvRouter, ScheduleError};
 
 /// Routes with a [`KvRouter`]; candidates it does not know yet go round-robin.
@@ -39,7 +40,36 @@ impl Selector for KvSelector {
         }
     }
 
-    fn on_end_unreachable(&self, instance: u64) {
-        self.router.remove_worker(instance);
+    fn on_end(&self, choice: Pick, outcome: Outcome) {
+        if outcome == Outcome::Gone {
+            self.router.remove_worker(choice.instance);
+        }
+        // The request's load and blocks stop counting on its worker.
+        if let Some(load) = choice.load {
+            load.end_at(Instant::now());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv_router::KvRouterConfig;
+
+    #[test]
+    fn a_pick_counts_until_its_end_and_a_gone_instance_is_forgotten() {
+        let router = KvRouter::new(KvRouterConfig::with_block_size(Some(4)));
+        let kv = KvSelector::new(router.clone());
+        let tokens: Vec<u32> = (0..16).collect();
+        let pick = kv.select(&tokens, &[1, 2]).unwrap();
+        let worker = pick.instance;
+        assert_eq!(router.inflight(worker), 1);
+        kv.on_end(pick, Outcome::Completed);
+        assert_eq!(router.inflight(worker), 0, "on_end released the load");
+        let pick = kv.select(&tokens, &[worker]).unwrap();
+        assert_eq!(router.predicted_overlap(worker, &tokens), 4, "predicted from the decisions");
+        kv.on_end(pick, Outcome::Gone);
+        assert_eq!(router.predicted_overlap(worker, &tokens), 0, "a gone instance leaves the index");
+        assert_eq!(router.inflight(worker), 0);
     }
 }
