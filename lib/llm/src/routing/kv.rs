@@ -4,6 +4,10 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use parking_lot::Mutex;
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+
 use super::round_robin::RoundRobin;
 use super::{Outcome, Pick, SelectError, Selector};
 use crate::kv_router::{KvRouter, ScheduleError};
@@ -13,12 +17,42 @@ use crate::kv_router::{KvRouter, ScheduleError};
 pub struct KvSelector {
     router: Arc<KvRouter>,
     fallback: RoundRobin,
+    /// A replay's virtual clock and seeded draws; the wall clock and the thread's
+    /// generator when `None`.
+    replay: Option<Mutex<Replay>>,
+}
+
+/// The clock and draws of a replaying [`KvSelector`].
+#[derive(Debug)]
+struct Replay {
+    now: Instant,
+    rng: StdRng,
 }
 
 impl KvSelector {
     /// Route with `router`.
     pub fn new(router: Arc<KvRouter>) -> Self {
-        KvSelector { router, fallback: RoundRobin::new() }
+        KvSelector { router, fallback: RoundRobin::new(), replay: None }
+    }
+
+    /// Route with `router` on a virtual clock starting at `start`, drawing (ties,
+    /// temperature) from a generator seeded with `seed`: the routing lab's replay, the
+    /// same picks every run. Move the clock with [`Self::set_clock`].
+    pub fn replaying(router: Arc<KvRouter>, start: Instant, seed: u64) -> Self {
+        let replay = Replay { now: start, rng: StdRng::seed_from_u64(seed) };
+        KvSelector { router, fallback: RoundRobin::starting_at(0), replay: Some(Mutex::new(replay)) }
+    }
+
+    /// A replaying selector's clock is now `now`: the next selects and ends happen
+    /// then. No effect on a selector on the wall clock.
+    pub fn set_clock(&self, now: Instant) {
+        if let Some(replay) = &self.replay {
+            replay.lock().now = now;
+        }
+    }
+
+    fn now(&self) -> Instant {
+        self.replay.as_ref().map_or_else(Instant::now, |r| r.lock().now)
     }
 
     /// The router it routes with.
@@ -29,7 +63,14 @@ impl KvSelector {
 
 impl Selector for KvSelector {
     fn select(&self, tokens: &[u32], candidates: &[u64]) -> Result<Pick, SelectError> {
-        match self.router.route(tokens, candidates) {
+        let routed = match &self.replay {
+            Some(replay) => {
+                let Replay { now, rng } = &mut *replay.lock();
+                self.router.route_with(tokens, candidates, *now, rng)
+            }
+            None => self.router.route(tokens, candidates),
+        };
+        match routed {
             Ok(decision) => Ok(Pick {
                 instance: decision.worker,
                 overlap_blocks: Some(decision.overlap_blocks),
@@ -46,7 +87,7 @@ impl Selector for KvSelector {
         }
         // The request's load and blocks stop counting on its worker.
         if let Some(load) = choice.load {
-            load.end_at(Instant::now());
+            load.end_at(self.now());
         }
     }
 }
