@@ -8,6 +8,8 @@
 //!
 //! - [`protocols`]: block hashing, KV events, load metrics, subjects: what engines publish.
 //! - [`publisher`]: how an engine publishes its KV events and load metrics.
+//! - `lossy_sender`: the one non-blocking hand-off to a publisher task (drop, count and
+//!   warn when it is behind), for KV events and the replicas' sync messages.
 //! - [`indexer`]: [`KvIndexer`], a radix tree that follows a component's KV events.
 //! - [`radix`]: the radix tree of every worker's cached blocks, fed by KV events and by
 //!   the router's own decisions (predictions that expire).
@@ -24,6 +26,7 @@
 
 pub mod indexer;
 pub mod inflight;
+pub(crate) mod lossy_sender;
 pub mod protocols;
 pub mod publisher;
 pub mod radix;
