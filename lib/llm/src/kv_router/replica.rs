@@ -228,6 +228,7 @@ pub(crate) fn receive<R: ReplicaHost>(router: &Arc<R>, message: SyncMessage) {
             if replica == state.id => {}
         SyncMessage::Routed { replica, request, worker, blocks, block_size, hashes } => {
             let sent = router.apply_peer_decision(worker, blocks, (block_size == router.block_size()).then_some(&hashes), now);
+            tracing::debug!(from = %format_args!("{replica:x}"), worker, blocks, "applied a peer replica's routing decision");
             let mut peers = state.peers.lock();
             if peers.requests.len() >= 4096 && peers.requests.len().is_power_of_two() {
                 // Requests whose `ended` was lost (their replica died) stop counting.
