@@ -149,8 +149,8 @@ pub struct RemoteTokenEngine {
     migration: MigrationPolicy,
 }
 
-/// What sends one attempt of a token request; shared by the engine and the
-/// migrating streams it returns.
+/// What sends one attempt of a request (token-level or OpenAI-level); shared by an
+/// engine and the migrating streams it returns.
 #[derive(Debug)]
 struct Sender {
     client: Client,

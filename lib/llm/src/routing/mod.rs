@@ -79,8 +79,9 @@ pub enum Outcome {
 
 /// A routing policy: picks the instance for each request, and hears how it ended.
 pub trait Selector: Send + Sync + fmt::Debug {
-    /// The instance for a request of prompt `tokens` among `candidates` (the routable
-    /// instances, ascending by id, those the request already failed on left out).
+    /// The instance for a request of prompt `tokens` (empty for an OpenAI-level request,
+    /// which the frontend does not tokenize) among `candidates` (the routable instances,
+    /// ascending by id, those the request already failed on left out).
     fn select(&self, tokens: &[u32], candidates: &[u64]) -> Result<Pick, SelectError>;
 
     /// The request of `choice` ended with `outcome`: called once per [`Pick`] the
