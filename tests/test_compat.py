@@ -240,7 +240,11 @@ def test_python_m_dynamo_frontend_flags() -> None:
     assert "--no-kv-events" in kv and "--kv-events" not in kv
     assert "--no-router-replica-sync" in kv and "--router-replica-sync" not in kv
     assert "--router-replica-sync" not in dynamo_run_argv(parse_args(["--router-mode", "kv"])), "default: dynamo-run's"
-    for bad in (["--endpoint", "a.b"], ["--http-port", "70000"], ["--router-mode", "nope"]):
+    limits = dynamo_run_argv(parse_args(["--migration-limit", "2", "--resend-limit", "0"]))
+    assert limits[limits.index("--resend-limit") + 1] == "0" and limits[limits.index("--migration-limit") + 1] == "2"
+    assert "--resend-limit" not in dynamo_run_argv(parse_args([])), "default: dynamo-run's (DYN_RESEND_LIMIT, else 3)"
+    for bad in (["--endpoint", "a.b"], ["--http-port", "70000"], ["--router-mode", "nope"],
+                ["--resend-limit", "-1"], ["--resend-limit", "x"]):
         with pytest.raises(SystemExit) as exit_info:
             parse_args(bad)
         assert exit_info.value.code == 2

@@ -140,18 +140,18 @@ async def test_publisher_to_indexer_across_processes(runtime, workers, namespace
 
     async def publish_until(body: dict[str, Any], expected: dict[int, int], what: str) -> None:
         """Publish `body` (idempotent) every 100 ms until the indexer shows `expected`."""
-        nonlocal event_id
-        deadline = asyncio.get_running_loop().time() + DELIVERY_TIMEOUT
-        while True:
+        scores: dict[int, int] = {}
+
+        async def shown() -> bool:
+            nonlocal event_id, scores
             answer = await ask(client, {**body, "event_id": event_id})
             event_id += 1
             assert answer["ok"] and answer["worker_id"] == worker.instance_id
-            await asyncio.sleep(0.1)
             scores = (await indexer.find_matches_for_request(tokens)).scores
-            if scores == expected:
-                return
-            if asyncio.get_running_loop().time() > deadline:
-                pytest.fail(f"{what}: indexer shows {scores}, expected {expected}")
+            return scores == expected
+
+        await wait_until(shown, DELIVERY_TIMEOUT, lambda: f"{what}: indexer shows {scores}, expected {expected}",
+                         interval=0.1)
 
     wid = worker.instance_id
     await publish_until(
@@ -187,9 +187,10 @@ async def test_publisher_to_indexer_across_processes(runtime, workers, namespace
     assert event["gpu_cache_usage_perc"] == pytest.approx(0.5)
 
     # The worker leaves discovery: its blocks leave the index. (The indexer looks at
-    # discovery every second and forgets only workers it saw there: give it one look. A
-    # fixed wait, not a poll: the indexer exposes no sign of having looked.)
-    await asyncio.sleep(1.5)
+    # discovery every second and forgets only workers it saw there: wait for a look that
+    # listed it.)
+    await wait_until(lambda: wid in indexer.listed_workers(), DELIVERY_TIMEOUT,
+                     lambda: f"the indexer to list worker {wid} (it lists {indexer.listed_workers()})")
     worker.terminate()
     scores: dict[int, int] = {}
 

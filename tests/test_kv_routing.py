@@ -135,6 +135,23 @@ def computed_twice(holders: dict[int, set[int]]) -> list[int]:
     return [h for h, workers in holders.items() if len(workers) > 1]
 
 
+#: Frontend logs that show each peer decision a replica applied.
+APPLIED_LOG = "warn,dynamo_llm::kv_router::replica=debug"
+
+
+def applied_decisions(frontend: Any) -> list[str]:
+    """The lines of `frontend`'s log (started with `APPLIED_LOG`) saying it applied a
+    peer replica's routing decision."""
+    return [line for line in frontend.process.stderr_tail(10**7).splitlines()
+            if "applied a peer replica's routing decision" in line]
+
+
+async def wait_applied(frontend: Any, count: int) -> None:
+    """Wait until `frontend` applied `count` decisions of its peer."""
+    await wait_until(lambda: len(applied_decisions(frontend)) >= count, 10,
+                     lambda: f"the peer frontend to apply {count} decisions ({len(applied_decisions(frontend))})")
+
+
 async def post_ok(frontend: Any, body: dict[str, Any]) -> None:
     response = await asyncio.to_thread(frontend.post, "/v1/chat/completions", body)
     assert response.status == 200, response
@@ -161,7 +178,8 @@ async def test_two_frontends_share_their_routing_decisions(
     runtime: Any, workers: WorkerPool, namespace: str, model_dir: Path, tmp_path: Path
 ) -> None:
     events = await three_mockers_and_their_kv_events(runtime, workers, namespace, model_dir, tmp_path)
-    frontends = [await start_frontend(workers, "dyn", *APPROX) for _ in range(2)]
+    env = {**workers.env, "DYN_LOG": APPLIED_LOG}
+    frontends = [await start_frontend(workers, "dyn", *APPROX, env=env) for _ in range(2)]
     for frontend in frontends:
         await frontend.wait_models([model_dir.name])
 
@@ -169,13 +187,14 @@ async def test_two_frontends_share_their_routing_decisions(
     # sends its first one where the first frontend sent the prefix (a moment later: the
     # decision travels on the event plane). Without sharing, it would pick at random
     # among the three idle workers.
+    sent = [0, 0]
     for prefix in range(4):
         for repeat in range(6):
-            await post_ok(frontends[repeat % 2], chat_body(model_dir.name, prefix_prompt(prefix, repeat), max_tokens=2))
-            # A fixed gap, not a poll: a frontend shows no sign of having applied a peer's
-            # decision, so this is the time the decision gets to travel (the assertion
-            # below allows two prefixes computed twice for a late one).
-            await asyncio.sleep(0.1)
+            here, peer = frontends[repeat % 2], frontends[1 - repeat % 2]
+            await post_ok(here, chat_body(model_dir.name, prefix_prompt(prefix, repeat), max_tokens=2))
+            sent[repeat % 2] += 1
+            # The next request goes through the peer: wait until it applied this decision.
+            await wait_applied(peer, sent[repeat % 2])
 
     holders = await holders_of_blocks(events)
     assert len(holders) >= 4 * 20, "each prefix's blocks were stored"
@@ -345,10 +364,9 @@ async def test_a_worker_that_leaves_is_removed_from_the_index(
 
     held = {victim: {victim: 10}, survivor: {survivor: 10}}
     await until(held, 15, "the workers' KV events")
-    # The indexer forgets only workers it saw listed: give it one look at both. A fixed
-    # wait, not a poll: the indexer exposes no sign of having looked (no counter, no
-    # Python-visible log), so one poll interval and a margin is the bound.
-    await asyncio.sleep(INDEXER_POLL + 0.5)
+    # The indexer forgets only workers it saw listed: wait for a look that listed both.
+    await wait_until(lambda: set(prompts) <= set(indexer.listed_workers()), INDEXER_POLL + 10,
+                     lambda: f"the indexer to list both workers (it lists {indexer.listed_workers()})")
 
     process_of[victim].send_signal(stop)
     await process_of[victim].wait_exit(15)

@@ -602,6 +602,9 @@ class KvIndexer:
         """How many leading blocks of ``hashes`` (tokens hashes) each worker holds."""
     def remove_worker(self, worker_id: int) -> None:
         """Forget a worker now."""
+    def listed_workers(self) -> list[int]:
+        """The workers (ascending) its last look at discovery found (it looks every
+        second); it forgets a worker only once it saw it listed."""
     def dump_tree_as_events(self) -> list[str]:
         """The index as ``stored`` events (see ``RadixTree.dump_tree_as_events``)."""
     def stats(self) -> dict[str, int]:

@@ -164,12 +164,24 @@ class Fleet:
             await w.wait_for_line("dynamo-run: serving model", 30)
         return started
 
-    async def start_frontend(self, *args: str, port: int | None = None, env: dict[str, str] | None = None) -> Frontend:
+    def start_echo_worker(self, model: str, env: dict[str, str] | None = None) -> WorkerProcess:
+        """A chat-level worker (`dynamo-run in=dyn://… out=echo_full`) registering `model`
+        as a `chat` model: the frontend sends it OpenAI requests, not tokens."""
+        namespace = self.endpoint.split(".")[0]
+        argv = [*DYNAMO_RUN, f"in=dyn://{namespace}.echo.generate", "out=echo_full", "--model-name", model]
+        worker = self.pool.command(argv, name="echo", env={**self.env, **(env or {})})
+        self.workers.append(worker)
+        return worker
+
+    async def start_frontend(
+        self, *args: str, port: int | None = None, env: dict[str, str] | None = None, models: list[str] | None = None
+    ) -> Frontend:
+        """`dynamo-run in=http out=dyn`, once it lists `models` (default: the mocker's)."""
         port = port or free_port()
         argv = [*DYNAMO_RUN, "in=http", "out=dyn", "--http-port", str(port), "--http-host", "127.0.0.1", *args]
         self.frontend = Frontend(self.pool.command(argv, name="frontend", env={**self.env, **(env or {})}), port)
         await self.frontend.wait_live()
-        await self.frontend.wait_models([self.model])
+        await self.frontend.wait_models(models or [self.model])
         return self.frontend
 
     def stop(self) -> None:

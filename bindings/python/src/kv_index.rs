@@ -223,6 +223,12 @@ impl PyKvIndexer {
         self.inner.tree().lock().remove_worker(worker_id);
     }
 
+    /// The workers (ascending) its last look at discovery found; it forgets a worker
+    /// only once it saw it listed.
+    fn listed_workers(&self) -> Vec<u64> {
+        self.inner.listed_workers()
+    }
+
     /// The index as `stored` events (JSON strings), parents first.
     fn dump_tree_as_events(&self) -> PyResult<Vec<String>> {
         dump_json(&self.inner.tree().lock())

@@ -135,6 +135,13 @@ pub struct Flags {
     #[arg(long, value_name = "N")]
     pub migration_limit: Option<u32>,
 
+    /// With `out=dyn`: times a request no worker started (its instance was unreachable,
+    /// refused it, did not take it within `DYN_RESPONSE_TIMEOUT`, or lost it before the
+    /// first item) is sent to another instance, for every model (default
+    /// `DYN_RESEND_LIMIT`, else 3).
+    #[arg(long, value_name = "N")]
+    pub resend_limit: Option<u32>,
+
     /// With `out=dyn`: serve only the models registered in this namespace.
     #[arg(long, value_name = "NAMESPACE")]
     pub namespace: Option<String>,
@@ -326,6 +333,8 @@ pub struct RunConfig {
     pub context_length: Option<u32>,
     pub kv_cache_block_size: Option<u32>,
     pub migration_limit: Option<u32>,
+    /// `--resend-limit`, else `DYN_RESEND_LIMIT` (frontends only).
+    pub resend_limit: Option<u32>,
     pub extra_engine_args: Option<PathBuf>,
     /// Role and thresholds of disaggregated serving.
     pub disagg: DisaggConfig,
@@ -441,6 +450,15 @@ impl Flags {
                     .to_string(),
             );
         }
+        let frontend = matches!(output, Output::Dyn | Output::Vllm);
+        if self.resend_limit.is_some() && !frontend {
+            return usage("--resend-limit applies to out=dyn and out=vllm (a frontend of discovered models)".to_string());
+        }
+        let resend_limit = match self.resend_limit {
+            Some(n) => Some(n),
+            None if frontend => dynamo_llm::remote::resend_limit_from_env().map_err(|e| RunError::Usage(e.to_string()))?,
+            None => None,
+        };
         if self.extra_engine_args.is_some() && !matches!(output, Output::Mocker | Output::Vllm) {
             return usage(format!("--extra-engine-args is read by out=mocker and out=vllm, not out={}", output.as_str()));
         }
@@ -504,6 +522,7 @@ impl Flags {
             context_length: self.context_length,
             kv_cache_block_size: self.kv_cache_block_size,
             migration_limit: self.migration_limit,
+            resend_limit,
             extra_engine_args: self.extra_engine_args,
             disagg,
             prefill_endpoint,

@@ -50,6 +50,8 @@ fn bad_flags_exit_2_with_a_clear_message() {
         (&["in=carrier-pigeon"], "unknown input"),
         (&["out=gpt"], "unknown output"),
         (&["in=dyn://only.two"], "namespace.component.endpoint"),
+        (&["in=http", "out=dyn", "--resend-limit", "three"], "--resend-limit"),
+        (&["in=http", "out=echo_full", "--resend-limit", "2"], "--resend-limit applies to out=dyn"),
     ];
     for (args, message) in cases {
         let done = run(command(args, dir.path()), "");
@@ -57,6 +59,12 @@ fn bad_flags_exit_2_with_a_clear_message() {
         assert!(done.stderr.contains(message), "{args:?}: {}", done.stderr);
         assert!(done.stdout.is_empty(), "{args:?}: {}", done.stdout);
     }
+    // DYN_RESEND_LIMIT is read by a frontend of discovered models, and a wrong value named.
+    let mut cmd = command(&["in=http", "out=dyn"], dir.path());
+    cmd.env("DYN_RESEND_LIMIT", "three");
+    let done = run(cmd, "");
+    assert_eq!(done.code(), Some(2), "{done:?}");
+    assert!(done.stderr.contains("DYN_RESEND_LIMIT=\"three\" is not a number of resends"), "{}", done.stderr);
     // Our own checks say who is speaking.
     let done = run(command(&["out=vllm"], dir.path()), "");
     assert!(done.stderr.starts_with("dynamo-run: error: "), "{}", done.stderr);

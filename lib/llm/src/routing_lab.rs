@@ -16,9 +16,12 @@
 //! and the router sees each stream's timing (the straggler penalty).
 //! The same trace, policy, configuration and seed give the same report.
 //!
-//! It sits beside the router and the engines, importing both: [`crate::routing`]'s
-//! selectors pick for `round-robin` and `random`, and `kv`/`approx` route with the
-//! [`KvRouter`] the `kv` selector wraps, on the lab's virtual clock and seeded draws.
+//! It sits beside the router and the engines, importing both. Every policy picks
+//! through the frontend's own [`crate::routing`] selectors, in their life cycle
+//! (`select` at arrival, `on_end` when the stream finishes): `round-robin` from position
+//! 0, `random` seeded, and `kv`/`approx` through a [`KvSelector`] replaying on the lab's
+//! virtual clock with seeded draws (so a request's load and blocks stop counting on its
+//! worker as the frontend's do).
 
 use std::io::BufRead;
 use std::path::Path;
@@ -26,12 +29,11 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rand::SeedableRng;
 use serde::Deserialize;
 
 use crate::engines::mocker::{ArgsError, MockerArgs, SimOutput, SimWorker};
-use crate::kv_router::{KvCacheEvent, KvRouter, KvRouterConfig, RouterEvent, ScheduleError, SchedulerConfig};
-use crate::routing::{self, RouterMode, Selector};
+use crate::kv_router::{KvCacheEvent, KvRouter, KvRouterConfig, RouterEvent, SchedulerConfig};
+use crate::routing::{self, KvSelector, Outcome, Pick, RouterMode, Selector};
 
 /// Default tokens per trace block (the Mooncake traces' 512).
 pub const DEFAULT_TRACE_BLOCK_SIZE: usize = 512;
@@ -281,11 +283,11 @@ fn percentile(sorted: &[f64], q: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * q).round() as usize]
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 struct Stream {
     worker: usize,
-    /// The router's id of the request's counted blocks, and their number.
-    sent: Option<(u64, u64)>,
+    /// The selector's pick, told how the request ended when it finishes.
+    pick: Pick,
     arrival: f64,
     /// Times of its first and latest tokens, and its tokens.
     first: Option<f64>,
@@ -311,7 +313,6 @@ pub fn run(trace: &[TraceRequest], policy: Policy, config: &LabConfig) -> Result
     };
     let router: Arc<KvRouter> = KvRouter::new(router_config);
     let ids: Vec<u64> = (0..n as u64).collect();
-    let mut rng = rand::rngs::StdRng::seed_from_u64(config.seed);
     let base = Instant::now();
     let at = |ms: f64| base + Duration::from_secs_f64(ms / 1000.0);
 
@@ -321,7 +322,7 @@ pub fn run(trace: &[TraceRequest], policy: Policy, config: &LabConfig) -> Result
 
     let mut step_end: Vec<Option<f64>> = vec![None; n];
     // Requests in flight, by their index in the trace.
-    let mut streams: Vec<Option<Stream>> = vec![None; trace.len()];
+    let mut streams: Vec<Option<Stream>> = (0..trace.len()).map(|_| None).collect();
     let mut ttft = vec![f64::NAN; trace.len()];
     let mut itl: Vec<f32> = Vec::new();
     let mut outputs: Vec<SimOutput> = Vec::new();
@@ -334,10 +335,17 @@ pub fn run(trace: &[TraceRequest], policy: Policy, config: &LabConfig) -> Result
     let mut next = 0;
     let uses_router = matches!(policy, Policy::Kv | Policy::Approx);
     // The frontend's selectors, started where the lab's replay is reproducible.
-    let selector: Option<Box<dyn Selector>> = match policy {
-        Policy::RoundRobin => Some(Box::new(routing::RoundRobin::starting_at(0))),
-        Policy::Random => Some(Box::new(routing::Random::seeded(config.seed))),
-        Policy::Kv | Policy::Approx => None,
+    let kv = uses_router.then(|| Arc::new(KvSelector::replaying(router.clone(), base, config.seed)));
+    let selector: Arc<dyn Selector> = match (policy, &kv) {
+        (Policy::Kv | Policy::Approx, Some(kv)) => kv.clone(),
+        (Policy::Random, _) => Arc::new(routing::Random::seeded(config.seed)),
+        _ => Arc::new(routing::RoundRobin::starting_at(0)),
+    };
+    // Selects and ends happen on the virtual clock.
+    let set_clock = |t: f64| {
+        if let Some(kv) = &kv {
+            kv.set_clock(at(t));
+        }
     };
 
     loop {
@@ -358,33 +366,23 @@ pub fn run(trace: &[TraceRequest], policy: Policy, config: &LabConfig) -> Result
                 }
                 samples += 1;
                 let tokens = synthesize_tokens(&trace[i], i, config.trace_block_size);
-                let chosen = match &selector {
-                    Some(selector) => match selector.select(&tokens, &ids) {
-                        Ok(pick) => Ok((pick.instance as usize, None)),
-                        Err(_) => Err(ScheduleError::NoWorkers),
-                    },
-                    None => {
-                        router.route_with(&tokens, &ids, at(t), &mut rng).map(|d| {
-                            (d.worker as usize, Some((d.sent, d.new_blocks())))
-                        })
-                    }
-                };
-                let (w, sent) = match chosen {
-                    Ok(w) => w,
-                    Err(ScheduleError::AllBusy { .. } | ScheduleError::NoWorkers) => {
+                set_clock(t);
+                let pick = match selector.select(&tokens, &ids) {
+                    Ok(pick) => pick,
+                    Err(_) => {
+                        // Every worker busy (503 at the frontend).
                         rejected += 1;
                         continue;
                     }
                 };
+                let w = pick.instance as usize;
                 if workers[w].add(i as u64, tokens, trace[i].output_length.max(1)).is_err() {
-                    if let Some((sent, _)) = sent {
-                        router.load().lock().forget_sent(ids[w], sent, 0, at(t));
-                    }
+                    selector.on_end(pick, Outcome::Failed);
                     rejected += 1;
                     continue;
                 }
                 per_worker[w] += 1;
-                streams[i] = Some(Stream { worker: w, sent, arrival: t, first: None, last: None, tokens: 0 });
+                streams[i] = Some(Stream { worker: w, pick, arrival: t, first: None, last: None, tokens: 0 });
                 if step_end[w].is_none() {
                     step_end[w] = workers[w].start_step().map(|ms| t + ms);
                 }
@@ -421,10 +419,10 @@ pub fn run(trace: &[TraceRequest], policy: Policy, config: &LabConfig) -> Result
                             let per_token = Duration::from_secs_f64((last - first) / 1000.0 / f64::from(stream.tokens - 1));
                             router.load().lock().record_tpot(ids[stream.worker], per_token);
                         }
-                        if let Some((sent, blocks)) = stream.sent {
-                            router.load().lock().forget_sent(ids[stream.worker], sent, blocks, at(t));
+                        if let Some(ended) = streams[out.request as usize].take() {
+                            set_clock(t);
+                            selector.on_end(ended.pick, Outcome::Completed);
                         }
-                        streams[out.request as usize] = None;
                     }
                 }
                 let events = workers[w].take_events();

@@ -4,6 +4,7 @@
 //! raw sockets against echo engines.
 
 mod common;
+mod poll;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -179,15 +180,11 @@ async fn requests_past_the_inflight_cap_get_503_with_retry_after() {
     assert_eq!(raw(addr, "GET /metrics HTTP/1.1", "").await.status, 200);
 
     drop(first); // the client leaves: its slot frees
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let status = post_json(addr, "/v1/completions", &json!({"model": "echo", "prompt": "ok", "max_tokens": 1}), "").await.status;
-        if status == 200 {
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "the slot was never released (last status {status})");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    poll::eventually("the slot is released (a request gets 200)", WAIT, async || {
+        let body = json!({"model": "echo", "prompt": "ok", "max_tokens": 1});
+        (post_json(addr, "/v1/completions", &body, "").await.status == 200).then_some(())
+    })
+    .await;
     service.shutdown().await.unwrap();
 }
 
@@ -197,16 +194,19 @@ async fn connections_past_the_cap_get_503_and_are_closed() {
     let service = start(HttpService::builder().limits(limits), Duration::ZERO).await;
     let addr = service.local_addr();
     let holder = TcpStream::connect(addr).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(100)).await; // let the server accept it
-    let refused = raw(addr, "GET /live HTTP/1.1", "").await;
-    assert_eq!(refused.status, 503, "{refused:?}");
+    // The server accepts in order: once it has taken the holder, the next connection
+    // is past the cap.
+    let refused = poll::eventually("a connection past the cap is refused", WAIT, async || {
+        let answer = raw(addr, "GET /live HTTP/1.1", "").await;
+        (answer.status == 503).then_some(answer)
+    })
+    .await;
     assert!(refused.headers.contains_key("retry-after"));
     drop(holder);
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while raw(addr, "GET /live HTTP/1.1", "").await.status != 200 {
-        assert!(tokio::time::Instant::now() < deadline, "the connection slot was never released");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    poll::eventually("the connection slot is released", WAIT, async || {
+        (raw(addr, "GET /live HTTP/1.1", "").await.status == 200).then_some(())
+    })
+    .await;
     service.shutdown().await.unwrap();
 }
 

@@ -4,6 +4,7 @@
 //! share an in-memory discovery store; requests travel over the TCP request plane.
 
 mod common;
+mod poll;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -65,12 +66,7 @@ async fn client(rt: &DistributedRuntime, instances: usize) -> Client {
 }
 
 async fn wait_for_count(client: &Client, instances: usize) {
-    bounded(&format!("{instances} instances"), async {
-        while client.instance_ids().len() != instances {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await;
+    poll::wait_until(&format!("{instances} instances"), WAIT, || client.instance_ids().len() == instances).await;
 }
 
 /// A prompt of `blocks` full blocks starting at token `first`, plus a partial block.
@@ -112,15 +108,7 @@ async fn a_frontend_in_kv_mode_keeps_each_prefix_on_one_worker() {
         .start(CancellationToken::new())
         .await
         .unwrap();
-    let engine = bounded("the model's engine", async {
-        loop {
-            if let Some(engine) = built.lock().unwrap().clone() {
-                return engine;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await;
+    let engine = poll::eventually("the model's engine is built", WAIT, async || built.lock().unwrap().clone()).await;
 
     // Prefix A goes where its first request went, whatever the suffix.
     let a_worker = served_by(engine.as_ref(), prompt(0, 16, 0)).await;
@@ -192,16 +180,6 @@ async fn replica(store: &Arc<MemStore>) -> (DistributedRuntime, Arc<KvRouter>, R
     (rt, router, engine)
 }
 
-/// Wait (bounded) until `check` holds.
-async fn eventually(what: &str, check: impl Fn() -> bool) {
-    bounded(what, async {
-        while !check() {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await;
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn router_replicas_share_decisions_and_a_new_one_starts_from_a_snapshot() {
     let store = Arc::new(MemStore::default());
@@ -210,37 +188,29 @@ async fn router_replicas_share_decisions_and_a_new_one_starts_from_a_snapshot() 
     let tag_id = |tag: u32| ids[tag as usize - 1];
     let (rt_a, a, engine_a) = replica(&store).await;
     let (rt_b, b, engine_b) = replica(&store).await;
-    eventually("replica B restores A's (empty) snapshot", || b.snapshot_restored().is_some()).await;
+    poll::wait_until("replica B restores A's (empty) snapshot", WAIT, || b.snapshot_restored().is_some()).await;
 
     // A routes prefix P; B learns it from A's decision, not from any event.
     let p = prompt(0, 8, 0);
     let p_worker = tag_id(served_by(&engine_a, p.clone()).await);
     let load = |r: &KvRouter, w: u64| r.load().lock().decode_blocks(w, std::time::Instant::now());
-    eventually("B predicts P where A sent it", || b.predicted_overlap(p_worker, &p) == 8).await;
-    eventually("B sees A's request end", || load(&b, p_worker) == 0.0).await;
+    poll::wait_until("B predicts P where A sent it", WAIT, || b.predicted_overlap(p_worker, &p) == 8).await;
+    poll::wait_until("B sees A's request end", WAIT, || load(&b, p_worker) == 0.0).await;
     assert_eq!(tag_id(served_by(&engine_b, prompt(0, 8, 1)).await), p_worker);
 
     // A's request in flight counts in B's view of the load, until it ends.
     let held = open(&engine_a, prompt(9000, 8, 0)).await;
     let busy = *ids.iter().find(|w| a.inflight(**w) == 1).expect("A has one request in flight");
-    eventually("B counts A's request in flight", || load(&b, busy) >= 9.0).await;
+    poll::wait_until("B counts A's request in flight", WAIT, || load(&b, busy) >= 9.0).await;
     // B's next new prefix goes to the other worker.
     let other = *ids.iter().find(|w| **w != busy).unwrap();
     assert_eq!(tag_id(served_by(&engine_b, prompt(5000, 8, 0)).await), other);
     drop(held);
-    eventually("B stops counting it when it ends", || load(&b, busy) == 0.0).await;
+    poll::wait_until("B stops counting it when it ends", WAIT, || load(&b, busy) == 0.0).await;
 
     // A replica started now restores the predictions the others made.
     let (rt_c, c, _engine_c) = replica(&store).await;
-    let (from, blocks) = bounded("C restores a peer's snapshot", async {
-        loop {
-            if let Some(restored) = c.snapshot_restored() {
-                return restored;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await;
+    let (from, blocks) = poll::eventually("C restores a peer's snapshot", WAIT, async || c.snapshot_restored()).await;
     assert!([a.replica_id(), b.replica_id()].contains(&from));
     assert!(blocks >= 8 + 8 + 8, "P, Q and the new prefix: {blocks} blocks");
     assert_eq!(c.predicted_overlap(p_worker, &p), 8);

@@ -3,6 +3,7 @@
 //! travel over the TCP request plane. All runtimes share an in-memory discovery store.
 
 mod common;
+mod poll;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -148,15 +149,10 @@ impl Frontend {
 
 /// Wait until `/v1/models` lists exactly `expected`.
 async fn wait_for_models(addr: std::net::SocketAddr, expected: &[&str]) {
-    bounded(&format!("/v1/models to be {expected:?}"), async {
-        loop {
-            let json = get(addr, "/v1/models").await.json();
-            let ids: Vec<String> = json["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap().to_string()).collect();
-            if ids == expected {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+    poll::eventually(&format!("/v1/models is {expected:?}"), WAIT, async || {
+        let json = get(addr, "/v1/models").await.json();
+        let ids: Vec<String> = json["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap().to_string()).collect();
+        (ids == expected).then_some(())
     })
     .await;
 }
@@ -407,16 +403,12 @@ async fn a_second_worker_keeps_the_model_when_the_first_leaves() {
     // Another component serving the same model takes over when the last one leaves.
     let (other, _e3) = chat_worker(&store, "chat2", "m").await;
     second.shutdown().await;
-    bounded("the model to be served by chat2", async {
-        loop {
-            if post(f.addr, "/v1/chat/completions", &chat_body("m", "a", false)).await.status == 200 {
-                let models = get(f.addr, "/v1/models").await.json();
-                if models["data"].as_array().map(Vec::len) == Some(1) {
-                    return;
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+    poll::eventually("the model is served by chat2", WAIT, async || {
+        if post(f.addr, "/v1/chat/completions", &chat_body("m", "a", false)).await.status != 200 {
+            return None;
         }
+        let models = get(f.addr, "/v1/models").await.json();
+        (models["data"].as_array().map(Vec::len) == Some(1)).then_some(())
     })
     .await;
     other.shutdown().await;

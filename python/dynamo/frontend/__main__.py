@@ -40,6 +40,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--namespace", help="serve only the models registered in this namespace")
     parser.add_argument("--endpoint", help="serve only the models registered on this namespace.component.endpoint")
     parser.add_argument("--migration-limit", type=int, help="times a broken stream is continued on another worker")
+    parser.add_argument("--resend-limit", type=int,
+                        help="times a request no worker started is sent to another instance "
+                             "(default DYN_RESEND_LIMIT, else 3)")
     kv = parser.add_argument_group("--router-mode kv (docs/kv-routing.md)")
     kv.add_argument("--kv-overlap-weight", type=float, help="weight of a KV block still to prefill (default 8)")
     kv.add_argument("--router-temperature", type=float, help="softmax temperature over the workers' cost (default 0)")
@@ -55,6 +58,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if not 0 <= args.http_port <= 65535:
         parser.error(f"--http-port must be a port number, got {args.http_port}")
+    if args.resend_limit is not None and args.resend_limit < 0:
+        parser.error(f"--resend-limit must be at least 0, got {args.resend_limit}")
     if args.endpoint is not None:
         args.endpoint = args.endpoint.removeprefix("dyn://")
         if len(args.endpoint.split(".")) != 3:
@@ -71,6 +76,8 @@ def dynamo_run_argv(args: argparse.Namespace) -> list[str]:
         argv += ["--namespace", args.namespace]
     if args.migration_limit is not None:
         argv += ["--migration-limit", str(args.migration_limit)]
+    if args.resend_limit is not None:
+        argv += ["--resend-limit", str(args.resend_limit)]
     for flag in ("kv_overlap_weight", "router_temperature", "busy_threshold"):
         if getattr(args, flag) is not None:
             argv += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]

@@ -14,7 +14,7 @@ use dynamo_runtime::discovery::{KeyValue, WatchEvent};
 use dynamo_runtime::{Client, DistributedRuntime, EndpointId};
 
 use crate::discovery::{fetch_card, ModelDiscoveryError, ModelEntry, MODELS_PREFIX};
-use crate::remote::{MigrationPolicy, RemoteOpenAIEngine, RemoteTokenEngine};
+use crate::remote::{MigrationPolicy, RemoteOpenAIEngine, RemoteTokenEngine, DEFAULT_RESEND_LIMIT};
 use crate::routing::RouterMode;
 use crate::engine::{EngineFactory, OpenAIEngine, TokenEngine};
 use crate::kv_router::{KvRouter, KvRouterConfig};
@@ -32,6 +32,7 @@ pub struct ModelWatcher {
     factory: EngineFactory,
     card_timeout: Duration,
     migration_limit: u32,
+    resend_limit: u32,
     /// Only the models registered on this endpoint, when set.
     endpoint: Option<EndpointId>,
     /// Only the models registered in this namespace, when set.
@@ -78,6 +79,7 @@ impl ModelWatcher {
             factory,
             card_timeout: DEFAULT_CARD_TIMEOUT,
             migration_limit: 0,
+            resend_limit: DEFAULT_RESEND_LIMIT,
             endpoint: None,
             namespace: None,
             kv_config: KvRouterConfig::default(),
@@ -96,6 +98,14 @@ impl ModelWatcher {
     /// the model's entry does not say (default 0).
     pub fn with_migration_limit(mut self, limit: u32) -> Self {
         self.migration_limit = limit;
+        self
+    }
+
+    /// Times a request no worker started (unreachable, refused, not taken in time, lost
+    /// before its first item) is sent to another instance, for every model (default
+    /// [`DEFAULT_RESEND_LIMIT`]).
+    pub fn with_resend_limit(mut self, limit: u32) -> Self {
+        self.resend_limit = limit;
         self
     }
 
@@ -211,7 +221,12 @@ impl ModelWatcher {
         let client = endpoint.client().await?;
         let ready = has_instances(&client);
         match entry.kind {
-            ModelKind::Chat | ModelKind::Completions => Ok((Arc::new(RemoteOpenAIEngine::new(client, self.router_mode)), ready)),
+            ModelKind::Chat | ModelKind::Completions => {
+                // A started OpenAI-level stream cannot be continued: only resends apply.
+                let policy = MigrationPolicy { resend_limit: self.resend_limit, ..MigrationPolicy::default() };
+                let engine = RemoteOpenAIEngine::new(client, self.router_mode).with_migration(policy);
+                Ok((Arc::new(engine), ready))
+            }
             ModelKind::Backend => {
                 let card = fetch_card(&self.runtime, entry, self.card_timeout).await?;
                 let remote = match self.router_mode {
@@ -225,8 +240,8 @@ impl ModelWatcher {
                 };
                 let migration = MigrationPolicy {
                     limit: entry.migration_limit.unwrap_or(self.migration_limit),
+                    resend_limit: self.resend_limit,
                     counter: Some(self.manager.migrations().with_label_values(&[entry.name.as_str()])),
-                    ..MigrationPolicy::default()
                 };
                 let tokens: Arc<dyn TokenEngine> = Arc::new(remote.with_migration(migration));
                 let engine = (self.factory)(card, tokens).map_err(ModelDiscoveryError::Card)?;

@@ -20,6 +20,8 @@ pub const INSTANCE_POLL_INTERVAL: Duration = Duration::from_secs(1);
 #[derive(Debug)]
 pub struct KvIndexer {
     tree: Arc<Mutex<RadixTree>>,
+    /// The workers its last look at discovery found.
+    listed: Arc<Mutex<Vec<WorkerId>>>,
     block_size: usize,
     cancel: CancellationToken,
     events: JoinHandle<()>,
@@ -45,8 +47,9 @@ impl KvIndexer {
             applied.lock().apply_router_event(&event);
             true
         });
-        tokio::spawn(forget_departed_workers(component, tree.clone(), cancel.clone()));
-        Ok(KvIndexer { tree, block_size: block_size.max(1), cancel, events })
+        let listed = Arc::new(Mutex::new(Vec::new()));
+        tokio::spawn(forget_departed_workers(component, tree.clone(), listed.clone(), cancel.clone()));
+        Ok(KvIndexer { tree, listed, block_size: block_size.max(1), cancel, events })
     }
 
     /// Tokens per block.
@@ -65,6 +68,12 @@ impl KvIndexer {
         self.find_matches(&compute_block_hash_for_seq_salted(tokens, self.block_size, adapter))
     }
 
+    /// The workers (ascending) its last look at discovery found, every
+    /// [`INSTANCE_POLL_INTERVAL`]: it forgets a worker only once it saw it listed here.
+    pub fn listed_workers(&self) -> Vec<WorkerId> {
+        self.listed.lock().clone()
+    }
+
     /// The index itself (to dump it, read its counters, or remove a worker by hand).
     pub fn tree(&self) -> &Mutex<RadixTree> {
         &self.tree
@@ -73,7 +82,12 @@ impl KvIndexer {
 
 /// Remove from the tree the workers whose instance was listed in discovery and no
 /// longer is (a worker that publishes before it registers is left alone).
-async fn forget_departed_workers(component: Component, tree: Arc<Mutex<RadixTree>>, cancel: CancellationToken) {
+async fn forget_departed_workers(
+    component: Component,
+    tree: Arc<Mutex<RadixTree>>,
+    listed: Arc<Mutex<Vec<WorkerId>>>,
+    cancel: CancellationToken,
+) {
     let mut seen: HashSet<WorkerId> = HashSet::new();
     let mut tick = tokio::time::interval(INSTANCE_POLL_INTERVAL);
     loop {
@@ -102,6 +116,9 @@ async fn forget_departed_workers(component: Component, tree: Arc<Mutex<RadixTree
                 tree.remove_worker(worker);
             }
         }
+        let mut ids: Vec<WorkerId> = live.iter().copied().collect();
+        ids.sort_unstable();
+        *listed.lock() = ids;
         seen = live;
     }
 }

@@ -1,15 +1,12 @@
 //! Requests in flight per worker, as the router counts them: an [`InflightGuard`] is
-//! taken when a request is sent and released when its response stream ends or is
-//! dropped ([`GuardedStream`]), which also reports the stream's timing (its first item,
-//! and its mean time per item after the first) to the [`LoadTracker`] for the straggler
-//! penalty.
+//! taken when a request is sent and ended when its response stream ends (the KV
+//! selector's `on_end`, [`crate::routing::Selector::on_end`]; its drop, failing that),
+//! reporting the stream's timing (its first item, and its mean time per item after the
+//! first) to the [`LoadTracker`] for the straggler penalty.
 
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Instant;
 
-use futures::Stream;
 use parking_lot::Mutex;
 
 use super::scheduler::LoadTracker;
@@ -51,6 +48,7 @@ impl InflightTracker {
             last: None,
             items: 0,
             on_end: None,
+            ended: false,
         }
     }
 
@@ -60,7 +58,7 @@ impl InflightTracker {
     }
 }
 
-/// One request in flight; dropping it ends the count.
+/// One request in flight, until [`Self::end_at`] (or its drop) ends the count.
 #[derive(Debug)]
 pub struct InflightGuard {
     tracker: InflightTracker,
@@ -72,6 +70,8 @@ pub struct InflightGuard {
     last: Option<Instant>,
     items: u32,
     on_end: Option<OnEnd>,
+    /// Released already ([`Self::end_at`]).
+    ended: bool,
 }
 
 /// What runs when a guard is dropped, after the counts are released.
@@ -96,7 +96,7 @@ impl InflightGuard {
     }
 
     /// An item of the response arrived now.
-    fn observe_item(&mut self) {
+    pub fn observe_item(&mut self) {
         let now = Instant::now();
         if self.first.is_none() {
             self.first = Some(now);
@@ -105,17 +105,25 @@ impl InflightGuard {
         self.last = Some(now);
         self.items += 1;
     }
-}
 
-impl Drop for InflightGuard {
-    fn drop(&mut self) {
+    /// The request ended at `now`: its counts are released, its sent blocks forgotten,
+    /// its timing recorded, and its `on_end` run.
+    pub fn end_at(mut self, now: Instant) {
+        self.release(now);
+    }
+
+    fn release(&mut self, now: Instant) {
+        if self.ended {
+            return;
+        }
+        self.ended = true;
         let mut load = self.tracker.load.lock();
         load.finish_request(self.worker, self.blocks);
         if let (Some(first), Some(last), true) = (self.first, self.last, self.items >= 2) {
             load.record_tpot(self.worker, (last - first) / (self.items - 1));
         }
         if let Some(sent) = self.sent {
-            load.forget_sent(self.worker, sent, self.blocks, Instant::now());
+            load.forget_sent(self.worker, sent, self.blocks, now);
         }
         drop(load);
         if let Some(OnEnd(f)) = self.on_end.take() {
@@ -124,41 +132,17 @@ impl Drop for InflightGuard {
     }
 }
 
-/// A stream that holds an [`InflightGuard`] until it ends or is dropped, timing its items.
-pub struct GuardedStream<S> {
-    inner: S,
-    guard: Option<InflightGuard>,
-}
-
-impl<S> GuardedStream<S> {
-    /// Hold `guard` for the life of `inner`.
-    pub fn new(inner: S, guard: InflightGuard) -> Self {
-        GuardedStream { inner, guard: Some(guard) }
-    }
-}
-
-impl<S: Stream + Unpin> Stream for GuardedStream<S> {
-    type Item = S::Item;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let polled = Pin::new(&mut self.inner).poll_next(cx);
-        match &polled {
-            Poll::Ready(None) => self.guard = None,
-            Poll::Ready(Some(_)) => {
-                if let Some(guard) = self.guard.as_mut() {
-                    guard.observe_item();
-                }
-            }
-            Poll::Pending => {}
-        }
-        polled
+impl Drop for InflightGuard {
+    /// A guard nobody ended (a request abandoned without its selector's `on_end`)
+    /// ends now.
+    fn drop(&mut self) {
+        self.release(Instant::now());
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use futures::StreamExt;
 
     #[test]
     fn guards_count_and_release() {
@@ -174,21 +158,16 @@ mod tests {
         assert_eq!(tracker.get(2), 0);
     }
 
-    #[tokio::test]
-    async fn the_stream_releases_at_its_end_or_when_dropped() {
+    #[test]
+    fn an_ended_guard_releases_once_and_times_its_items() {
         let tracker = InflightTracker::default();
-        let mut ended = GuardedStream::new(futures::stream::iter([1, 2]), tracker.start(7));
-        assert_eq!(ended.next().await, Some(1));
+        let mut guard = tracker.start(7);
+        guard.observe_item();
+        guard.observe_item();
         assert_eq!(tracker.get(7), 1);
-        assert_eq!(ended.next().await, Some(2));
-        assert_eq!(ended.next().await, None);
-        assert_eq!(tracker.get(7), 0);
-
-        let dropped = GuardedStream::new(futures::stream::iter([1]), tracker.start(7));
-        assert_eq!(tracker.get(7), 1);
-        drop(dropped);
-        assert_eq!(tracker.get(7), 0);
+        guard.end_at(Instant::now());
+        assert_eq!(tracker.get(7), 0, "ended: released, and not again at its drop");
         let timing = tracker.load().lock().timing(7).expect("items were timed");
-        assert_eq!(timing.samples, 1, "one stream of two items (the other had none)");
+        assert_eq!(timing.samples, 1, "one stream of two items");
     }
 }

@@ -8,6 +8,8 @@
 //!
 //! - [`protocols`]: block hashing, KV events, load metrics, subjects: what engines publish.
 //! - [`publisher`]: how an engine publishes its KV events and load metrics.
+//! - `lossy_sender`: the one non-blocking hand-off to a publisher task (drop, count and
+//!   warn when it is behind), for KV events and the replicas' sync messages.
 //! - [`indexer`]: [`KvIndexer`], a radix tree that follows a component's KV events.
 //! - [`radix`]: the radix tree of every worker's cached blocks, fed by KV events and by
 //!   the router's own decisions (predictions that expire).
@@ -24,6 +26,7 @@
 
 pub mod indexer;
 pub mod inflight;
+pub(crate) mod lossy_sender;
 pub mod protocols;
 pub mod publisher;
 pub mod radix;
@@ -33,7 +36,7 @@ pub mod scheduler;
 pub mod selector;
 
 pub use indexer::KvIndexer;
-pub use inflight::{GuardedStream, InflightGuard, InflightTracker};
+pub use inflight::{InflightGuard, InflightTracker};
 pub use protocols::{
     compute_block_hash_for_seq, BlockHash, ForwardPassMetrics, KvCacheEvent, KvCacheEventData, KvCacheRemoveData,
     KvCacheStoreData, KvCacheStoredBlockData, LoadMetricsEvent, RouterEvent, KV_EVENTS_SUBJECT, LOAD_METRICS_SUBJECT,

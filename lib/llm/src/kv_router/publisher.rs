@@ -4,7 +4,6 @@
 //! `event_id`) and metrics through a watch channel (only the latest value matters) to a
 //! publisher task.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -14,6 +13,7 @@ use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
+use super::lossy_sender::LossySender;
 use super::protocols::{
     ForwardPassMetrics, KvCacheEvent, LoadMetricsEvent, RouterEvent, KV_EVENTS_SUBJECT, LOAD_METRICS_SUBJECT,
 };
@@ -87,10 +87,12 @@ async fn publish(component: &Component, subject: &str, value: &impl serde::Seria
 #[derive(Debug)]
 pub struct KvEventPublisher {
     worker_id: u64,
-    tx: mpsc::Sender<KvCacheEvent>,
-    dropped: AtomicU64,
+    events: LossySender<KvCacheEvent>,
     _task: JoinHandle<()>,
 }
+
+/// What a KV event publisher that falls behind logs.
+pub(crate) const KV_EVENTS_BEHIND: &str = "KV event publisher is behind; dropping KV events";
 
 impl KvEventPublisher {
     /// Start publishing on `component` as `worker_id` (the instance id of the worker's
@@ -98,7 +100,7 @@ impl KvEventPublisher {
     pub fn new(component: Component, worker_id: u64) -> Self {
         let (tx, rx) = mpsc::channel(KV_EVENT_BUFFER);
         let task = tokio::spawn(run_publisher(component, worker_id, Some(rx), None, CancellationToken::new()));
-        KvEventPublisher { worker_id, tx, dropped: AtomicU64::new(0), _task: task }
+        KvEventPublisher { worker_id, events: LossySender::new(tx, KV_EVENTS_BEHIND), _task: task }
     }
 
     /// The worker id the events carry.
@@ -108,16 +110,7 @@ impl KvEventPublisher {
 
     /// Queue `event`; `false` (and a warning) when the queue is full and it was dropped.
     pub fn publish(&self, event: KvCacheEvent) -> bool {
-        match self.tx.try_send(event) {
-            Ok(()) => true,
-            Err(_) => {
-                let dropped = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
-                if dropped.is_power_of_two() {
-                    tracing::warn!(dropped, "KV event publisher is behind; dropping KV events");
-                }
-                false
-            }
-        }
+        self.events.send(event)
     }
 }
 

@@ -21,7 +21,6 @@
 //! replica that missed some still routes, on a slightly less accurate view.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -33,6 +32,7 @@ use tokio::sync::mpsc;
 
 use tokio::task::JoinHandle;
 
+use super::lossy_sender::LossySender;
 use super::radix::SnapshotBlock;
 
 /// Where router replicas of a component's workers talk (on that component).
@@ -131,9 +131,7 @@ pub(crate) trait ReplicaHost: Send + Sync + 'static {
 pub(crate) struct ReplicaState {
     pub(crate) id: u64,
     /// Set once sync starts.
-    outbox: OnceLock<mpsc::Sender<SyncMessage>>,
-    /// Messages dropped because the publisher was behind.
-    dropped: AtomicU64,
+    outbox: OnceLock<LossySender<SyncMessage>>,
     peers: parking_lot::Mutex<Peers>,
 }
 
@@ -153,7 +151,6 @@ impl ReplicaState {
         ReplicaState {
             id: rand::rng().random(),
             outbox: OnceLock::new(),
-            dropped: AtomicU64::new(0),
             peers: parking_lot::Mutex::new(Peers::default()),
         }
     }
@@ -166,12 +163,8 @@ impl ReplicaState {
     /// Hand `message` to the publisher task, or drop it (counted) when it is behind or
     /// sync is off.
     pub(crate) fn send(&self, message: SyncMessage) {
-        let Some(tx) = self.outbox.get() else { return };
-        if tx.try_send(message).is_err() {
-            let dropped = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
-            if dropped.is_power_of_two() {
-                tracing::warn!(dropped, "router replica sync is behind; dropping messages");
-            }
+        if let Some(outbox) = self.outbox.get() {
+            outbox.send(message);
         }
     }
 
@@ -191,7 +184,7 @@ pub(crate) async fn start<R: ReplicaHost>(router: &Arc<R>, component: &Component
     }
     let mut subscription = component.subscribe(ROUTER_SYNC_SUBJECT).await?;
     let (tx, mut rx) = mpsc::channel::<SyncMessage>(OUTBOX);
-    if state.outbox.set(tx).is_err() {
+    if state.outbox.set(LossySender::new(tx, "router replica sync is behind; dropping messages")).is_err() {
         return Ok(()); // started concurrently by another caller
     }
     let publisher = component.clone();
@@ -235,6 +228,7 @@ pub(crate) fn receive<R: ReplicaHost>(router: &Arc<R>, message: SyncMessage) {
             if replica == state.id => {}
         SyncMessage::Routed { replica, request, worker, blocks, block_size, hashes } => {
             let sent = router.apply_peer_decision(worker, blocks, (block_size == router.block_size()).then_some(&hashes), now);
+            tracing::debug!(from = %format_args!("{replica:x}"), worker, blocks, "applied a peer replica's routing decision");
             let mut peers = state.peers.lock();
             if peers.requests.len() >= 4096 && peers.requests.len().is_power_of_two() {
                 // Requests whose `ended` was lost (their replica died) stop counting.

@@ -1,10 +1,10 @@
 //! Engines that forward to a worker over the runtime's request plane: an OpenAI
 //! engine (for `chat`/`completions` models) and a token engine (for `backend` models,
-//! under the frontend's preprocessor). Formats are in [`super::wire`]. The token engine
-//! picks each attempt's instance with a [`crate::routing`] selector (round-robin,
-//! random, one pinned instance, or the [`KvRouter`]) and sends direct to it; whether a
-//! failed attempt is resent, and where, is decided in [`super::migration`]. The OpenAI
-//! engine still uses the runtime client's modes and retry.
+//! under the frontend's preprocessor). Formats are in [`super::wire`]. Both pick each
+//! attempt's instance with a [`crate::routing`] selector (round-robin, random, one
+//! pinned instance, or the [`KvRouter`] for token requests) and send direct to it;
+//! whether a failed attempt is resent, and where, is decided in [`super::migration`]
+//! (an OpenAI-level request only before its first chunk).
 
 use std::sync::Arc;
 
@@ -17,32 +17,21 @@ use serde::Serialize;
 use dynamo_runtime::{Client, ErrorKind};
 
 use super::linked_stream::LinkedStream;
-use super::migration::{send_resending, Attempt, MigrationPolicy, Resender, SendError, StreamFailure, WorkerStream};
+use super::migration::{
+    send_resending, Attempt, MigrationPolicy, OpenAIRequest, Resender, SendError, StreamFailure, WorkerStream,
+};
 use super::wire::{decode_error, decode_openai_item};
 use crate::engine::{
-    ChatStream, CompletionStream, EngineError, OpenAIEngine, OpenAIStream, RequestContext, TokenEngine, TokenStream,
+    ChatStream, CompletionStream, EngineError, OpenAIEngine, OpenAIStream, RequestContext, StreamItem, TokenEngine,
+    TokenStream,
 };
-use crate::kv_router::{GuardedStream, KvRouter};
+use crate::kv_router::KvRouter;
 use crate::protocols::common::{LLMEngineOutput, PreprocessedRequest};
-use crate::protocols::openai::{ChatCompletionRequest, CompletionRequest, FinishingChunk};
-use crate::routing::{self, Direct, KvSelector, Pick, RouterMode, Selector};
-
-/// Send `request` as JSON with the runtime's `mode`; the runtime's error as is.
-async fn send_with(
-    client: &Client,
-    mode: dynamo_runtime::RouterMode,
-    request: &impl Serialize,
-    ctx: &RequestContext,
-) -> Result<LinkedStream, dynamo_runtime::Error> {
-    let body = serde_json::to_vec(request).map_err(|e| {
-        dynamo_runtime::Error::new(ErrorKind::Serialization, format!("cannot serialize the request: {e}"))
-    })?;
-    let stream = client.send(mode, Bytes::from(body), Some(ctx.id().to_string())).await?;
-    Ok(LinkedStream::new(stream, ctx))
-}
+use crate::protocols::openai::{ChatCompletionChunk, ChatCompletionRequest, CompletionRequest, CompletionResponse, FinishingChunk};
+use crate::routing::{self, Direct, KvSelector, Outcome, Pick, RouterMode, Selector, TrackedStream};
 
 /// The worker's items decoded as engine outputs; annotation-only items are skipped.
-fn worker_items(stream: LinkedStream) -> WorkerStream {
+fn worker_items(stream: LinkedStream) -> WorkerStream<LLMEngineOutput> {
     stream
         .filter_map(|item| async move {
             match item {
@@ -58,38 +47,48 @@ fn worker_items(stream: LinkedStream) -> WorkerStream {
         .boxed()
 }
 
-/// The worker's items decoded as OpenAI chunks; annotation-only items are skipped. A
-/// stream that ends before any chunk carried a finish reason (unless the caller stopped
-/// it) ends with an error, so a truncated response never looks complete.
-fn openai_items<T>(stream: LinkedStream, ctx: &RequestContext) -> OpenAIStream<T>
+/// The worker's items decoded as OpenAI chunks; annotation-only items are skipped.
+fn openai_worker_items<T: DeserializeOwned + Send + 'static>(stream: LinkedStream) -> WorkerStream<StreamItem<T>> {
+    stream
+        .filter_map(|item| async move {
+            match item {
+                Ok(item) if item.body.is_empty() => None,
+                Ok(item) => Some(decode_openai_item::<T>(&item.body).map_err(StreamFailure::Decode)),
+                Err(e) => Some(Err(StreamFailure::Runtime(e))),
+            }
+        })
+        .boxed()
+}
+
+/// `stream`, ending with an error when it ends before any chunk carried a finish reason
+/// (unless the caller stopped it), so a truncated response never looks complete.
+fn truthful_end<T>(stream: OpenAIStream<T>, ctx: &RequestContext) -> OpenAIStream<T>
 where
-    T: DeserializeOwned + FinishingChunk + Send + 'static,
+    T: FinishingChunk + Send + 'static,
 {
-    struct State {
-        stream: LinkedStream,
+    struct State<T> {
+        stream: OpenAIStream<T>,
         ctx: RequestContext,
         finished: bool,
         done: bool,
     }
     let state = State { stream, ctx: ctx.clone(), finished: false, done: false };
     futures::stream::unfold(state, |mut st| async move {
-        while !st.done {
-            let item = match st.stream.next().await {
-                Some(Ok(item)) if item.body.is_empty() => continue,
-                Some(Ok(item)) => decode_openai_item::<T>(&item.body),
-                Some(Err(e)) => Err(decode_error(e)),
-                None if st.finished || st.ctx.is_stopped() => return None,
-                None => Err(EngineError::Internal(
-                    "the worker's stream ended without a finish reason; the response is incomplete".to_string(),
-                )),
-            };
-            match &item {
-                Ok(chunk) => st.finished |= chunk.data.finishes(),
-                Err(_) => st.done = true,
-            }
-            return Some((item, st));
+        if st.done {
+            return None;
         }
-        None
+        let item = match st.stream.next().await {
+            Some(item) => item,
+            None if st.finished || st.ctx.is_stopped() => return None,
+            None => Err(EngineError::Internal(
+                "the worker's stream ended without a finish reason; the response is incomplete".to_string(),
+            )),
+        };
+        match &item {
+            Ok(chunk) => st.finished |= chunk.data.finishes(),
+            Err(_) => st.done = true,
+        }
+        Some((item, st))
     })
     .boxed()
 }
@@ -97,34 +96,49 @@ where
 /// An OpenAI engine served by workers of one endpoint.
 #[derive(Debug, Clone)]
 pub struct RemoteOpenAIEngine {
-    client: Client,
-    mode: RouterMode,
+    inner: Arc<Sender>,
+    migration: MigrationPolicy,
 }
 
 impl RemoteOpenAIEngine {
-    /// Forward to the instances of `client`'s endpoint, picked by `mode`.
+    /// Forward to the instances of `client`'s endpoint, picked by `mode` (`Kv` is
+    /// round-robin here: an OpenAI request has no token ids at the frontend).
     pub fn new(client: Client, mode: RouterMode) -> Self {
-        RemoteOpenAIEngine { client, mode }
+        let inner = Arc::new(Sender { client, selector: routing::selector(mode, None), kv: None, pinned: false });
+        RemoteOpenAIEngine { inner, migration: MigrationPolicy::default() }
+    }
+
+    /// Resend requests no worker started within `policy.resend_limit` (a started
+    /// OpenAI-level stream is never continued elsewhere, whatever `policy.limit` says).
+    pub fn with_migration(mut self, policy: MigrationPolicy) -> Self {
+        self.migration = policy;
+        self
     }
 
     /// The client it sends with.
     pub fn client(&self) -> &Client {
-        &self.client
+        &self.inner.client
     }
 
-    async fn send(&self, request: &impl Serialize, ctx: &RequestContext) -> Result<LinkedStream, EngineError> {
-        send_with(&self.client, self.mode.to_runtime(), request, ctx).await.map_err(decode_error)
+    async fn send<Q, T>(&self, request: Q, ctx: RequestContext) -> Result<OpenAIStream<T>, EngineError>
+    where
+        Q: Serialize + Clone + Send + Sync + 'static,
+        T: DeserializeOwned + FinishingChunk + Send + 'static,
+    {
+        let request = OpenAIRequest::<Q, T>::new(request);
+        let stream = send_resending(self.inner.clone(), request, ctx.clone(), self.migration.clone()).await?;
+        Ok(truthful_end(stream, &ctx))
     }
 }
 
 #[async_trait]
 impl OpenAIEngine for RemoteOpenAIEngine {
     async fn chat(&self, request: ChatCompletionRequest, ctx: RequestContext) -> Result<ChatStream, EngineError> {
-        Ok(openai_items(self.send(&request, &ctx).await?, &ctx))
+        self.send::<_, ChatCompletionChunk>(request, ctx).await
     }
 
     async fn completion(&self, request: CompletionRequest, ctx: RequestContext) -> Result<CompletionStream, EngineError> {
-        Ok(openai_items(self.send(&request, &ctx).await?, &ctx))
+        self.send::<_, CompletionResponse>(request, ctx).await
     }
 }
 
@@ -135,8 +149,8 @@ pub struct RemoteTokenEngine {
     migration: MigrationPolicy,
 }
 
-/// What sends one attempt of a token request; shared by the engine and the
-/// migrating streams it returns.
+/// What sends one attempt of a request (token-level or OpenAI-level); shared by an
+/// engine and the migrating streams it returns.
 #[derive(Debug)]
 struct Sender {
     client: Client,
@@ -190,9 +204,10 @@ impl RemoteTokenEngine {
 }
 
 impl Sender {
-    /// The selector's pick for `request` among the routable instances not in `avoid`
-    /// (all routable ones when none is left); a pinned sender's instance whatever they are.
-    fn pick(&self, request: &mut PreprocessedRequest, avoid: &[u64]) -> Result<Pick, SendError> {
+    /// The selector's pick for a request of prompt `tokens` among the routable instances
+    /// not in `avoid` (all routable ones when none is left); a pinned sender's instance
+    /// whatever they are.
+    fn pick(&self, tokens: &[u32], avoid: &[u64]) -> Result<Pick, SendError> {
         let mut candidates = Vec::new();
         if !self.pinned {
             // Instances found dead (ping timeout, refused, not taking requests) are left
@@ -210,38 +225,64 @@ impl Sender {
                 return Err(SendError::Failed(EngineError::Unavailable(message)));
             }
         }
-        let pick = self.selector.select(&request.token_ids, &candidates).map_err(|e| SendError::Failed(EngineError::Unavailable(e.to_string())))?;
-        if self.kv.is_some() {
-            request.estimated_prefix_hit_num_blocks = pick.overlap_blocks.map(|b| u32::try_from(b).unwrap_or(u32::MAX));
-        }
-        Ok(pick)
+        self.selector.select(tokens, &candidates).map_err(|e| SendError::Failed(EngineError::Unavailable(e.to_string())))
     }
 
-    /// Send one attempt direct to the instance [`Self::pick`] chooses; every resend is
-    /// decided by [`super::migration`]. The pick's load (a KV-routed stream in flight on
-    /// its worker) is held until the stream ends or is dropped; an instance that is gone
-    /// is reported to the selector (the KV router drops it from its index).
-    async fn send(&self, mut request: PreprocessedRequest, ctx: &RequestContext, avoid: &[u64]) -> Result<Attempt, SendError> {
-        let pick = self.pick(&mut request, avoid)?;
+    /// Send one attempt of `request` direct to the instance of `pick`, its items decoded
+    /// by `items`; every resend is decided by [`super::migration`]. The selector hears
+    /// how the attempt ended ([`Selector::on_end`]): at the stream's end, error or drop
+    /// ([`TrackedStream`]), or at once when it could not be sent (`Gone` for an instance
+    /// that is not there: the KV router drops it from its index).
+    async fn send_direct<O: Send + 'static>(
+        &self,
+        pick: Pick,
+        request: &impl Serialize,
+        ctx: &RequestContext,
+        items: fn(LinkedStream) -> WorkerStream<O>,
+    ) -> Result<Attempt<O>, SendError> {
         let instance = pick.instance;
         tracing::debug!(request = ctx.id(), instance = %format_args!("{instance:x}"), "sending to instance");
+        let body = match serde_json::to_vec(request) {
+            Ok(body) => body,
+            Err(e) => {
+                self.selector.on_end(pick, Outcome::Failed);
+                return Err(SendError::Failed(EngineError::Internal(format!("cannot serialize the request: {e}"))));
+            }
+        };
         let direct = dynamo_runtime::RouterMode::Direct(instance);
-        match send_with(&self.client, direct, &request, ctx).await {
+        match self.client.send(direct, Bytes::from(body), Some(ctx.id().to_string())).await {
             Ok(stream) => {
-                let stream = match pick.load {
-                    Some(load) => GuardedStream::new(worker_items(stream), load).boxed(),
-                    None => worker_items(stream),
-                };
+                let stream = items(LinkedStream::new(stream, ctx));
+                let stream = TrackedStream::new(stream, self.selector.clone(), pick).boxed();
                 Ok(Attempt { stream, instance })
             }
             Err(e) if !self.pinned && is_unreachable(e.kind()) => {
-                if is_gone(e.kind()) {
-                    self.selector.on_end_unreachable(instance);
-                }
+                let outcome = if is_gone(e.kind()) { Outcome::Gone } else { Outcome::Failed };
+                self.selector.on_end(pick, outcome);
                 Err(SendError::Unreachable { instance, error: e })
             }
-            Err(e) => Err(SendError::Failed(decode_error(e))),
+            Err(e) => {
+                self.selector.on_end(pick, Outcome::Failed);
+                Err(SendError::Failed(decode_error(e)))
+            }
         }
+    }
+
+    /// `instance` failed a request with `error`: see [`Resender::set_aside`].
+    fn set_aside(&self, instance: u64, error: &dynamo_runtime::Error) {
+        if self.pinned {
+            return;
+        }
+        if error.is_not_taken() {
+            // It did not take the request at all: out of routing until it answers a ping.
+            self.client.mark_unresponsive(instance);
+        } else if error.kind() != ErrorKind::Timeout {
+            // Refused, or its stream broke: skipped for a moment (discovery removes a
+            // dying instance soon).
+            self.client.mark_down(instance);
+        }
+        // A stream bound (first-item or item timeout) is a slow handler on a live
+        // worker: this request avoids it, new requests still go to it.
     }
 }
 
@@ -257,25 +298,43 @@ fn is_gone(kind: ErrorKind) -> bool {
 }
 
 #[async_trait]
-impl Resender for Arc<Sender> {
-    async fn send(&self, request: PreprocessedRequest, ctx: &RequestContext, avoid: &[u64]) -> Result<Attempt, SendError> {
-        Sender::send(self, request, ctx, avoid).await
+impl Resender<PreprocessedRequest> for Arc<Sender> {
+    async fn send(
+        &self,
+        mut request: PreprocessedRequest,
+        ctx: &RequestContext,
+        avoid: &[u64],
+    ) -> Result<Attempt<LLMEngineOutput>, SendError> {
+        let pick = self.pick(&request.token_ids, avoid)?;
+        if self.kv.is_some() {
+            request.estimated_prefix_hit_num_blocks = pick.overlap_blocks.map(|b| u32::try_from(b).unwrap_or(u32::MAX));
+        }
+        self.send_direct(pick, &request, ctx, worker_items).await
     }
 
     fn set_aside(&self, instance: u64, error: &dynamo_runtime::Error) {
-        if self.pinned {
-            return;
-        }
-        if error.is_not_taken() {
-            // It did not take the request at all: out of routing until it answers a ping.
-            self.client.mark_unresponsive(instance);
-        } else if error.kind() != ErrorKind::Timeout {
-            // Refused, or its stream broke: skipped for a moment (discovery removes a
-            // dying instance soon).
-            self.client.mark_down(instance);
-        }
-        // A stream bound (first-item or item timeout) is a slow handler on a live
-        // worker: this request avoids it, new requests still go to it.
+        Sender::set_aside(self, instance, error)
+    }
+}
+
+#[async_trait]
+impl<Q, T> Resender<OpenAIRequest<Q, T>> for Arc<Sender>
+where
+    Q: Serialize + Clone + Send + Sync + 'static,
+    T: DeserializeOwned + FinishingChunk + Send + 'static,
+{
+    async fn send(
+        &self,
+        request: OpenAIRequest<Q, T>,
+        ctx: &RequestContext,
+        avoid: &[u64],
+    ) -> Result<Attempt<StreamItem<T>>, SendError> {
+        let pick = self.pick(&[], avoid)?;
+        self.send_direct(pick, &request.body, ctx, openai_worker_items::<T>).await
+    }
+
+    fn set_aside(&self, instance: u64, error: &dynamo_runtime::Error) {
+        Sender::set_aside(self, instance, error)
     }
 }
 

@@ -5,6 +5,9 @@
 //! - [`round_robin`], [`random`], [`direct`] (one given instance), [`kv`] (over
 //!   [`crate::kv_router::KvRouter`]). The routing lab ([`crate::routing_lab`]) replays
 //!   traces through the same selectors.
+//! - A selector's life cycle per request: [`Selector::select`] picks the instance, and
+//!   [`Selector::on_end`] is told once how the request ended there (completed, failed,
+//!   cancelled, or the instance gone); [`TrackedStream`] calls it for a stream that ran.
 //!
 //! Imports run one way: `routing` uses `kv_router`; the remote engine
 //! ([`crate::remote`]) and the routing lab use `routing`. A new policy is a new file
@@ -15,6 +18,7 @@ mod kv;
 mod random;
 mod round_robin;
 mod router_mode;
+mod tracked;
 
 use std::fmt;
 use std::sync::Arc;
@@ -26,6 +30,7 @@ pub use kv::KvSelector;
 pub use random::Random;
 pub use round_robin::RoundRobin;
 pub use router_mode::{RouterMode, UnknownRouterMode};
+pub use tracked::TrackedStream;
 
 /// The instance a [`Selector`] picked for one request.
 #[derive(Debug)]
@@ -35,9 +40,8 @@ pub struct Pick {
     /// Prompt blocks the instance is predicted to hold (KV routing), sent to the worker
     /// as `estimated_prefix_hit_num_blocks`.
     pub overlap_blocks: Option<usize>,
-    /// Counts the request in flight on the instance (KV routing) until dropped: the
-    /// sender holds it for the life of the response stream, so the request's end is
-    /// the guard's drop.
+    /// Counts the request in flight on the instance (KV routing) and times its items,
+    /// until the selector's [`Selector::on_end`] ends it (or, failing that, its drop).
     pub load: Option<InflightGuard>,
 }
 
@@ -59,16 +63,32 @@ pub enum SelectError {
     AllBusy(String),
 }
 
-/// A routing policy: picks the instance for each request.
+/// How a request sent to a [`Pick`]'s instance ended there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Its stream ended.
+    Completed,
+    /// Its stream ended with an error (the worker's, or the path to it), or it could not
+    /// be sent.
+    Failed,
+    /// The caller dropped its stream before the end (a client gone, a resend elsewhere).
+    Cancelled,
+    /// The instance could not be reached or is no longer registered.
+    Gone,
+}
+
+/// A routing policy: picks the instance for each request, and hears how it ended.
 pub trait Selector: Send + Sync + fmt::Debug {
-    /// The instance for a request of prompt `tokens` among `candidates` (the routable
-    /// instances, ascending by id, those the request already failed on left out).
+    /// The instance for a request of prompt `tokens` (empty for an OpenAI-level request,
+    /// which the frontend does not tokenize) among `candidates` (the routable instances,
+    /// ascending by id, those the request already failed on left out).
     fn select(&self, tokens: &[u32], candidates: &[u64]) -> Result<Pick, SelectError>;
 
-    /// A request ended because `instance` could not be reached or is gone (the end of
-    /// a request that ran is the drop of its [`Pick::load`]).
-    fn on_end_unreachable(&self, instance: u64) {
-        let _ = instance;
+    /// The request of `choice` ended with `outcome`: called once per [`Pick`] the
+    /// selector returned and the caller used (by [`TrackedStream`] for a stream that
+    /// ran). Bookkeeping the pick started ends here.
+    fn on_end(&self, choice: Pick, outcome: Outcome) {
+        let _ = (choice, outcome);
     }
 }
 

@@ -12,8 +12,8 @@ pub enum RouterMode {
     RoundRobin,
     /// Uniformly at random.
     Random,
-    /// Approximate KV-cache-aware routing ([`crate::kv_router`]) for `backend` models,
-    /// whose requests carry token ids. `chat`/`completions` models (no token ids at the
+    /// KV-cache-aware routing ([`crate::kv_router`]) for `backend` models, whose
+    /// requests carry token ids. `chat`/`completions` models (no token ids at the
     /// frontend) fall back to round-robin.
     Kv,
 }
@@ -21,15 +21,6 @@ pub enum RouterMode {
 impl RouterMode {
     /// Every mode's name, as `--router-mode` takes it.
     pub const NAMES: [&'static str; 3] = ["round-robin", "random", "kv"];
-
-    /// The runtime client's mode; `Kv` is round-robin there (the KV router picks an
-    /// instance itself and sends directly).
-    pub fn to_runtime(self) -> dynamo_runtime::RouterMode {
-        match self {
-            RouterMode::RoundRobin | RouterMode::Kv => dynamo_runtime::RouterMode::RoundRobin,
-            RouterMode::Random => dynamo_runtime::RouterMode::Random,
-        }
-    }
 
     /// The name `--router-mode` takes.
     pub fn as_str(self) -> &'static str {
@@ -76,8 +67,6 @@ mod tests {
         assert_eq!("KV".parse::<RouterMode>().unwrap(), RouterMode::Kv);
         assert_eq!(RouterMode::Kv.to_string(), "kv");
         assert!("lru".parse::<RouterMode>().unwrap_err().to_string().contains("kv"));
-        assert_eq!(RouterMode::Kv.to_runtime(), dynamo_runtime::RouterMode::RoundRobin);
-        assert_eq!(RouterMode::Random.to_runtime(), dynamo_runtime::RouterMode::Random);
         for name in RouterMode::NAMES {
             assert_eq!(name.parse::<RouterMode>().unwrap().as_str(), name);
         }

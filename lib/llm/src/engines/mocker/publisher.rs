@@ -1,13 +1,16 @@
 //! Publishing a mocker's KV events and load metrics on its component's event plane.
-//! The scheduler never waits for the network: KV events go through a bounded channel
-//! (dropped, with a warning, when it is full; the gap shows in `event_id`) and metrics
-//! through a watch channel (only the latest value matters) to a publisher task.
+//! The scheduler never waits for the network: KV events are numbered here and handed to
+//! the publisher task through the kv_router's lossy sender (dropped, with a warning, when
+//! it is behind; the gap shows in `event_id`), metrics through a watch channel (only the
+//! latest value matters).
 
 use dynamo_runtime::Component;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
+use crate::kv_router::lossy_sender::LossySender;
 use crate::kv_router::protocols::{ForwardPassMetrics, KvCacheEvent, KvCacheEventData};
+use crate::kv_router::publisher::KV_EVENTS_BEHIND;
 pub use crate::kv_router::publisher::{KV_EVENT_BUFFER, METRICS_MAX_INTERVAL, METRICS_MIN_INTERVAL};
 
 /// Where a mocker publishes: a component's event plane, as one worker.
@@ -30,27 +33,28 @@ impl MockerPublisher {
 #[derive(Debug)]
 pub(crate) struct EventSink {
     next_id: u64,
-    tx: Option<mpsc::Sender<KvCacheEvent>>,
-    dropped: u64,
+    events: Option<LossySender<KvCacheEvent>>,
 }
 
 impl EventSink {
     /// A sink feeding `tx`, or discarding everything when `None`.
     pub(crate) fn new(tx: Option<mpsc::Sender<KvCacheEvent>>) -> Self {
-        EventSink { next_id: 0, tx, dropped: 0 }
+        EventSink { next_id: 0, events: tx.map(|tx| LossySender::new(tx, KV_EVENTS_BEHIND)) }
     }
 
     /// Number and forward one event.
     pub(crate) fn send(&mut self, data: KvCacheEventData) {
         let event = KvCacheEvent { event_id: self.next_id, data };
         self.next_id += 1;
-        let Some(tx) = &self.tx else { return };
-        if let Err(mpsc::error::TrySendError::Full(_)) = tx.try_send(event) {
-            self.dropped += 1;
-            if self.dropped.is_power_of_two() {
-                tracing::warn!(dropped = self.dropped, "KV event publisher is behind; dropping KV events");
-            }
+        if let Some(events) = &self.events {
+            events.send(event);
         }
+    }
+
+    /// Events dropped because the publisher task was behind.
+    #[cfg(test)]
+    fn dropped(&self) -> u64 {
+        self.events.as_ref().map_or(0, LossySender::dropped)
     }
 }
 
@@ -80,7 +84,7 @@ mod tests {
         assert_eq!(rx.try_recv().unwrap().event_id, 0);
         assert_eq!(rx.try_recv().unwrap().event_id, 1);
         assert!(rx.try_recv().is_err(), "the third event was dropped");
-        assert_eq!(sink.dropped, 1);
+        assert_eq!(sink.dropped(), 1);
         sink.send(KvCacheEventData::Cleared);
         assert_eq!(rx.try_recv().unwrap().event_id, 3, "the gap shows in event_id");
         let mut discard = EventSink::new(None);
