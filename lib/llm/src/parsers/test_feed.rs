@@ -144,3 +144,82 @@ pub(crate) fn check_reasoning(parser: &str, thinking: bool, text: &str, expect: 
         assert_eq!((got.0.as_deref(), got.1.as_deref()), expect, "{parser} fed {deltas:?}");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::super::{REASONING_PARSERS, TOOL_CALL_PARSERS};
+    use super::*;
+
+    /// Pieces that make up outputs with markup in odd places: whole and partial
+    /// markers, JSON and Python fragments, quotes, escapes, blanks, non-ASCII text.
+    const PIECES: &[&str] = &[
+        "<tool_call>",
+        "</tool_call>",
+        "<tool_",
+        "{\"name\": \"f\", \"arguments\": {\"a\": 1}}",
+        "{",
+        "}",
+        "[",
+        "]",
+        "\"",
+        "\\",
+        ";",
+        " ",
+        "\n",
+        "x",
+        "東京🦀",
+        "<|python_tag|>",
+        "[TOOL_CALLS]",
+        "f[ARGS]",
+        "(a=1)",
+        "f(",
+        "'",
+        "<think>",
+        "</think>",
+        "</",
+        "<｜tool▁calls▁begin｜>",
+        "<｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n",
+        "\n```<｜tool▁call▁end｜>",
+        "<｜tool▁calls▁end｜>",
+        "[ARGS]",
+        "[CALL_ID]",
+        "{\"name\": \"f\", \"parameters\": {}}",
+        "[f(a='x]'), g()]",
+    ];
+
+    fn text() -> impl Strategy<Value = String> {
+        prop::collection::vec(prop::sample::select(PIECES), 0..24).prop_map(|p| p.concat())
+    }
+
+    fn cut_at(text: &str, cuts: &[usize]) -> Vec<String> {
+        let bounds: Vec<usize> = text.char_indices().map(|(i, _)| i).collect();
+        let mut at: Vec<usize> = cuts.iter().filter_map(|c| bounds.get(c % bounds.len().max(1)).copied()).collect();
+        at.push(0);
+        at.push(text.len());
+        at.sort_unstable();
+        at.dedup();
+        at.windows(2).map(|w| text[w[0]..w[1]].to_string()).collect()
+    }
+
+    proptest! {
+        #[test]
+        fn any_split_gives_what_the_whole_text_gives(text in text(), cuts in prop::collection::vec(0usize..512, 0..12)) {
+            let deltas = cut_at(&text, &cuts);
+            prop_assert_eq!(deltas.concat(), text.clone());
+            for parser in TOOL_CALL_PARSERS {
+                prop_assert_eq!(feed(parser, None, &deltas), feed(parser, None, std::slice::from_ref(&text)), "{}", parser);
+            }
+            for parser in REASONING_PARSERS {
+                let run = |deltas: &[String]| {
+                    let mut p = reasoning_parser(parser, true).unwrap();
+                    let mut outs: Vec<_> = deltas.iter().map(|d| p.push(d)).collect();
+                    outs.push(p.finish());
+                    outs.iter().fold((String::new(), String::new()), |(r, c), d| (r + &d.reasoning, c + &d.content))
+                };
+                prop_assert_eq!(run(&deltas), run(std::slice::from_ref(&text)), "{}", parser);
+            }
+        }
+    }
+}

@@ -14,6 +14,8 @@ use crate::parsers::marker::{MarkerSearch, Search};
 const BOT: &str = "[TOOL_CALLS]";
 const ARGS: &str = "[ARGS]";
 const CALL_ID: &str = "[CALL_ID]";
+/// What ends a v11 call's name: its arguments, or (a name that is none) the next call.
+const NAME_ENDS: &[&str] = &[ARGS, "{", BOT];
 /// A function name longer than this is not one: the text is content.
 const MAX_NAME: usize = 256;
 
@@ -114,7 +116,7 @@ impl ToolCallParser for Mistral {
                     if rest.starts_with('[') {
                         self.state = State::List(BracketScanner::new(&['"']), String::new());
                     } else {
-                        self.state = State::Name(MarkerSearch::new(&[ARGS, "{"]), String::new());
+                        self.state = State::Name(MarkerSearch::new(NAME_ENDS), String::new());
                     }
                     text = rest;
                 }
@@ -132,34 +134,46 @@ impl ToolCallParser for Mistral {
                         text = text[end..].to_string();
                     }
                 },
-                State::Name(mut search, mut name) => match search.push(&text) {
-                    Search::Pending(part) => {
-                        name.push_str(&part);
-                        self.raw.push_str(&part);
-                        if name.len() > MAX_NAME || name.contains(char::is_whitespace) {
-                            self.raw.push_str(&search.flush());
+                State::Name(mut search, mut name) => {
+                    // A name has no blanks: the first blank ends it (as content).
+                    let blank = text.find(char::is_whitespace);
+                    let (head, tail) = text.split_at(blank.unwrap_or(text.len()));
+                    let tail = tail.to_string();
+                    match search.push(head) {
+                        Search::Pending(part) => {
+                            name.push_str(&part);
+                            self.raw.push_str(&part);
+                            if blank.is_none() && name.len() <= MAX_NAME {
+                                self.state = State::Name(search, name);
+                                return out;
+                            }
+                            let held = search.flush();
                             self.fail(&mut out);
-                            return out;
+                            text = held + &tail;
                         }
-                        self.state = State::Name(search, name);
-                        return out;
-                    }
-                    Search::Found { before, which, after } => {
-                        name.push_str(&before);
-                        self.raw.push_str(&before);
-                        let name = match name.split_once(CALL_ID) {
-                            Some((name, _id)) => name.to_string(),
-                            None => name,
-                        };
-                        if which == 0 {
-                            self.raw.push_str(ARGS);
-                            text = after;
-                        } else {
-                            text = format!("{{{after}");
+                        Search::Found { before, which, after } => {
+                            name.push_str(&before);
+                            self.raw.push_str(&before);
+                            let after = after + &tail;
+                            let name = match name.split_once(CALL_ID) {
+                                Some((name, _id)) => name.to_string(),
+                                None => name,
+                            };
+                            if NAME_ENDS[which] == BOT || name.is_empty() || name.len() > MAX_NAME {
+                                self.fail(&mut out);
+                                text = format!("{}{after}", NAME_ENDS[which]);
+                                continue;
+                            }
+                            if NAME_ENDS[which] == ARGS {
+                                self.raw.push_str(ARGS);
+                                text = after;
+                            } else {
+                                text = format!("{{{after}");
+                            }
+                            self.state = State::Args(BracketScanner::new(&['"']), name, String::new());
                         }
-                        self.state = State::Args(BracketScanner::new(&['"']), name, String::new());
                     }
-                },
+                }
                 State::Args(mut scanner, name, mut args) => {
                     if args.is_empty() && !text.trim_start().starts_with('{') {
                         let rest = text.trim_start();
