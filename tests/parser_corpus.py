@@ -222,4 +222,6 @@ REASONING_CASES: list[ReasoningCase] = [
     ReasoningCase("r1-nothing-after", "deepseek_r1", "<think>x</think>", "x", None),
     ReasoningCase("qwen3-block", "qwen3", "<think>\nplan\n</think>\n\nDone.", "\nplan\n", "\n\nDone."),
     ReasoningCase("qwen3-thinking-off", "qwen3", "Plain answer.", None, "Plain answer.", enable_thinking=False),
+    ReasoningCase("qwen3-no-tags", "qwen3", "Cut before the block ended", "Cut before the block ended", None),
+    ReasoningCase("qwen3-empty-block", "qwen3", "<think>\n\n</think>\n\nHi", "\n\n", "\n\nHi"),
 ]
