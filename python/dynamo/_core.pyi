@@ -13,8 +13,16 @@ __version__: str
 #: The names ``--router-mode`` takes (``round-robin``, ``random``, ``kv``), from
 #: ``dynamo_llm::routing::RouterMode``: the one parser of router modes.
 ROUTER_MODES: tuple[str, ...]
+#: The names ``--tool-call-parser`` takes (vLLM's spelling), from
+#: ``dynamo_llm::parsers::TOOL_CALL_PARSERS``.
+TOOL_CALL_PARSERS: tuple[str, ...]
+#: The names ``--reasoning-parser`` takes (vLLM's spelling), from
+#: ``dynamo_llm::parsers::REASONING_PARSERS``.
+REASONING_PARSERS: tuple[str, ...]
 __all__ = [
+    "REASONING_PARSERS",
     "ROUTER_MODES",
+    "TOOL_CALL_PARSERS",
     "Annotated",
     "ChunkStream",
     "Client",
@@ -38,14 +46,18 @@ __all__ = [
     "PrefillWorker",
     "PreprocessedRequest",
     "RadixTree",
+    "ReasoningStream",
     "RemotePrefill",
     "RequestContext",
     "ResponseStream",
     "StreamDisconnectedError",
     "Subscription",
+    "ToolCallStream",
     "WorkerMetricsPublisher",
     "__version__",
     "compute_block_hash_for_seq",
+    "parse_reasoning",
+    "parse_tool_calls",
     "register_llm",
     "run_dynamo_run",
     "run_routing_lab",
@@ -751,3 +763,79 @@ def run_routing_lab(
         OSError: the trace cannot be read.
         ValueError: a line is not a request, or a setting is out of range.
     """
+
+# Output parsers (docs/tools.md): tool calls and reasoning split out of a model's text,
+# by vLLM's parser names. Malformed calls, and calls of functions outside ``tools``,
+# come back as content.
+
+def parse_tool_calls(
+    parser: str, text: str, tools: list[str] | None = None
+) -> tuple[str | None, list[dict[str, str]]]:
+    """Split a whole response into its content and its tool calls.
+
+    Arguments:
+        parser: a name in ``TOOL_CALL_PARSERS`` (``hermes``, ``llama3_json``, ...).
+        text: the model's output, special tokens kept.
+        tools: the names of the request's functions; a call of another name is
+            content. ``None`` accepts any name.
+
+    Returns:
+        ``(content, calls)``: content ``None`` when there is none; each call
+        ``{"name": ..., "arguments": ...}``, the arguments a JSON text.
+
+    Raises:
+        ValueError: an unknown parser name (the message lists the known ones).
+    """
+
+def parse_reasoning(parser: str, text: str, enable_thinking: bool = True) -> tuple[str | None, str | None]:
+    """Split a whole response into its reasoning and its answer.
+
+    Arguments:
+        parser: a name in ``REASONING_PARSERS`` (``deepseek_r1``, ``qwen3``).
+        text: the model's output.
+        enable_thinking: the request's ``chat_template_kwargs.enable_thinking``
+            (``qwen3``: off makes everything content).
+
+    Returns:
+        ``(reasoning, content)``, each ``None`` when empty.
+
+    Raises:
+        ValueError: an unknown parser name (the message lists the known ones).
+    """
+
+@final
+class ToolCallStream:
+    """An incremental tool-call parser for one streamed response: each text delta is
+    seen once. A call comes out whole (``index``, ``id``, ``type``, ``function.name``,
+    ``function.arguments``) when its closing markup arrives and it checks out.
+
+    Raises:
+        ValueError: an unknown parser name (the message lists the known ones).
+    """
+
+    def __new__(cls, parser: str, tools: list[str] | None = None) -> ToolCallStream: ...
+    def push(self, delta: str) -> tuple[str, list[dict[str, Any]]]:
+        """Feed a text delta; returns ``(content, tool_calls)`` (OpenAI delta shape)."""
+
+    def finish(self) -> tuple[str, list[dict[str, Any]]]:
+        """The stream has ended: what was held back, as ``push`` returns it."""
+
+    @property
+    def cut(self) -> bool:
+        """After ``finish``: whether the stream ended inside tool-call markup (the
+        unfinished part came back as content); the response is not complete."""
+
+@final
+class ReasoningStream:
+    """An incremental reasoning parser for one streamed response.
+
+    Raises:
+        ValueError: an unknown parser name (the message lists the known ones).
+    """
+
+    def __new__(cls, parser: str, enable_thinking: bool = True) -> ReasoningStream: ...
+    def push(self, delta: str) -> tuple[str, str]:
+        """Feed a text delta; returns ``(reasoning, content)``, either may be empty."""
+
+    def finish(self) -> tuple[str, str]:
+        """The stream has ended: what was held back, as ``push`` returns it."""

@@ -12,6 +12,7 @@ mod kv;
 mod kv_index;
 mod kv_router;
 mod llm;
+mod parsers;
 mod poll_iter;
 mod preprocessor;
 mod runtime;
@@ -37,6 +38,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<preprocessor::PyChunkStream>()?;
     errors::register(m)?;
     llm::register(m)?;
+    parsers::register(m)?;
     disagg::register(m)?;
     kv_index::register(m)?;
     kv_router::register(m)?;

@@ -19,6 +19,7 @@ pub mod http;
 pub mod kv_router;
 pub mod model_card;
 pub mod model_manager;
+pub mod parsers;
 pub mod pipeline;
 pub mod preprocessor;
 pub mod protocols;

@@ -4,7 +4,9 @@ KV-aware routing's building blocks: the index of the fleet's caches (``RadixTree
 ``KvIndexer``, ``compute_block_hash_for_seq``) and what engines publish to it
 (``KvEventPublisher``, ``WorkerMetricsPublisher``, ``ZmqKvEventPublisher`` for vLLM's
 ZMQ events). See docs/kv-routing.md. Disaggregated serving for a Python engine:
-``RemotePrefill`` (decode side) and ``serve_prefill_worker`` (docs/disagg.md).
+``RemotePrefill`` (decode side) and ``serve_prefill_worker`` (docs/disagg.md). Output
+parsers for a Python processor (docs/tools.md): ``parse_tool_calls``,
+``parse_reasoning`` and their stream forms ``ToolCallStream``, ``ReasoningStream``.
 
 ```python
 @dynamo_worker()
@@ -22,6 +24,8 @@ from collections.abc import Coroutine
 from typing import Any, Final
 
 from dynamo._core import (
+    REASONING_PARSERS,
+    TOOL_CALL_PARSERS,
     ChunkStream,
     Endpoint,
     KvEventPublisher,
@@ -32,9 +36,13 @@ from dynamo._core import (
     PrefillWorker,
     PreprocessedRequest,
     RadixTree,
+    ReasoningStream,
     RemotePrefill,
+    ToolCallStream,
     WorkerMetricsPublisher,
     compute_block_hash_for_seq,
+    parse_reasoning,
+    parse_tool_calls,
     run_dynamo_run,
     serve_prefill_worker,
 )
@@ -42,6 +50,8 @@ from dynamo._core import register_llm as _register_llm
 from dynamo.llm.zmq_kv import ZmqKvEventPublisher, ZmqKvEventPublisherConfig
 
 __all__ = [
+    "REASONING_PARSERS",
+    "TOOL_CALL_PARSERS",
     "ChunkStream",
     "KvEventPublisher",
     "KvIndexer",
@@ -52,11 +62,15 @@ __all__ = [
     "PrefillWorker",
     "PreprocessedRequest",
     "RadixTree",
+    "ReasoningStream",
     "RemotePrefill",
+    "ToolCallStream",
     "WorkerMetricsPublisher",
     "ZmqKvEventPublisher",
     "ZmqKvEventPublisherConfig",
     "compute_block_hash_for_seq",
+    "parse_reasoning",
+    "parse_tool_calls",
     "register_llm",
     "run_dynamo_run",
     "serve_prefill_worker",
