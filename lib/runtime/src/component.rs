@@ -11,7 +11,7 @@ use crate::client::Client;
 use crate::config::RequestPlane;
 use crate::error::{Error, ErrorKind, Result};
 use crate::events::Subscription;
-use crate::handler::RequestHandler;
+use crate::transport::responder::RequestHandler;
 use crate::runtime::{DistributedRuntime, Registration};
 use crate::transport::{nats, ServedEndpoint};
 

@@ -12,6 +12,7 @@ pub(crate) mod nats_connection;
 mod peer_health;
 mod pending;
 mod pool;
+pub mod responder;
 pub mod response_stream;
 mod server;
 

@@ -14,7 +14,7 @@ use super::frame::{Frame, FrameKind};
 use super::{RequestHeader, Transport};
 use crate::context::RequestContext;
 use crate::error::{Error, ErrorKind, Result};
-use crate::handler::{IncomingRequest, RequestHandler, Responder};
+use super::responder::{IncomingRequest, RequestHandler, Responder};
 use crate::metrics::EndpointMetrics;
 
 /// An endpoint this process serves.

@@ -8,9 +8,9 @@ use bytes::Bytes;
 use crate::context::RequestContext;
 use crate::error::{ErrorKind, Result};
 use crate::metrics::EndpointMetrics;
-use crate::transport::connection::{Connection, TrySendError};
-use crate::transport::frame::{Frame, FrameKind};
-use crate::transport::Transport;
+use super::connection::{Connection, TrySendError};
+use super::frame::{Frame, FrameKind};
+use super::Transport;
 
 /// A request as it arrives at a worker.
 #[derive(Debug)]
