@@ -6,7 +6,7 @@
 //! A connection is a framed socket (`connection.rs`) that knows nothing of what its
 //! frames mean; the transport owns each one as a `Link` (`link.rs`: the socket and the
 //! streams bound to it), reads its frames on one task and routes them (`reader.rs`,
-//! [`Transport::route`]), and keeps it alive (`keepalive.rs`).
+//! `Transport::route`), and keeps it alive (`keepalive.rs`).
 
 pub mod connection;
 pub(crate) mod dispatch;

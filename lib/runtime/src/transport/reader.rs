@@ -1,7 +1,7 @@
 //! The owner's side of a connection: open a [`Link`] for a socket (the side that opened
 //! it sends Hello first), read its frames on one task — answering Ping and noting Pong
 //! right there, so that a busy handler (or a Python worker holding the GIL) never
-//! delays them, and routing the rest with [`Transport::route`] — and close it, failing
+//! delays them, and routing the rest with `Transport::route` — and close it, failing
 //! the streams awaited on it and killing the ones served on it.
 
 use std::sync::Arc;
