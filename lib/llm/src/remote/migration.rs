@@ -54,7 +54,7 @@ impl StreamFailure {
     /// and may still be working on it, so before any output it is not resent (the
     /// caller gets the timeout, as a 504); after some output it is a lost stream.
     fn is_stream_bound(&self) -> bool {
-        matches!(self, StreamFailure::Runtime(e) if e.kind() == ErrorKind::Timeout && !e.is_not_taken())
+        matches!(self, StreamFailure::Runtime(e) if e.kind() == ErrorKind::Timeout)
     }
 
     pub(crate) fn into_engine_error(self) -> EngineError {
@@ -67,7 +67,7 @@ impl StreamFailure {
 
 /// Failures of the worker or the path to it.
 fn resendable(kind: ErrorKind) -> bool {
-    matches!(kind, ErrorKind::Disconnected | ErrorKind::Unavailable | ErrorKind::Timeout)
+    matches!(kind, ErrorKind::Disconnected | ErrorKind::Unavailable | ErrorKind::Timeout | ErrorKind::NotTaken)
 }
 
 /// A worker's token stream before migration: outputs, or why it broke.

@@ -119,8 +119,8 @@ impl Transport {
             self.fail_pending(
                 id,
                 Error::new(
-                    ErrorKind::Timeout,
-                    format!("no worker took the request within {:?} ({})", self.config.response_timeout, crate::error::NOT_TAKEN),
+                    ErrorKind::NotTaken,
+                    format!("no worker took the request within {:?} (DYN_RESPONSE_TIMEOUT)", self.config.response_timeout),
                 ),
             );
         }
@@ -175,5 +175,39 @@ fn decode_error(header: &[u8]) -> Error {
     match serde_json::from_slice::<ErrorHeader>(header) {
         Ok(h) => Error::new(ErrorKind::parse(&h.kind), h.message),
         Err(_) => Error::new(ErrorKind::Protocol, format!("malformed error frame: {}", String::from_utf8_lossy(header))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use futures::StreamExt;
+    use tokio_util::sync::CancellationToken;
+    use tokio_util::task::TaskTracker;
+
+    use super::*;
+    use crate::transport::TransportConfig;
+
+    #[tokio::test]
+    async fn a_stream_no_worker_took_in_time_fails_as_not_taken() {
+        let config = TransportConfig {
+            max_message_size: 1 << 20,
+            connect_timeout: Duration::from_secs(1),
+            response_timeout: Duration::from_millis(50),
+            ping_interval: Duration::from_secs(2),
+            peer_timeout: Duration::from_secs(6),
+        };
+        let cancel = CancellationToken::new();
+        let transport = Transport::bind(config, 1, "127.0.0.1", 0, cancel.clone(), TaskTracker::new()).await.unwrap();
+        let mut stream = transport.open_stream(None).unwrap();
+        transport.fail_expired();
+        assert!(transport.is_unbound(stream.id()), "failed before its response timeout");
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        transport.fail_expired();
+        let err = stream.next().await.unwrap().unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::NotTaken, "{err}");
+        assert!(err.message().contains("DYN_RESPONSE_TIMEOUT"), "{err}");
+        cancel.cancel();
     }
 }
