@@ -311,7 +311,7 @@ mod tests {
     /// The runtime's error for a request no worker took within the response timeout.
     fn not_taken() -> Result<LLMEngineOutput, StreamFailure> {
         let message = "no worker took the request within 2s (DYN_RESPONSE_TIMEOUT)";
-        Err(StreamFailure::Runtime(dynamo_runtime::Error::new(ErrorKind::Timeout, message)))
+        Err(StreamFailure::Runtime(dynamo_runtime::Error::new(ErrorKind::NotTaken, message)))
     }
 
     /// Answers each send with the next scripted outcome (instance 100 + n for the n-th
@@ -421,7 +421,7 @@ mod tests {
         let (items, migrations) = run(&script, 0, 2).await;
         assert_eq!(ids(&items.unwrap()), vec![7], "resent although the migration limit is 0");
         assert_eq!(migrations, 0);
-        assert_eq!(*script.set_aside.lock(), vec![(100, ErrorKind::Unavailable), (101, ErrorKind::Timeout)]);
+        assert_eq!(*script.set_aside.lock(), vec![(100, ErrorKind::Unavailable), (101, ErrorKind::NotTaken)]);
         let sent = script.sent.lock();
         assert_eq!(sent[2].1, vec![100, 101], "both failed instances are avoided");
         assert_eq!(sent[2].0.token_ids, vec![1, 2, 3]);
