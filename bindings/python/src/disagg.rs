@@ -78,7 +78,7 @@ impl PyRemotePrefill {
         let connected = endpoint.bridge.awaitable(
             py,
             async move {
-                let runtime = ep.runtime().clone();
+                let runtime = ep.planes().clone();
                 let queue = PrefillQueue::connect(&runtime, &prefill_id).await.map_err(to_py)?;
                 let metrics = DisaggMetrics::register(&runtime).map_err(to_py)?;
                 Ok(RemotePrefill::new(queue, config, metrics))
@@ -211,7 +211,7 @@ pub fn serve_prefill_worker(
     let served = endpoint.bridge.awaitable(
         py,
         async move {
-            let metrics = DisaggMetrics::register(ep.runtime()).map_err(to_py)?;
+            let metrics = DisaggMetrics::register(ep.planes()).map_err(to_py)?;
             serve_prefill(&ep, engine, &config, metrics).await.map_err(to_py)
         },
         move |py, worker| Ok(Py::new(py, PyPrefillWorker { inner: Arc::new(worker), bridge })?.into_any()),

@@ -22,7 +22,7 @@ pub fn to_py(e: Error) -> PyErr {
         ErrorKind::NoInstances => NoInstancesError::new_err(msg),
         ErrorKind::InstanceNotFound => InstanceNotFoundError::new_err(msg),
         ErrorKind::Disconnected | ErrorKind::Unavailable => StreamDisconnectedError::new_err(msg),
-        ErrorKind::Timeout => DynamoTimeoutError::new_err(msg),
+        ErrorKind::Timeout | ErrorKind::NotTaken => DynamoTimeoutError::new_err(msg),
         ErrorKind::PayloadTooLarge => PayloadTooLargeError::new_err(msg),
         ErrorKind::Handler => HandlerError::new_err(msg),
         other => DynamoError::new_err(format!("[{other}] {msg}")),

@@ -260,7 +260,7 @@ impl PyKvEventPublisher {
     #[pyo3(signature = (component, worker_id=None, kv_block_size=16))]
     fn new(component: &PyComponent, worker_id: Option<u64>, kv_block_size: usize) -> PyResult<Self> {
         let block_size = nonzero_block_size(kv_block_size)?;
-        let worker_id = worker_id.unwrap_or_else(|| component.inner.runtime().instance_id());
+        let worker_id = worker_id.unwrap_or_else(|| component.inner.planes().instance_id());
         let _guard = tokio().enter();
         Ok(PyKvEventPublisher { inner: kv_router::KvEventPublisher::new(component.inner.clone(), worker_id), block_size })
     }
@@ -318,7 +318,7 @@ impl PyWorkerMetricsPublisher {
     #[new]
     #[pyo3(signature = (component, worker_id=None))]
     fn new(component: &PyComponent, worker_id: Option<u64>) -> Self {
-        let worker_id = worker_id.unwrap_or_else(|| component.inner.runtime().instance_id());
+        let worker_id = worker_id.unwrap_or_else(|| component.inner.planes().instance_id());
         let _guard = tokio().enter();
         let inner = kv_router::WorkerMetricsPublisher::new(component.inner.clone(), worker_id, ForwardPassMetrics::default());
         PyWorkerMetricsPublisher { inner, worker_id }

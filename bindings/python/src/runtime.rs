@@ -164,13 +164,13 @@ impl PyNamespace {
 
     /// Publish a JSON-able object as event `name` of this namespace.
     fn publish(&self, py: Python<'_>, name: &str, obj: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
-        let events = self.inner.runtime().events().clone();
+        let events = self.inner.planes().events().clone();
         publish(py, &self.bridge, self.inner.event_subject(name), events, obj)
     }
 
     /// Subscribe to event `name` of this namespace.
     fn subscribe(&self, py: Python<'_>, name: &str) -> PyResult<Py<PyAny>> {
-        let events = self.inner.runtime().events().clone();
+        let events = self.inner.planes().events().clone();
         subscribe(py, &self.bridge, self.inner.event_subject(name), events)
     }
 }
@@ -201,13 +201,13 @@ impl PyComponent {
 
     /// Publish a JSON-able object as event `name` of this component.
     fn publish(&self, py: Python<'_>, name: &str, obj: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
-        let events = self.inner.runtime().events().clone();
+        let events = self.inner.planes().events().clone();
         publish(py, &self.bridge, self.inner.event_subject(name), events, obj)
     }
 
     /// Subscribe to event `name` of this component.
     fn subscribe(&self, py: Python<'_>, name: &str) -> PyResult<Py<PyAny>> {
-        let events = self.inner.runtime().events().clone();
+        let events = self.inner.planes().events().clone();
         subscribe(py, &self.bridge, self.inner.event_subject(name), events)
     }
 }
@@ -245,7 +245,7 @@ impl PyEndpoint {
 
     /// The instance id this endpoint registers with (the process's instance id).
     fn lease_id(&self) -> u64 {
-        self.inner.runtime().instance_id()
+        self.inner.planes().instance_id()
     }
 
     /// The endpoint's name.

@@ -4,7 +4,7 @@
 use std::sync::{Arc, Weak};
 
 use bytes::Bytes;
-use dynamo_runtime::handler::SendError;
+use dynamo_runtime::transport::responder::SendError;
 use dynamo_runtime::{ErrorKind, IncomingRequest, RequestContext, RequestHandler, Responder, StreamState};
 use parking_lot::Mutex;
 use pyo3::prelude::*;

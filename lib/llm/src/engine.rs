@@ -61,7 +61,7 @@ impl From<dynamo_runtime::Error> for EngineError {
                 EngineError::Unavailable(e.to_string())
             }
             ErrorKind::PayloadTooLarge => EngineError::BadRequest(e.to_string()),
-            ErrorKind::Timeout => EngineError::Timeout(e.to_string()),
+            ErrorKind::Timeout | ErrorKind::NotTaken => EngineError::Timeout(e.to_string()),
             // The worker vanished or stopped answering mid-request.
             ErrorKind::Disconnected => EngineError::Unavailable(e.to_string()),
             _ => EngineError::Internal(e.to_string()),

@@ -8,11 +8,11 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures::future::BoxFuture;
 
-use crate::component::{EndpointId, Instance, InstanceTransport};
+use crate::instance::{EndpointId, Instance, InstanceTransport};
 use crate::error::{Error, ErrorKind, Result};
 use crate::instances::InstanceWatcher;
+use crate::planes::Planes;
 use crate::transport::response_stream::{ResponseStream, StreamBounds};
-use crate::runtime::DistributedRuntime;
 use crate::transport::nats;
 
 /// How often a long `wait_for_instances` says what it is waiting for.
@@ -50,7 +50,7 @@ pub struct SendOptions {
 /// A client of one endpoint. Cheap to clone; clones share the round-robin counter.
 #[derive(Clone)]
 pub struct Client {
-    runtime: DistributedRuntime,
+    planes: Planes,
     endpoint: EndpointId,
     watcher: Arc<InstanceWatcher>,
     counter: Arc<AtomicUsize>,
@@ -63,12 +63,12 @@ impl std::fmt::Debug for Client {
 }
 
 impl Client {
-    pub(crate) async fn new(runtime: DistributedRuntime, endpoint: EndpointId) -> Result<Self> {
-        let watcher = runtime.instance_watcher(&endpoint).await?;
+    pub(crate) async fn new(planes: Planes, endpoint: EndpointId) -> Result<Self> {
+        let watcher = planes.instance_watcher(&endpoint).await?;
         // A random start, so that one-shot clients (a fresh client per request) spread
         // over the instances instead of all picking the first.
         let start = rand::random::<u32>() as usize;
-        Ok(Client { runtime, endpoint, watcher, counter: Arc::new(AtomicUsize::new(start)) })
+        Ok(Client { planes, endpoint, watcher, counter: Arc::new(AtomicUsize::new(start)) })
     }
 
     /// The endpoint this client calls.
@@ -107,7 +107,7 @@ impl Client {
         let Some(instance) = self.watcher.instances().iter().find(|i| i.instance_id == instance_id).cloned() else {
             return;
         };
-        let transport = self.runtime.transport().clone();
+        let transport = self.planes.transport().clone();
         let subject = match instance.transport {
             InstanceTransport::Tcp(address) => {
                 transport.mark_address_down(&address, "did not take or answer a request in time");
@@ -119,8 +119,8 @@ impl Client {
             return;
         }
         tracing::warn!(instance = %format_args!("{instance_id:x}"), endpoint = %self.endpoint, "instance did not take a request in time; routing around it until it answers a ping");
-        let (client, cancel, timeout) = (self.clone(), self.runtime.cancel_token(), self.runtime.config().tcp_peer_timeout);
-        self.runtime.tracker().spawn(async move {
+        let (client, cancel, timeout) = (self.clone(), self.planes.cancel_token(), self.planes.config().tcp_peer_timeout);
+        self.planes.tracker().spawn(async move {
             loop {
                 tokio::select! {
                     _ = tokio::time::sleep(PROBE_INTERVAL) => {}
@@ -128,7 +128,7 @@ impl Client {
                 }
                 let registered = client.watcher.instances().iter().any(|i| i.instance_id == instance_id);
                 let answered = registered
-                    && match client.runtime.connected_nats(instance_id) {
+                    && match client.planes.connected_nats(instance_id) {
                         Ok(nats) => nats::ping(nats, &subject, timeout).await,
                         Err(_) => false,
                     };
@@ -147,7 +147,7 @@ impl Client {
     /// shuts down (logging every few seconds what it waits for).
     pub async fn wait_for_instances(&self, timeout: Option<Duration>) -> Result<Vec<u64>> {
         let start = Instant::now();
-        let cancel = self.runtime.cancel_token();
+        let cancel = self.planes.cancel_token();
         loop {
             let step = match timeout {
                 Some(t) => {
@@ -155,7 +155,7 @@ impl Client {
                     if left.is_zero() {
                         return Err(Error::new(
                             ErrorKind::Timeout,
-                            format!("no instance of {} appeared within {t:?} (discovery: {})", self.endpoint, self.runtime.config().discovery.as_str()),
+                            format!("no instance of {} appeared within {t:?} (discovery: {})", self.endpoint, self.planes.config().discovery.as_str()),
                         ));
                     }
                     left.min(WAIT_LOG_INTERVAL)
@@ -172,7 +172,7 @@ impl Client {
             }
             tracing::info!(
                 endpoint = %self.endpoint,
-                discovery = self.runtime.config().discovery.as_str(),
+                discovery = self.planes.config().discovery.as_str(),
                 waited = ?start.elapsed(),
                 "still waiting for an instance"
             );
@@ -212,7 +212,7 @@ impl Client {
     /// the bounds in `options`.
     pub async fn send_with(&self, mode: RouterMode, body: Bytes, options: SendOptions) -> Result<ResponseStream> {
         let request_id = options.request_id.unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
-        let config = self.runtime.config();
+        let config = self.planes.config();
         let bound = |given: Option<Duration>, default: Option<Duration>| given.or(default).filter(|d| !d.is_zero());
         let bounds = StreamBounds {
             first_item: bound(options.first_item_timeout, config.stream_first_item_timeout),
@@ -246,7 +246,7 @@ impl Client {
                 };
                 if let InstanceTransport::Nats(_) = instance.transport {
                     // NATS itself is down: every NATS instance fails alike, and none is at fault.
-                    this.runtime.connected_nats(instance.instance_id)?;
+                    this.planes.connected_nats(instance.instance_id)?;
                 }
                 match this.send_to(&instance, &request_id, body.clone()).await {
                     Ok(mut stream) => {
@@ -313,11 +313,11 @@ impl Client {
         let path = self.endpoint.path();
         match &instance.transport {
             InstanceTransport::Tcp(address) => {
-                self.runtime.transport().send_tcp(address, &path, request_id, body).await
+                self.planes.transport().send_tcp(address, &path, request_id, body).await
             }
             InstanceTransport::Nats(subject) => {
-                let client = self.runtime.connected_nats(instance.instance_id)?;
-                nats::send(client, self.runtime.transport(), subject, &path, request_id, body).await
+                let client = self.planes.connected_nats(instance.instance_id)?;
+                nats::send(client, self.planes.transport(), subject, &path, request_id, body).await
             }
         }
     }

@@ -2,9 +2,6 @@
 
 use std::fmt;
 
-/// Names the bound in the error of a request no worker took ([`Error::is_not_taken`]).
-pub(crate) const NOT_TAKEN: &str = "DYN_RESPONSE_TIMEOUT";
-
 /// What went wrong, for callers that react differently to different failures
 /// (a router retries `NoInstances`/`Unavailable` elsewhere, a user fixes `Config`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -25,6 +22,10 @@ pub enum ErrorKind {
     Disconnected,
     /// A bounded wait ran out.
     Timeout,
+    /// No worker took the request within `DYN_RESPONSE_TIMEOUT` (NATS plane): the
+    /// instance did not answer at all, unlike a stream bound (first-item or item
+    /// timeout, `Timeout`), which a slow handler of a live worker hits.
+    NotTaken,
     /// A message exceeds the size limit of the plane that would carry it.
     PayloadTooLarge,
     /// The remote endpoint does not exist on the instance.
@@ -55,6 +56,7 @@ impl ErrorKind {
             ErrorKind::Unavailable => "unavailable",
             ErrorKind::Disconnected => "disconnected",
             ErrorKind::Timeout => "timeout",
+            ErrorKind::NotTaken => "not_taken",
             ErrorKind::PayloadTooLarge => "payload_too_large",
             ErrorKind::UnknownEndpoint => "unknown_endpoint",
             ErrorKind::Handler => "handler",
@@ -77,6 +79,7 @@ impl ErrorKind {
             "unavailable" => ErrorKind::Unavailable,
             "disconnected" => ErrorKind::Disconnected,
             "timeout" => ErrorKind::Timeout,
+            "not_taken" => ErrorKind::NotTaken,
             "payload_too_large" => ErrorKind::PayloadTooLarge,
             "unknown_endpoint" => ErrorKind::UnknownEndpoint,
             "protocol" => ErrorKind::Protocol,
@@ -118,13 +121,6 @@ impl Error {
         source: impl std::error::Error + Send + Sync + 'static,
     ) -> Self {
         Error { kind, message: message.into(), source: Some(Box::new(source)) }
-    }
-
-    /// Whether this is the timeout of a request no worker took within
-    /// `DYN_RESPONSE_TIMEOUT` (NATS plane): the instance did not answer at all, unlike a
-    /// stream bound (first-item or item timeout), which a slow handler of a live worker hits.
-    pub fn is_not_taken(&self) -> bool {
-        self.kind == ErrorKind::Timeout && self.message.contains(NOT_TAKEN)
     }
 
     /// What went wrong.
@@ -183,6 +179,8 @@ mod tests {
             ErrorKind::NoInstances,
             ErrorKind::PayloadTooLarge,
             ErrorKind::Disconnected,
+            ErrorKind::Timeout,
+            ErrorKind::NotTaken,
             ErrorKind::Shutdown,
         ] {
             assert_eq!(ErrorKind::parse(kind.as_str()), kind);

@@ -6,10 +6,9 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
-use crate::component::{EndpointId, Instance, InstanceTransport};
-use crate::discovery::WatchEvent;
+use crate::discovery::{Discovery, WatchEvent};
 use crate::error::Result;
-use crate::runtime::DistributedRuntime;
+use crate::instance::{EndpointId, Instance, InstanceTransport};
 use crate::transport::Transport;
 
 /// The live instances of one endpoint.
@@ -20,9 +19,9 @@ pub struct InstanceWatcher {
 }
 
 impl InstanceWatcher {
-    pub(crate) async fn start(runtime: &DistributedRuntime, id: &EndpointId) -> Result<Arc<InstanceWatcher>> {
+    pub(crate) async fn start(discovery: &Arc<dyn Discovery>, transport: &Arc<Transport>, id: &EndpointId) -> Result<Arc<InstanceWatcher>> {
         let prefix = id.instances_prefix();
-        let mut watch = runtime.discovery().watch_prefix(&prefix).await?;
+        let mut watch = discovery.watch_prefix(&prefix).await?;
         let mut by_key: BTreeMap<String, Instance> = BTreeMap::new();
         for kv in std::mem::take(&mut watch.initial) {
             if let Some(instance) = decode(&kv.key, &kv.value) {
@@ -30,11 +29,11 @@ impl InstanceWatcher {
             }
         }
         let (tx, rx) = watch::channel(snapshot(&by_key));
-        let cancel = runtime.cancel_token();
-        let transport = runtime.transport().clone();
+        let cancel = transport.cancel.clone();
         let watcher_transport = transport.clone();
+        let transport = transport.clone();
         let endpoint = id.to_string();
-        runtime.tracker().spawn(async move {
+        watcher_transport.tracker.spawn(async move {
             loop {
                 let event = tokio::select! {
                     e = watch.events.recv() => e,

@@ -11,21 +11,21 @@ use axum::routing::get;
 use axum::{Json, Router};
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::runtime::DistributedRuntime;
+use crate::planes::Planes;
 
 /// Bind and serve until the runtime is cancelled; returns the bound address.
-pub(crate) async fn start(runtime: DistributedRuntime, host: &str, port: u16) -> Result<SocketAddr> {
+pub(crate) async fn start(planes: Planes, host: &str, port: u16) -> Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind((host, port)).await.map_err(|e| {
         Error::with_source(ErrorKind::Config, format!("cannot start the system server on {host}:{port} (DYN_SYSTEM_HOST/DYN_SYSTEM_PORT)"), e)
     })?;
     let addr = listener.local_addr()?;
-    let cancel = runtime.cancel_token();
-    let tracker = runtime.tracker();
+    let cancel = planes.cancel_token();
+    let tracker = planes.tracker();
     let app = Router::new()
         .route("/live", get(live))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
-        .with_state(runtime);
+        .with_state(planes);
     tracker.spawn(async move {
         let served = axum::serve(listener, app).with_graceful_shutdown(async move { cancel.cancelled().await }).await;
         if let Err(e) = served {
@@ -39,7 +39,7 @@ async fn live() -> impl IntoResponse {
     Json(serde_json::json!({"status": "live"}))
 }
 
-async fn health(State(rt): State<DistributedRuntime>) -> impl IntoResponse {
+async fn health(State(rt): State<Planes>) -> impl IntoResponse {
     let endpoints = rt.served_endpoints();
     if rt.is_shutting_down() {
         let body = serde_json::json!({"status": "shutting_down", "endpoints": endpoints});
@@ -54,6 +54,6 @@ async fn health(State(rt): State<DistributedRuntime>) -> impl IntoResponse {
     }
 }
 
-async fn metrics(State(rt): State<DistributedRuntime>) -> impl IntoResponse {
+async fn metrics(State(rt): State<Planes>) -> impl IntoResponse {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], rt.metrics().render())
 }

@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use crate::context::RequestContext;
 use crate::error::{Error, ErrorKind, Result};
-use crate::handler::{IncomingRequest, RequestHandler, Responder};
+use crate::transport::responder::{IncomingRequest, RequestHandler, Responder};
 use crate::transport::response_stream::ResponseItem;
 
 /// A handler from an async stream function: `f(request, context)` yields items or an

@@ -27,7 +27,7 @@ pub struct DisaggMetrics {
 
 impl DisaggMetrics {
     /// Create the counters and register them with the runtime's registry.
-    pub fn register(runtime: &dynamo_runtime::DistributedRuntime) -> dynamo_runtime::Result<Self> {
+    pub fn register(runtime: &dynamo_runtime::Planes) -> dynamo_runtime::Result<Self> {
         let prefills = IntCounterVec::new(
             Opts::new("dynamo_disagg_prefills_total", "Prefills of a decode worker's requests, by where they ran"),
             &["source"],

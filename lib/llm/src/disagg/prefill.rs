@@ -117,7 +117,7 @@ pub async fn serve_prefill_worker(
     config: &DisaggConfig,
     metrics: DisaggMetrics,
 ) -> dynamo_runtime::Result<PrefillWorker> {
-    let runtime = endpoint.runtime().clone();
+    let runtime = endpoint.planes().clone();
     let runner = JobRunner {
         engine,
         slots: Arc::new(Semaphore::new(config.max_concurrent_prefills.max(1))),

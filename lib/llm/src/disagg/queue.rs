@@ -18,7 +18,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 use dynamo_runtime::config::EventPlane;
 use dynamo_runtime::typed::decode_item;
-use dynamo_runtime::{Client, DistributedRuntime, EndpointId};
+use dynamo_runtime::{Client, EndpointId, Planes};
 
 use super::handoff::{KvTransferDescriptor, PrefillEvent, PrefillJob};
 use super::jetstream::JetStreamQueue;
@@ -58,7 +58,7 @@ impl PrefillQueue {
     /// The queue of the prefill workers serving `prefill_endpoint`: JetStream when the
     /// runtime's event plane is NATS (the server must have JetStream enabled), else
     /// the request plane.
-    pub async fn connect(runtime: &DistributedRuntime, prefill_endpoint: &EndpointId) -> dynamo_runtime::Result<Self> {
+    pub async fn connect(runtime: &Planes, prefill_endpoint: &EndpointId) -> dynamo_runtime::Result<Self> {
         let endpoint = runtime
             .namespace(prefill_endpoint.namespace.clone())?
             .component(prefill_endpoint.component.clone())?

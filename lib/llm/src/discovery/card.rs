@@ -26,7 +26,7 @@ pub fn card_endpoint_name(endpoint: &str) -> String {
 /// Serve `card` on the card endpoint next to `endpoint`.
 pub(crate) async fn serve_card(endpoint: &Endpoint, card: serde_json::Value) -> Result<(), ModelDiscoveryError> {
     let size = serde_json::to_vec(&card)?.len();
-    let limit = endpoint.runtime().config().max_message_size;
+    let limit = endpoint.planes().config().max_message_size;
     // Leave room for the frame's header.
     if size + 1024 > limit {
         return Err(ModelDiscoveryError::Card(format!(

@@ -81,18 +81,18 @@ pub async fn register_model(
         }
         None => {}
     }
-    let runtime = endpoint.runtime();
+    let planes = endpoint.planes();
     let entry = ModelEntry {
         name: registration.name,
         kind: registration.kind,
         endpoint: endpoint.id().clone(),
-        instance_id: runtime.instance_id(),
+        instance_id: planes.instance_id(),
         card_checksum: registration.card_checksum,
         context_length: registration.context_length,
         kv_cache_block_size: registration.kv_cache_block_size,
         migration_limit: registration.migration_limit,
     };
-    runtime.discovery().put_leased(&entry.key(), serde_json::to_vec_pretty(&entry)?.into()).await?;
+    planes.discovery().put_leased(&entry.key(), serde_json::to_vec_pretty(&entry)?.into()).await?;
     tracing::info!(model = entry.name, kind = entry.kind.as_str(), endpoint = %entry.endpoint, "model registered");
     Ok(entry)
 }
@@ -100,8 +100,8 @@ pub async fn register_model(
 /// Remove this process's model entry for `endpoint` (frontends stop listing it once no
 /// other instance serves it). The card endpoint keeps serving until shutdown.
 pub async fn unregister_model(endpoint: &Endpoint) -> Result<(), ModelDiscoveryError> {
-    let key = model_key(endpoint.id(), endpoint.runtime().instance_id());
-    endpoint.runtime().discovery().delete(&key).await?;
+    let key = model_key(endpoint.id(), endpoint.planes().instance_id());
+    endpoint.planes().discovery().delete(&key).await?;
     Ok(())
 }
 

@@ -273,7 +273,7 @@ impl Sender {
         if self.pinned {
             return;
         }
-        if error.is_not_taken() {
+        if error.kind() == ErrorKind::NotTaken {
             // It did not take the request at all: out of routing until it answers a ping.
             self.client.mark_unresponsive(instance);
         } else if error.kind() != ErrorKind::Timeout {
@@ -289,7 +289,7 @@ impl Sender {
 /// A send failed because of the instance or the path to it: another instance may take
 /// the request.
 fn is_unreachable(kind: ErrorKind) -> bool {
-    is_gone(kind) || matches!(kind, ErrorKind::Disconnected | ErrorKind::Timeout)
+    is_gone(kind) || matches!(kind, ErrorKind::Disconnected | ErrorKind::Timeout | ErrorKind::NotTaken)
 }
 
 /// The instance is not (or no longer) there to take requests.

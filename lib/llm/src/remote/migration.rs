@@ -86,7 +86,7 @@ impl StreamFailure {
     /// and may still be working on it, so before any output it is not resent (the
     /// caller gets the timeout, as a 504); after some output it is a lost stream.
     fn is_stream_bound(&self) -> bool {
-        matches!(self, StreamFailure::Runtime(e) if e.kind() == ErrorKind::Timeout && !e.is_not_taken())
+        matches!(self, StreamFailure::Runtime(e) if e.kind() == ErrorKind::Timeout)
     }
 
     pub(crate) fn into_engine_error(self) -> EngineError {
@@ -99,7 +99,7 @@ impl StreamFailure {
 
 /// Failures of the worker or the path to it.
 fn resendable(kind: ErrorKind) -> bool {
-    matches!(kind, ErrorKind::Disconnected | ErrorKind::Unavailable | ErrorKind::Timeout)
+    matches!(kind, ErrorKind::Disconnected | ErrorKind::Unavailable | ErrorKind::Timeout | ErrorKind::NotTaken)
 }
 
 /// A request [`send_resending`] can resend: what its stream's outputs are, and how a
@@ -430,7 +430,7 @@ mod tests {
     /// The runtime's error for a request no worker took within the response timeout.
     fn not_taken() -> Result<LLMEngineOutput, StreamFailure> {
         let message = "no worker took the request within 2s (DYN_RESPONSE_TIMEOUT)";
-        Err(StreamFailure::Runtime(dynamo_runtime::Error::new(ErrorKind::Timeout, message)))
+        Err(StreamFailure::Runtime(dynamo_runtime::Error::new(ErrorKind::NotTaken, message)))
     }
 
     /// Answers each send with the next scripted outcome (instance 100 + n for the n-th
@@ -551,7 +551,7 @@ mod tests {
         let (items, migrations) = run(&script, 0, 2).await;
         assert_eq!(ids(&items.unwrap()), vec![7], "resent although the migration limit is 0");
         assert_eq!(migrations, 0);
-        assert_eq!(*script.set_aside.lock(), vec![(100, ErrorKind::Unavailable), (101, ErrorKind::Timeout)]);
+        assert_eq!(*script.set_aside.lock(), vec![(100, ErrorKind::Unavailable), (101, ErrorKind::NotTaken)]);
         let sent = script.sent.lock();
         assert_eq!(sent[2].1, vec![100, 101], "both failed instances are avoided");
         assert_eq!(sent[2].0.token_ids, vec![1, 2, 3]);

@@ -46,7 +46,7 @@ const SHUTDOWN_WAIT: Duration = Duration::from_secs(3);
 
 /// What the keeper needs from a store that holds leases.
 #[async_trait]
-pub(crate) trait LeaseStore: Send + Sync + 'static {
+pub trait LeaseStore: Send + Sync + 'static {
     /// The backend's name for log lines: "etcd", "file discovery".
     fn name(&self) -> &'static str;
 

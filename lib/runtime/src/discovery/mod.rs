@@ -11,6 +11,7 @@ mod file;
 mod health;
 mod known;
 mod lease;
+mod leased;
 mod mem;
 
 use std::sync::Arc;

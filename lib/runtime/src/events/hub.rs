@@ -15,12 +15,13 @@ use tokio::sync::{mpsc, oneshot, Notify};
 use super::{subject_matches, Event};
 use futures::future::BoxFuture;
 
-use crate::transport::connection::{Connection, TrySendError};
+use crate::transport::connection::TrySendError;
 use crate::transport::dispatch::FrameHandler;
 use crate::transport::frame::{Frame, FrameKind};
+use crate::transport::link::Link;
 
 struct RemoteSubscriber {
-    conn: Weak<Connection>,
+    conn: Weak<Link>,
     conn_id: u64,
     sub_id: u64,
     pattern: String,
@@ -47,7 +48,7 @@ impl EventHub {
         [FrameKind::Subscribe, FrameKind::Event, FrameKind::SubscribeSync, FrameKind::Subscribed];
 
     /// A peer subscribed on `conn` (Subscribe frame).
-    pub(crate) fn add_remote_subscriber(&self, conn: &Arc<Connection>, sub_id: u64, header: &[u8]) {
+    pub(crate) fn add_remote_subscriber(&self, conn: &Arc<Link>, sub_id: u64, header: &[u8]) {
         let pattern = match serde_json::from_slice::<serde_json::Value>(header) {
             Ok(v) => v.get("subject").and_then(|s| s.as_str()).unwrap_or_default().to_string(),
             Err(e) => {
@@ -63,7 +64,7 @@ impl EventHub {
 
     /// A peer sent SubscribeSync on `conn`: every Subscribe it sent before is recorded.
     /// Remember the peer as synced and answer Subscribed.
-    pub(crate) async fn subscribe_sync(&self, conn: &Arc<Connection>, token: u64) {
+    pub(crate) async fn subscribe_sync(&self, conn: &Arc<Link>, token: u64) {
         if let Some(instance) = conn.peer_instance() {
             self.synced.lock().insert(instance);
             self.synced_changed.notify_waiters();
@@ -119,7 +120,7 @@ impl EventHub {
 
     /// Send an event to every remote subscriber whose pattern matches.
     pub(crate) fn publish(&self, subject: &str, payload: &Bytes) {
-        let targets: Vec<(Arc<Connection>, u64)> = self
+        let targets: Vec<(Arc<Link>, u64)> = self
             .remote
             .lock()
             .iter()
@@ -172,7 +173,7 @@ impl EventHub {
 }
 
 impl FrameHandler for EventHub {
-    fn on_frame<'a>(&'a self, conn: &'a Arc<Connection>, frame: Frame) -> BoxFuture<'a, ()> {
+    fn on_frame<'a>(&'a self, conn: &'a Arc<Link>, frame: Frame) -> BoxFuture<'a, ()> {
         Box::pin(async move {
             match frame.kind {
                 FrameKind::Subscribe => self.add_remote_subscriber(conn, frame.stream, &frame.header),

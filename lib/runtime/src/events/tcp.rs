@@ -20,8 +20,8 @@ use tokio::sync::OnceCell;
 use super::{EventHub, Subscription};
 use crate::discovery::{Discovery, WatchEvent};
 use crate::error::Result;
-use crate::transport::connection::Connection;
 use crate::transport::frame::{Frame, FrameKind};
+use crate::transport::link::Link;
 use crate::transport::Transport;
 
 const PUBLISHERS_PREFIX: &str = "v1/event_publishers/";
@@ -39,7 +39,7 @@ pub struct TcpEventPlane {
     registered: OnceCell<()>,
     subscriber_registered: OnceCell<()>,
     watching: OnceCell<()>,
-    publishers: Arc<Mutex<HashMap<String, Arc<Connection>>>>,
+    publishers: Arc<Mutex<HashMap<String, Arc<Link>>>>,
 }
 
 impl TcpEventPlane {
@@ -97,7 +97,7 @@ impl TcpEventPlane {
         // finds this subscriber in discovery and waits for it.
         self.subscriber_registered.get_or_try_init(|| self.register(SUBSCRIBERS_PREFIX)).await?;
         self.watching.get_or_try_init(|| self.watch_publishers()).await?;
-        let conns: Vec<Arc<Connection>> = self.publishers.lock().values().cloned().collect();
+        let conns: Vec<Arc<Link>> = self.publishers.lock().values().cloned().collect();
         futures::future::join_all(conns.iter().map(|conn| async {
             if conn.send(subscribe_frame(id, subject)).await.is_ok() {
                 sync(&self.hub, conn).await;
@@ -143,7 +143,7 @@ impl TcpEventPlane {
 async fn connect_publisher(
     transport: &Arc<Transport>,
     hub: &EventHub,
-    publishers: &Mutex<HashMap<String, Arc<Connection>>>,
+    publishers: &Mutex<HashMap<String, Arc<Link>>>,
     key: &str,
     value: &[u8],
 ) {
@@ -170,7 +170,7 @@ async fn connect_publisher(
 
 /// Send SubscribeSync on `conn` and wait (bounded) for the publisher's answer: it then
 /// holds every subscription sent before on this connection.
-async fn sync(hub: &EventHub, conn: &Connection) {
+async fn sync(hub: &EventHub, conn: &Link) {
     let (frame, answered) = hub.sync_request();
     let token = frame.stream;
     let sent = conn.send(frame).await.is_ok();

@@ -8,13 +8,13 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use parking_lot::RwLock;
 
-use super::connection::Connection;
 use super::frame::{Frame, FrameKind};
+use super::link::Link;
 
 /// Handles the frames of the kinds it was registered for.
 pub(crate) trait FrameHandler: Send + Sync {
     /// One frame of a registered kind, read from `conn`.
-    fn on_frame<'a>(&'a self, conn: &'a Arc<Connection>, frame: Frame) -> BoxFuture<'a, ()>;
+    fn on_frame<'a>(&'a self, conn: &'a Arc<Link>, frame: Frame) -> BoxFuture<'a, ()>;
     /// The connection `conn_id` closed.
     fn connection_closed(&self, conn_id: u64);
 }

@@ -1,17 +1,13 @@
-//! Application-level liveness of one connection. The kernel keeps ACKing TCP for a
-//! SIGSTOPped or wedged peer and a partition can hide a peer's death for minutes, so
-//! each side pings a quiet connection and declares the peer dead when nothing (no frame
-//! of any kind) arrives from it for the peer timeout.
+//! The liveness clock of one connection: when the peer was last heard from and written
+//! to, whether the owner's reader is busy, and the wake-up of a Pong. The kernel keeps
+//! ACKing TCP for a SIGSTOPped or wedged peer and a partition can hide a peer's death for
+//! minutes, so `keepalive.rs` pings a quiet connection and declares the peer dead when
+//! nothing (no frame of any kind) arrives from it for the peer timeout.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
-
-use super::connection::Connection;
-use super::frame::{Frame, FrameKind};
-use super::Transport;
 
 /// When this side last heard from and wrote to its peer, and whether its reader is busy
 /// handing a frame to a slow consumer (the peer cannot be judged then: its frames wait
@@ -57,7 +53,7 @@ impl Liveness {
         self.reader_busy.store(busy, Ordering::Release);
     }
 
-    /// A Pong arrived: wake whoever waits in [`Connection::ping`].
+    /// A Pong arrived: wake whoever waits in `Connection::ping`.
     pub(super) fn pong_received(&self) {
         self.pong.notify_waiters();
     }
@@ -76,38 +72,19 @@ impl Liveness {
     fn quiet_for(&self, since_ms: &AtomicU64) -> Duration {
         Duration::from_millis(self.now_ms().saturating_sub(since_ms.load(Ordering::Acquire)))
     }
-}
 
-/// Ping `conn` whenever either direction has been quiet for the ping interval, and
-/// close it once the peer has been silent for the peer timeout. Detection takes at most
-/// timeout + one interval.
-pub(super) fn spawn_keepalive(transport: &Arc<Transport>, conn: &Arc<Connection>) {
-    let interval = transport.config.ping_interval;
-    let timeout = transport.config.peer_timeout;
-    let transport = transport.clone();
-    let conn = conn.clone();
-    transport.tracker.clone().spawn(async move {
-        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {}
-                _ = conn.closed_token().cancelled() => return,
-            }
-            let live = &conn.liveness;
-            let silent = live.quiet_for(&live.last_heard_ms);
-            if silent >= timeout && !live.reader_busy.load(Ordering::Acquire) {
-                let reason = format!("no answer from {} for {} s", conn.peer(), timeout.as_secs_f64());
-                if conn.is_outbound() {
-                    transport.mark_address_down(conn.peer(), &reason);
-                }
-                conn.close_with(&transport, &reason);
-                return;
-            }
-            if silent >= interval || live.quiet_for(&live.last_written_ms) >= interval {
-                // A full write queue means frames are going out anyway.
-                let _ = conn.try_send(Frame::control(FrameKind::Ping, 0));
-            }
-        }
-    });
+    /// How long nothing has arrived from the peer.
+    pub(super) fn silent_for(&self) -> Duration {
+        self.quiet_for(&self.last_heard_ms)
+    }
+
+    /// How long nothing has been written to the peer.
+    pub(super) fn idle_for(&self) -> Duration {
+        self.quiet_for(&self.last_written_ms)
+    }
+
+    /// Whether the owner's reader is routing a frame now.
+    pub(super) fn is_reader_busy(&self) -> bool {
+        self.reader_busy.load(Ordering::Acquire)
+    }
 }

@@ -2,16 +2,25 @@
 //! server and worker role (`server.rs`), the streams it awaits as a caller
 //! (`pending.rs`) and its outbound connection pool (`pool.rs`). NATS carries requests in
 //! `nats.rs`; responses always come back over TCP.
+//!
+//! A connection is a framed socket (`connection.rs`) that knows nothing of what its
+//! frames mean; the transport owns each one as a `Link` (`link.rs`: the socket and the
+//! streams bound to it), reads its frames on one task and routes them (`reader.rs`,
+//! `Transport::route`), and keeps it alive (`keepalive.rs`).
 
 pub mod connection;
 pub(crate) mod dispatch;
 pub mod frame;
+mod keepalive;
+pub(crate) mod link;
 mod liveness;
 pub(crate) mod nats;
 pub(crate) mod nats_connection;
 mod peer_health;
 mod pending;
 mod pool;
+mod reader;
+pub mod responder;
 pub mod response_stream;
 mod server;
 
@@ -30,9 +39,9 @@ use tokio_util::task::TaskTracker;
 
 use crate::error::{Error, ErrorKind, Result};
 use response_stream::ResponseStream;
-use connection::Connection;
 use dispatch::{FrameHandler, FrameHandlers};
 use frame::{Frame, FrameKind};
+use link::Link;
 use peer_health::PeerHealth;
 use pending::PendingStreams;
 use pool::ConnectionPool;
@@ -156,7 +165,7 @@ impl Transport {
     }
 
     /// Route one frame read from `conn`.
-    pub(crate) async fn route(self: &Arc<Self>, conn: &Arc<Connection>, frame: Frame) {
+    pub(crate) async fn route(self: &Arc<Self>, conn: &Arc<Link>, frame: Frame) {
         match frame.kind {
             FrameKind::Request => match serde_json::from_slice::<RequestHeader>(&frame.header) {
                 Ok(header) => self.on_request(conn, frame.stream, header, frame.body),

@@ -10,8 +10,8 @@ use parking_lot::Mutex;
 use serde::Deserialize;
 use tokio::sync::mpsc;
 
-use super::connection::Connection;
 use super::frame::{Frame, FrameKind};
+use super::link::Link;
 use super::Transport;
 use crate::error::{Error, ErrorKind, Result};
 use super::response_stream::{ResponseItem, ResponseStream, StreamEvent};
@@ -21,7 +21,7 @@ const STREAM_BUFFER: usize = 1024;
 
 struct Pending {
     tx: mpsc::Sender<StreamEvent>,
-    conn: Option<Arc<Connection>>,
+    conn: Option<Arc<Link>>,
     /// For a stream not yet bound to a connection: when to give up on the worker.
     deadline: Option<Instant>,
 }
@@ -40,7 +40,7 @@ impl Default for PendingStreams {
 
 impl Transport {
     /// Register a stream to await; `conn` is where it arrives, if already known.
-    pub(crate) fn open_stream(self: &Arc<Self>, conn: Option<&Arc<Connection>>) -> Result<ResponseStream> {
+    pub(crate) fn open_stream(self: &Arc<Self>, conn: Option<&Arc<Link>>) -> Result<ResponseStream> {
         let id = self.pending.next_stream.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         if let Some(c) = conn {
@@ -52,7 +52,7 @@ impl Transport {
     }
 
     /// Deliver a response frame to the stream awaiting it.
-    pub(super) async fn route_response(self: &Arc<Self>, conn: &Arc<Connection>, frame: Frame) {
+    pub(super) async fn route_response(self: &Arc<Self>, conn: &Arc<Link>, frame: Frame) {
         let id = frame.stream;
         let event = match frame.kind {
             FrameKind::Item => StreamEvent::Item(ResponseItem { header: frame.header, body: frame.body }),
@@ -78,18 +78,18 @@ impl Transport {
         if !delivered && !terminal {
             // Nobody reads this stream any more: tell the worker to drop it.
             self.abandon(id);
-            conn.send_reliably(self, Frame::control(FrameKind::Kill, id));
+            conn.send_reliably(Frame::control(FrameKind::Kill, id));
         }
     }
 
     /// The worker took stream `id` and will answer on `conn` (NATS plane).
-    pub(super) fn on_start(&self, conn: &Arc<Connection>, id: u64) {
+    pub(super) fn on_start(&self, conn: &Arc<Link>, id: u64) {
         let mut pending = self.pending.streams.lock();
         match pending.get_mut(&id) {
             Some(p) if conn.bind(id).is_ok() => p.conn = Some(conn.clone()),
             _ => {
                 drop(pending);
-                conn.send_reliably(self, Frame::control(FrameKind::Kill, id));
+                conn.send_reliably(Frame::control(FrameKind::Kill, id));
             }
         }
     }
@@ -119,8 +119,8 @@ impl Transport {
             self.fail_pending(
                 id,
                 Error::new(
-                    ErrorKind::Timeout,
-                    format!("no worker took the request within {:?} ({})", self.config.response_timeout, crate::error::NOT_TAKEN),
+                    ErrorKind::NotTaken,
+                    format!("no worker took the request within {:?} (DYN_RESPONSE_TIMEOUT)", self.config.response_timeout),
                 ),
             );
         }
@@ -152,7 +152,7 @@ impl Transport {
     pub(crate) fn control(&self, id: u64, kind: FrameKind) {
         let conn = self.pending.streams.lock().get(&id).and_then(|p| p.conn.clone());
         if let Some(conn) = conn {
-            conn.send_reliably(self, Frame::control(kind, id));
+            conn.send_reliably(Frame::control(kind, id));
         }
     }
 
@@ -161,7 +161,7 @@ impl Transport {
         let removed = self.pending.streams.lock().remove(&id);
         if let Some(Pending { conn: Some(conn), .. }) = removed {
             conn.unbind(id);
-            conn.send_reliably(self, Frame::control(FrameKind::Kill, id));
+            conn.send_reliably(Frame::control(FrameKind::Kill, id));
         }
     }
 }
@@ -175,5 +175,39 @@ fn decode_error(header: &[u8]) -> Error {
     match serde_json::from_slice::<ErrorHeader>(header) {
         Ok(h) => Error::new(ErrorKind::parse(&h.kind), h.message),
         Err(_) => Error::new(ErrorKind::Protocol, format!("malformed error frame: {}", String::from_utf8_lossy(header))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use futures::StreamExt;
+    use tokio_util::sync::CancellationToken;
+    use tokio_util::task::TaskTracker;
+
+    use super::*;
+    use crate::transport::TransportConfig;
+
+    #[tokio::test]
+    async fn a_stream_no_worker_took_in_time_fails_as_not_taken() {
+        let config = TransportConfig {
+            max_message_size: 1 << 20,
+            connect_timeout: Duration::from_secs(1),
+            response_timeout: Duration::from_millis(50),
+            ping_interval: Duration::from_secs(2),
+            peer_timeout: Duration::from_secs(6),
+        };
+        let cancel = CancellationToken::new();
+        let transport = Transport::bind(config, 1, "127.0.0.1", 0, cancel.clone(), TaskTracker::new()).await.unwrap();
+        let mut stream = transport.open_stream(None).unwrap();
+        transport.fail_expired();
+        assert!(transport.is_unbound(stream.id()), "failed before its response timeout");
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        transport.fail_expired();
+        let err = stream.next().await.unwrap().unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::NotTaken, "{err}");
+        assert!(err.message().contains("DYN_RESPONSE_TIMEOUT"), "{err}");
+        cancel.cancel();
     }
 }

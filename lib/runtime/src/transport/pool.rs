@@ -7,19 +7,19 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use tokio::sync::OnceCell;
 
-use super::connection::Connection;
+use super::link::Link;
 use super::Transport;
 use crate::error::{Error, ErrorKind, Result};
 
-/// Connections by peer address; a cell is initialized by the first caller that needs it.
+/// Links by peer address; a cell is initialized by the first caller that needs it.
 #[derive(Default)]
 pub(super) struct ConnectionPool {
-    by_address: Mutex<HashMap<String, Arc<OnceCell<Arc<Connection>>>>>,
+    by_address: Mutex<HashMap<String, Arc<OnceCell<Arc<Link>>>>>,
 }
 
 impl Transport {
     /// A pooled connection to `address`, opened (bounded by the connect timeout) if needed.
-    pub(crate) async fn connection(self: &Arc<Self>, address: &str) -> Result<Arc<Connection>> {
+    pub(crate) async fn connection(self: &Arc<Self>, address: &str) -> Result<Arc<Link>> {
         for _ in 0..2 {
             let cell = self.pool.by_address.lock().entry(address.to_string()).or_default().clone();
             let conn = cell
@@ -34,7 +34,7 @@ impl Transport {
                             Error::new(ErrorKind::Unavailable, format!("connecting to {address} timed out after {:?}", self.config.connect_timeout))
                         })?
                         .map_err(|e| Error::with_source(ErrorKind::Unavailable, format!("cannot connect to {address}"), e))?;
-                    Ok::<_, Error>(Connection::spawn(self, socket, address.to_string(), true))
+                    Ok::<_, Error>(self.attach(socket, address.to_string(), true))
                 })
                 .await;
             match conn {
@@ -55,14 +55,14 @@ impl Transport {
         Err(Error::new(ErrorKind::Unavailable, format!("connection to {address} keeps closing")))
     }
 
-    fn forget_address(&self, address: &str, cell: &Arc<OnceCell<Arc<Connection>>>) {
+    fn forget_address(&self, address: &str, cell: &Arc<OnceCell<Arc<Link>>>) {
         let mut pool = self.pool.by_address.lock();
         if pool.get(address).map(|c| Arc::ptr_eq(c, cell)).unwrap_or(false) {
             pool.remove(address);
         }
     }
 
-    pub(crate) fn forget_connection(&self, conn: &Connection) {
+    pub(crate) fn forget_connection(&self, conn: &Link) {
         let mut pool = self.pool.by_address.lock();
         let same = pool.get(conn.peer()).and_then(|c| c.get()).map(|c| c.id() == conn.id()).unwrap_or(false);
         if same {

@@ -9,12 +9,12 @@ use bytes::Bytes;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use super::connection::Connection;
 use super::frame::{Frame, FrameKind};
+use super::link::Link;
+use super::responder::{IncomingRequest, RequestHandler, Responder};
 use super::{RequestHeader, Transport};
 use crate::context::RequestContext;
 use crate::error::{Error, ErrorKind, Result};
-use crate::handler::{IncomingRequest, RequestHandler, Responder};
 use crate::metrics::EndpointMetrics;
 
 /// An endpoint this process serves.
@@ -37,7 +37,7 @@ pub(super) fn spawn_accept_loop(transport: &Arc<Transport>, listener: TcpListene
             let Some(transport) = weak.upgrade() else { return };
             match accepted {
                 Ok((socket, peer)) => {
-                    Connection::spawn(&transport, socket, peer.to_string(), false);
+                    transport.attach(socket, peer.to_string(), false);
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "accept failed");
@@ -64,7 +64,7 @@ impl Transport {
 
     /// Serve a Request frame that arrived on `conn` (TCP plane) or whose responses go to
     /// `conn` (NATS plane).
-    pub(crate) fn on_request(self: &Arc<Self>, conn: &Arc<Connection>, stream: u64, header: RequestHeader, body: Bytes) {
+    pub(crate) fn on_request(self: &Arc<Self>, conn: &Arc<Link>, stream: u64, header: RequestHeader, body: Bytes) {
         let endpoint = self.endpoints.read().get(&header.endpoint).cloned();
         let Some(endpoint) = endpoint else {
             return self.reject(
@@ -81,13 +81,13 @@ impl Transport {
         if conn.add_running(stream, context.clone()).is_err() {
             return;
         }
-        let responder = Responder::new(self.clone(), conn.clone(), stream, context.clone(), endpoint.metrics.clone());
+        let responder = Responder::new(conn.clone(), stream, context.clone(), endpoint.metrics.clone());
         endpoint.handler.handle(IncomingRequest { body, context }, responder);
     }
 
     /// Answer `stream` with an Error frame of `kind` (a refusal, or a malformed request).
-    pub(super) fn reject(&self, conn: &Arc<Connection>, stream: u64, kind: ErrorKind, message: &str) {
+    pub(super) fn reject(&self, conn: &Arc<Link>, stream: u64, kind: ErrorKind, message: &str) {
         let h = serde_json::json!({"kind": kind.as_str(), "message": message});
-        conn.send_reliably(self, Frame::with_header(FrameKind::Error, stream, serde_json::to_vec(&h).unwrap_or_default().into(), Bytes::new()));
+        conn.send_reliably(Frame::with_header(FrameKind::Error, stream, serde_json::to_vec(&h).unwrap_or_default().into(), Bytes::new()));
     }
 }

@@ -28,8 +28,8 @@ struct KeepAlive {
     answers: LeaseKeepAliveStream,
 }
 
-/// An etcd client with this process's lease settings.
-pub(super) struct EtcdStore {
+/// An etcd client with this process's lease settings: the store of [`super::EtcdDiscovery`].
+pub struct EtcdStore {
     pub(super) client: Client,
     /// The endpoints, joined, for log and error messages.
     pub(super) endpoints: String,

@@ -11,13 +11,14 @@ use super::store::{blocking, Store};
 use crate::discovery::lease::LeaseStore;
 use crate::error::{Error, ErrorKind, Result};
 
-/// Lease operations on the shared directory.
-pub(super) struct FileLeases {
+/// The shared directory as the lease keeper and leased discovery use it: the store of
+/// [`super::FileDiscovery`].
+pub struct FileStore {
     pub(super) store: Arc<Store>,
 }
 
 #[async_trait]
-impl LeaseStore for FileLeases {
+impl LeaseStore for FileStore {
     fn name(&self) -> &'static str {
         "file discovery"
     }

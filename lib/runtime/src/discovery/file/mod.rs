@@ -18,52 +18,36 @@
 //!
 //! Split by concern: [`keys`] (file names of keys), [`store`] (the directory and its
 //! locking), [`watch`] (polling prefix watches), [`lease`] (the lease file, driven by
-//! the shared lease keeper).
+//! the shared lease keeper); the `Discovery` over them is the shared one in `leased.rs`.
 
 mod keys;
 mod lease;
 mod store;
 mod watch;
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use tokio::sync::mpsc;
-use tokio_util::sync::{CancellationToken, DropGuard};
+use tokio_util::sync::CancellationToken;
 
-use self::lease::FileLeases;
+pub use self::lease::FileStore;
 use self::store::{blocking, Store};
 use self::watch::PollingWatch;
-use super::health::{HealthBoard, Source};
 use super::known::KnownKeys;
-use super::lease::{KeeperConfig, LeaseKeeper};
-use super::{Discovery, DiscoveryHealth, KeyValue, PrefixWatch};
+use super::leased::{KvStore, Leased, WatchFeed};
+use super::KeyValue;
 use crate::config::{DiscoveryBackend, RuntimeConfig};
 use crate::error::{Error, ErrorKind, Result};
 
-/// Capacity of a watch's event channel; a full channel pauses polling.
-const WATCH_CHANNEL_CAPACITY: usize = 1024;
 /// Shortest usable TTL: heartbeats every TTL/3 must stay well above scheduling noise.
 const MIN_TTL: Duration = Duration::from_millis(300);
 
 /// Discovery through a directory shared by the processes of one machine.
-pub struct FileDiscovery {
-    store: Arc<Store>,
-    keeper: LeaseKeeper<FileLeases>,
-    health: Arc<HealthBoard>,
-    /// Child of the root token, cancelled when the handle is dropped: ends watches and
-    /// the heartbeat.
-    alive: CancellationToken,
-    /// Numbers the watches on the health board.
-    next_watch: AtomicU64,
-    /// Dropping the handle stops its tasks; the lease then expires after its TTL.
-    _stop_on_drop: DropGuard,
-}
+pub type FileDiscovery = Leased<FileStore>;
 
-impl FileDiscovery {
+impl Leased<FileStore> {
     /// Open (creating it if needed) `config.file_kv_dir`, take a lease and start the
     /// heartbeat.
     pub async fn start(config: &RuntimeConfig, cancel: CancellationToken) -> Result<Self> {
@@ -76,58 +60,14 @@ impl FileDiscovery {
         let store = Arc::new(store);
         let lease = blocking(&store, |s| s.new_lease()).await?;
         tracing::debug!(lease, dir = %store.root.display(), ?ttl, "file discovery lease taken");
-
-        let alive = cancel.child_token();
-        let health = Arc::new(HealthBoard::default());
-        let keeper = LeaseKeeper::start(
-            Arc::new(FileLeases { store: store.clone() }),
-            KeeperConfig {
-                lease,
-                ttl,
-                policy: config.lease_loss,
-                root: cancel,
-                stop: alive.child_token(),
-                health: health.clone(),
-            },
-        );
-        Ok(FileDiscovery {
-            store,
-            keeper,
-            health,
-            alive: alive.clone(),
-            next_watch: AtomicU64::new(0),
-            _stop_on_drop: alive.drop_guard(),
-        })
+        Ok(Leased::keep(Arc::new(FileStore { store }), lease, ttl, config.lease_loss, cancel))
     }
 }
 
 #[async_trait]
-impl Discovery for FileDiscovery {
+impl KvStore for FileStore {
     fn backend(&self) -> DiscoveryBackend {
         DiscoveryBackend::File
-    }
-
-    fn lease_id(&self) -> i64 {
-        self.keeper.lease_id()
-    }
-
-    fn health(&self) -> DiscoveryHealth {
-        self.health.health()
-    }
-
-    async fn put_leased(&self, key: &str, value: Bytes) -> Result<()> {
-        self.keeper.write_leased(key, value, false).await
-    }
-
-    async fn create_leased(&self, key: &str, value: Bytes) -> Result<()> {
-        self.keeper.write_leased(key, value, true).await
-    }
-
-    async fn put(&self, key: &str, value: Bytes) -> Result<()> {
-        let k = key.to_string();
-        // The key is no longer bound to the lease, so re-registration must not touch it.
-        let write = blocking(&self.store, move |st| st.write(&k, 0, &value, false, &[]));
-        self.keeper.unregister(key, write).await
     }
 
     async fn get(&self, key: &str) -> Result<Option<Bytes>> {
@@ -135,36 +75,35 @@ impl Discovery for FileDiscovery {
         blocking(&self.store, move |st| st.get(&k)).await
     }
 
-    async fn get_prefix(&self, prefix: &str) -> Result<Vec<KeyValue>> {
+    async fn scan(&self, prefix: &str) -> Result<Vec<KeyValue>> {
         let p = prefix.to_string();
         blocking(&self.store, move |st| st.scan(&p)).await
     }
 
-    async fn delete(&self, key: &str) -> Result<()> {
+    async fn put(&self, key: &str, value: Bytes) -> Result<()> {
         let k = key.to_string();
-        let remove = blocking(&self.store, move |st| st.remove(&k));
-        self.keeper.unregister(key, remove).await
+        blocking(&self.store, move |st| st.write(&k, 0, &value, false, &[])).await
     }
 
-    async fn watch_prefix(&self, prefix: &str) -> Result<PrefixWatch> {
-        let initial = self.get_prefix(prefix).await?;
-        let (tx, rx) = mpsc::channel(WATCH_CHANNEL_CAPACITY);
+    async fn remove(&self, key: &str) -> Result<()> {
+        let k = key.to_string();
+        blocking(&self.store, move |st| st.remove(&k)).await
+    }
+
+    async fn watch(self: Arc<Self>, prefix: &str, feed: WatchFeed) -> Result<Vec<KeyValue>> {
+        let initial = self.scan(prefix).await?;
         let watch = PollingWatch {
             store: self.store.clone(),
             prefix: prefix.to_string(),
             known: KnownKeys::new(&initial),
-            tx,
-            alive: self.alive.clone(),
-            health: self.health.clone(),
-            source: Source::Watch(self.next_watch.fetch_add(1, Ordering::Relaxed)),
+            tx: feed.tx,
+            alive: feed.alive,
+            health: feed.health,
+            source: feed.source,
         };
         // Owned by `alive` (and by the receiver): it ends when either goes.
         tokio::spawn(watch.run());
-        Ok(PrefixWatch { initial, events: rx })
-    }
-
-    async fn shutdown(&self) {
-        self.keeper.shutdown().await;
+        Ok(initial)
     }
 }
 
@@ -177,7 +116,7 @@ mod tests {
 
     use super::*;
     use crate::config::LeaseLossPolicy;
-    use crate::discovery::WatchEvent;
+    use crate::discovery::{Discovery, DiscoveryHealth, PrefixWatch, WatchEvent};
 
     fn config(dir: &Path, ttl: Duration, lease_loss: LeaseLossPolicy) -> RuntimeConfig {
         RuntimeConfig {

@@ -5,12 +5,12 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
+use super::connection::TrySendError;
+use super::frame::{Frame, FrameKind};
+use super::link::Link;
 use crate::context::RequestContext;
 use crate::error::{ErrorKind, Result};
 use crate::metrics::EndpointMetrics;
-use crate::transport::connection::{Connection, TrySendError};
-use crate::transport::frame::{Frame, FrameKind};
-use crate::transport::Transport;
 
 /// A request as it arrives at a worker.
 #[derive(Debug)]
@@ -52,8 +52,7 @@ pub enum SendError {
 /// Writes one response stream back to the caller. Dropping it without [`Responder::finish`]
 /// or [`Responder::error`] ends the stream with an error, so a caller never waits forever.
 pub struct Responder {
-    transport: Arc<Transport>,
-    conn: Arc<Connection>,
+    conn: Arc<Link>,
     stream: u64,
     context: RequestContext,
     metrics: Arc<EndpointMetrics>,
@@ -62,15 +61,9 @@ pub struct Responder {
 }
 
 impl Responder {
-    pub(crate) fn new(
-        transport: Arc<Transport>,
-        conn: Arc<Connection>,
-        stream: u64,
-        context: RequestContext,
-        metrics: Arc<EndpointMetrics>,
-    ) -> Self {
+    pub(crate) fn new(conn: Arc<Link>, stream: u64, context: RequestContext, metrics: Arc<EndpointMetrics>) -> Self {
         metrics.request_started();
-        Responder { transport, conn, stream, context, metrics, started: Instant::now(), done: false }
+        Responder { conn, stream, context, metrics, started: Instant::now(), done: false }
     }
 
     /// The request's context.
@@ -108,7 +101,7 @@ impl Responder {
     /// End the stream normally.
     pub fn finish(mut self) {
         self.done = true;
-        self.conn.send_reliably(&self.transport, Frame::control(FrameKind::End, self.stream));
+        self.conn.send_reliably(Frame::control(FrameKind::End, self.stream));
     }
 
     /// End the stream with an error the caller will see with `kind` and `message`.
@@ -121,7 +114,6 @@ impl Responder {
     fn send_error(&self, kind: ErrorKind, message: &str) {
         let header = serde_json::json!({"kind": kind.as_str(), "message": message});
         self.conn.send_reliably(
-            &self.transport,
             Frame::with_header(FrameKind::Error, self.stream, serde_json::to_vec(&header).unwrap_or_default().into(), Bytes::new()),
         );
     }
