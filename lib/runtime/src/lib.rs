@@ -24,6 +24,7 @@ pub mod handler;
 pub mod instances;
 pub mod logging;
 pub mod metrics;
+pub mod readiness;
 pub mod runtime;
 mod system_server;
 pub mod transport;
@@ -34,6 +35,7 @@ pub use component::{Component, Endpoint, EndpointId, Instance, InstanceTransport
 pub use config::RuntimeConfig;
 pub use context::{RequestContext, StreamState};
 pub use discovery::DiscoveryHealth;
+pub use readiness::NotReady;
 pub use error::{Error, ErrorKind, Result};
 pub use handler::{IncomingRequest, RequestHandler, Responder};
 pub use runtime::DistributedRuntime;

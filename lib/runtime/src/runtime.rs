@@ -19,6 +19,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::events::EventPlane;
 use crate::instances::InstanceWatcher;
 use crate::metrics::MetricsRegistry;
+use crate::readiness::{NotReady, Readiness};
 use crate::transport::{nats_connection, ServedEndpoint, Transport, TransportConfig};
 
 /// Bound on waiting for background tasks after the root token is cancelled.
@@ -46,6 +47,7 @@ struct Inner {
     drained: watch::Sender<bool>,
     closed: watch::Sender<bool>,
     system_address: Mutex<Option<SocketAddr>>,
+    readiness: Readiness,
 }
 
 /// The process's handle on discovery, the request/response planes and the event plane.
@@ -124,6 +126,7 @@ impl DistributedRuntime {
                 drained: watch::channel(false).0,
                 closed: watch::channel(false).0,
                 system_address: Mutex::new(None),
+                readiness: Readiness::default(),
                 config,
             }),
         };
@@ -224,6 +227,23 @@ impl DistributedRuntime {
     /// `ns/comp/ep` of every endpoint this process serves.
     pub fn served_endpoints(&self) -> Vec<String> {
         self.inner.registrations.lock().iter().map(|r| r.id.path()).collect()
+    }
+
+    /// Hold (`false`) or give (`true`) this process's readiness mark: while held, `/ready`
+    /// answers 503 even with endpoints registered; once given, 200 until draining. A
+    /// process with an engine to check holds it before it serves and gives it once its
+    /// endpoints are registered and the engine answered a first request; one that never
+    /// touches it is ready once an endpoint is registered in discovery.
+    pub fn set_ready(&self, ready: bool) {
+        self.inner.readiness.set_ready(ready);
+    }
+
+    /// Whether this process should be sent new requests now (what `/ready` reports):
+    /// not while it drains, not while the mark is held, and (mark untouched) not before
+    /// an endpoint is registered in discovery.
+    pub fn readiness(&self) -> std::result::Result<(), NotReady> {
+        let registered = !self.inner.registrations.lock().is_empty();
+        self.inner.readiness.check(self.is_shutting_down() || self.inner.cancel.is_cancelled(), registered)
     }
 
     pub(crate) fn register(&self, registration: Registration) -> Result<()> {
