@@ -103,6 +103,9 @@ async def serve_service(service: DynamoService) -> int:
         if _needs_web_app(service):
             web = _start_web(service, instance, config)
             tasks.append(loop.create_task(web.serve(), name="web"))
+        if not specs:
+            # No endpoint to register: ready (the system server's /ready) once it serves.
+            runtime.set_ready(True)
         logger.info("%s serving %s in namespace %s", service.name, sorted(specs) or "(no endpoints)", namespace)
         print(f"{service.name} ready", flush=True)
         stopper = loop.create_task(stop.wait())
