@@ -25,6 +25,9 @@ class ProcessPlan:
     argv: list[str]
     env: dict[str, str]
     gpus: list[int] | None
+    #: Started with its system server on a port the supervisor picks, so its ``/ready`` is
+    #: probed and a rolling restart (SIGHUP) replaces it: every ``dynamo.sdk.run`` process.
+    probe: bool = False
 
 
 @dataclass
@@ -89,8 +92,10 @@ def build_plan(
         )
         if isinstance(node, type) and issubclass(node, BaseDeployment):
             argv = [sys.executable, "-m", node.module()]
+            probe = False
         else:
             argv = [sys.executable, "-m", "dynamo.sdk.run", pipeline, "--service-name", name, "--working-dir", workdir]
+            probe = True
         for index in range(args.workers):
             env = {
                 **args.envs,
@@ -104,7 +109,7 @@ def build_plan(
             if allocator is not None and args.gpus > 0:
                 gpus = allocator.assign(f"{name}[{index}]", args.gpus)
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
-            plan.processes.append(ProcessPlan(label=f"{name}[{index}]", argv=argv, env=env, gpus=gpus))
+            plan.processes.append(ProcessPlan(label=f"{name}[{index}]", argv=argv, env=env, gpus=gpus, probe=probe))
         plans.append(plan)
     return plans
 
