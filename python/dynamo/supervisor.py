@@ -10,8 +10,9 @@ spec says so, and otherwise stops the others and exits non-zero.
 Readiness and rolling restart (the local twin of a Kubernetes rolling update, see
 docs/reliability.md): a child whose spec sets ``probe`` is started with its runtime's
 system server on a free loopback port that the supervisor picks at each start
-(``DYN_SYSTEM_ENABLED=true``, ``DYN_SYSTEM_HOST=127.0.0.1``, ``DYN_SYSTEM_PORT``), so its
-``/ready`` can be probed. On SIGHUP the supervisor replaces those children one at a
+(``DYN_SYSTEM_ENABLED=true``, ``DYN_SYSTEM_HOST=127.0.0.1``, ``DYN_SYSTEM_PORT``; a
+``DYN_SYSTEM_PORT`` in the spec's own environment is kept instead), so its ``/ready``
+can be probed on 127.0.0.1. On SIGHUP the supervisor replaces those children one at a
 time: SIGTERM one (it drains: ``/ready`` turns 503, it leaves discovery, its in-flight
 streams finish), wait for its exit (bounded by ``stop_timeout``), start its replacement,
 wait for the replacement's ``/ready`` (bounded by ``ready_timeout``), then the next. So
@@ -146,8 +147,14 @@ class Supervisor:
     async def _start(self, child: _Child) -> None:
         env = {**os.environ, **child.spec.env}
         if child.spec.probe:
-            child.port = _free_port()
-            env.update(DYN_SYSTEM_ENABLED="true", DYN_SYSTEM_HOST="127.0.0.1", DYN_SYSTEM_PORT=str(child.port))
+            env["DYN_SYSTEM_ENABLED"] = "true"
+            fixed = child.spec.env.get("DYN_SYSTEM_PORT", "0")
+            if fixed != "0":
+                child.port = int(fixed)  # the spec's own port (a service's `envs`): kept, probed there
+            else:
+                child.port = _free_port()
+                host = child.spec.env.get("DYN_SYSTEM_HOST", "127.0.0.1")
+                env.update(DYN_SYSTEM_HOST=host, DYN_SYSTEM_PORT=str(child.port))
         child.proc = await asyncio.create_subprocess_exec(
             *child.spec.argv,
             env=env,

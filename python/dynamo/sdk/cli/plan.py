@@ -26,7 +26,8 @@ class ProcessPlan:
     env: dict[str, str]
     gpus: list[int] | None
     #: Started with its system server on a port the supervisor picks, so its ``/ready`` is
-    #: probed and a rolling restart (SIGHUP) replaces it: every ``dynamo.sdk.run`` process.
+    #: probed and a rolling restart (SIGHUP) replaces it: every ``dynamo.sdk.run`` process,
+    #: and a ``BaseDeployment`` that declares ``endpoints``.
     probe: bool = False
 
 
@@ -92,7 +93,8 @@ def build_plan(
         )
         if isinstance(node, type) and issubclass(node, BaseDeployment):
             argv = [sys.executable, "-m", node.module()]
-            probe = False
+            # A deployment that declares endpoints registers them: its /ready says when.
+            probe = bool(node.endpoints)
         else:
             argv = [sys.executable, "-m", "dynamo.sdk.run", pipeline, "--service-name", name, "--working-dir", workdir]
             probe = True
