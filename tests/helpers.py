@@ -301,10 +301,11 @@ class WorkerProcess:
 
 
 def started_pids(proc: WorkerProcess, supervisor: str) -> dict[str, int]:
-    """`label → pid` from a `dynamo.supervisor` run's `[supervisor] started X (pid N)` lines."""
+    """`label → pid` from a `dynamo.supervisor` run's `[supervisor] started X (pid N…)` lines
+    (the latest start of each label)."""
     pids = {}
     for line in proc.find_lines(f"[{supervisor}] started"):
-        match = re.search(r"started (\S+) \(pid (\d+)\)", line)
+        match = re.search(r"started (\S+) \(pid (\d+)[,)]", line)
         if match:
             pids[match.group(1)] = int(match.group(2))
     return pids

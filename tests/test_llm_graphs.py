@@ -93,6 +93,42 @@ async def test_agg_graph(backend, workers, runtime, namespace) -> None:
     await check_streams(port)
 
 
+async def test_agg_graph_rolling_restart(backend, workers, runtime, namespace) -> None:
+    """SIGHUP to `dynamo serve` of the agg graph: every process is replaced in turn, the
+    mocker Workers (a `BaseDeployment` with endpoints) included, never both Workers at
+    once; the graph streams afterwards."""
+    import signal
+
+    from helpers import started_pids
+
+    port = free_port()
+    served = serve(workers, "agg", "agg", namespace, port)
+    await served.wait_for_line("Frontend[0] | Frontend ready", 90)
+    worker_client = await runtime.endpoint(f"{namespace}.Worker.generate").client()
+    await wait_for_instances(worker_client, 2)
+    await check_streams(port)
+    before = started_pids(served, "dynamo serve")
+    seen: list[int] = []
+    done = asyncio.Event()
+
+    async def count_workers() -> None:
+        while not done.is_set():
+            seen.append(len(worker_client.instance_ids()))
+            await asyncio.sleep(0.02)
+
+    counting = asyncio.create_task(count_workers())
+    served.send_signal(signal.SIGHUP)
+    try:
+        await served.wait_for_line("[dynamo serve] rolling restart done", 120)
+    finally:
+        done.set()
+        await counting
+    after = started_pids(served, "dynamo serve")
+    assert {"Worker[0]", "Worker[1]"} <= set(after) and all(after[k] != before[k] for k in before), (before, after)
+    assert min(seen) >= 1 and 1 in seen, sorted(set(seen))
+    await check_streams(port)
+
+
 RECORDING_POLICY = """
 class Recording:
     def __init__(self, config):

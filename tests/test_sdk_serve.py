@@ -85,6 +85,48 @@ async def test_hello_world_graph(backend, workers, runtime, namespace):
     assert [label for label, pid in pids.items() if alive(pid)] == []
 
 
+@pytest.mark.timeout(150)
+async def test_rolling_restart_of_a_graph(backend, workers, runtime, namespace):
+    """SIGHUP: every process of the graph is replaced in turn (stopped, restarted, its
+    /ready awaited before the next), the Backend never has fewer than 1 of its 2
+    instances registered, and the graph answers afterwards."""
+    port = free_port()
+    serve = workers.command(
+        serve_argv(
+            "hello_world:Frontend", "-f", "config.yaml", f"--Frontend.port={port}",
+            *namespace_overrides(namespace, "Frontend", "Middle", "Backend"),
+        ),
+        name="serve", cwd=HELLO,
+    )
+    await serve.wait_for_line("Frontend[0] | Frontend ready", READY_TIMEOUT)
+    backend_client = await runtime.endpoint(f"{namespace}.Backend.generate").client()
+    await wait_for_instances(backend_client, 2)
+    before = started_pids(serve, "dynamo serve")
+    counts: list[int] = []
+    done = asyncio.Event()
+
+    async def count_backends() -> None:
+        while not done.is_set():
+            counts.append(len(backend_client.instance_ids()))
+            await asyncio.sleep(0.02)
+
+    counting = asyncio.create_task(count_backends())
+    serve.send_signal(signal.SIGHUP)
+    try:
+        await serve.wait_for_line("[dynamo serve] rolling restart done", 120)
+    finally:
+        done.set()
+        await counting
+    after = started_pids(serve, "dynamo serve")
+    assert sorted(after) == sorted(before) and not set(after.values()) & set(before.values()), (before, after)
+    assert min(counts) >= 1 and 1 in counts, f"Backend instances during the restart: {sorted(set(counts))}"
+    assert [label for label, pid in before.items() if alive(pid)] == []
+    body = await http_post_async(f"http://127.0.0.1:{port}/generate", b'{"text": "hello"}')
+    assert body.splitlines() == ["Frontend: Middle: Backend: hello-earth-moon-mars"], body
+    serve.send_signal(signal.SIGTERM)
+    assert await serve.wait_exit(STOP_TIMEOUT) == 0, serve.describe()
+
+
 async def test_failing_service_stops_the_graph(backend, workers, namespace):
     serve = workers.command(
         serve_argv("broken:Frontend", *namespace_overrides(namespace, "Frontend", "Backend")),

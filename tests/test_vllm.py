@@ -691,7 +691,8 @@ async def test_vllm_roles_serve_through_the_core_with_a_stand_in_engine(
         await client.close()
     await decode.wait_for_line("PULL", 10)
     await prefill.wait_for_line("PREFILL", 10)
-    assert len(decode.find_lines("LOCAL ")) == 1  # printed before PULL, read in order
+    # The readiness check's one-token request and the short prompt; printed before PULL, read in order.
+    assert len(decode.find_lines("LOCAL ")) == 2
     [prefilled] = prefill.find_lines("PREFILL ")
     [pulled] = decode.find_lines("PULL ")
     transfer = json.loads(pulled.split(" ", 2)[2])

@@ -131,6 +131,16 @@ class DistributedRuntime:
         """Completes when shutdown has finished."""
     def is_shutting_down(self) -> bool:
         """Whether shutdown has begun."""
+    def set_ready(self, ready: bool) -> None:
+        """Hold (``False``) or give (``True``) this process's readiness mark. While it is
+        held the system server's ``/ready`` answers 503 even with endpoints registered;
+        once given, 200 until the process drains. A worker with an engine to check holds
+        it before it serves and gives it once its endpoints are registered and the engine
+        answered a first request; a process that never touches it is ready once an
+        endpoint of it is registered in discovery (and not draining)."""
+    def not_ready(self) -> str | None:
+        """``None`` when the process is ready (``/ready`` answers 200), else why not:
+        ``"draining"``, ``"not_registered"`` or ``"engine_not_ready"``."""
     def kv_store(self) -> KeyValueStore:
         """The discovery backend's key-value store."""
     def etcd_client(self) -> KeyValueStore:

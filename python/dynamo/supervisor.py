@@ -7,6 +7,17 @@ this session, see ``_child_setup``), prefixes each output line with the child's 
 bound), reaps them all, reports a child that exits with its status, restarts it when its
 spec says so, and otherwise stops the others and exits non-zero.
 
+Readiness and rolling restart (the local twin of a Kubernetes rolling update, see
+docs/reliability.md): a child whose spec sets ``probe`` is started with its runtime's
+system server on a free loopback port that the supervisor picks at each start
+(``DYN_SYSTEM_ENABLED=true``, ``DYN_SYSTEM_HOST=127.0.0.1``, ``DYN_SYSTEM_PORT``; a
+``DYN_SYSTEM_PORT`` in the spec's own environment is kept instead), so its ``/ready``
+can be probed on 127.0.0.1. On SIGHUP the supervisor replaces those children one at a
+time: SIGTERM one (it drains: ``/ready`` turns 503, it leaves discovery, its in-flight
+streams finish), wait for its exit (bounded by ``stop_timeout``), start its replacement,
+wait for the replacement's ``/ready`` (bounded by ``ready_timeout``), then the next. So
+with N such children of a service, never fewer than N-1 are routable.
+
 Why not circus or supervisord: the needs are small (start, prefix, forward, reap,
 restart), asyncio's subprocess support covers them in the standard library, and the
 reference's use of circus is what the component proposal calls a source of pain.
@@ -19,7 +30,10 @@ import contextlib
 import ctypes
 import os
 import signal
+import socket
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +42,10 @@ from typing import Any
 DEFAULT_STOP_TIMEOUT = 30.0
 #: Seconds between a child's exit and its restart.
 RESTART_DELAY = 1.0
+#: Seconds a replacement gets to answer ``/ready`` in a rolling restart, unless told otherwise.
+DEFAULT_READY_TIMEOUT = 120.0
+#: Seconds between two probes of a replacement's ``/ready``.
+READY_POLL_INTERVAL = 0.2
 
 
 def _child_setup() -> None:
@@ -60,6 +78,9 @@ class ChildSpec:
     #: anything else (``never``) not at all.
     restart: str = "never"
     max_restarts: int = 0
+    #: A child with a runtime: started with its system server on a free loopback port
+    #: (``/ready`` probed), and replaced in turn by a rolling restart (SIGHUP).
+    probe: bool = False
 
 
 @dataclass
@@ -67,6 +88,27 @@ class _Child:
     spec: ChildSpec
     proc: asyncio.subprocess.Process | None = None
     restarts: int = 0
+    #: The system port of the running process (``probe`` children).
+    port: int | None = None
+    #: Set while a rolling restart replaces the process: its watcher waits for it.
+    swap: asyncio.Event | None = None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _ready_status(port: int) -> int:
+    """The status ``/ready`` answers on ``port`` (0: no answer)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=1) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as e:
+        return int(e.code)
+    except OSError:
+        return 0
 
 
 class Supervisor:
@@ -75,7 +117,8 @@ class Supervisor:
     ``name`` prefixes the supervisor's own lines (``[name] ...``) and ``group`` names the
     children in its final report (``the graph failed: ...``); children run in
     ``working_dir`` (default: this process's) and get ``stop_timeout`` seconds after
-    SIGTERM before SIGKILL."""
+    SIGTERM before SIGKILL; in a rolling restart a replacement gets ``ready_timeout``
+    seconds to answer ``/ready``."""
 
     def __init__(
         self,
@@ -85,6 +128,7 @@ class Supervisor:
         group: str = "the children",
         working_dir: str | None = None,
         stop_timeout: float = DEFAULT_STOP_TIMEOUT,
+        ready_timeout: float = DEFAULT_READY_TIMEOUT,
     ) -> None:
         self.children = [_Child(spec) for spec in children]
         self.name = name
@@ -93,22 +137,35 @@ class Supervisor:
         self.stopping = asyncio.Event()
         self.failed: list[str] = []
         self.stop_timeout = stop_timeout
+        self.ready_timeout = ready_timeout
+        self._rolling: asyncio.Task[bool] | None = None
 
     def _say(self, text: str) -> None:
         sys.stdout.write(f"[{self.name}] {text}\n")
         sys.stdout.flush()
 
     async def _start(self, child: _Child) -> None:
+        env = {**os.environ, **child.spec.env}
+        if child.spec.probe:
+            env["DYN_SYSTEM_ENABLED"] = "true"
+            fixed = child.spec.env.get("DYN_SYSTEM_PORT", "0")
+            if fixed != "0":
+                child.port = int(fixed)  # the spec's own port (a service's `envs`): kept, probed there
+            else:
+                child.port = _free_port()
+                host = child.spec.env.get("DYN_SYSTEM_HOST", "127.0.0.1")
+                env.update(DYN_SYSTEM_HOST=host, DYN_SYSTEM_PORT=str(child.port))
         child.proc = await asyncio.create_subprocess_exec(
             *child.spec.argv,
-            env={**os.environ, **child.spec.env},
+            env=env,
             cwd=self.working_dir,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
             preexec_fn=_child_setup,
         )
-        self._say(f"started {child.spec.label} (pid {child.proc.pid})")
+        port = f", system port {child.port}" if child.spec.probe else ""
+        self._say(f"started {child.spec.label} (pid {child.proc.pid}{port})")
 
     async def _pump(self, child: _Child, proc: asyncio.subprocess.Process) -> None:
         assert proc.stdout is not None
@@ -124,6 +181,12 @@ class Supervisor:
             assert proc is not None
             await asyncio.gather(self._pump(child, proc), proc.wait())
             status = proc.returncode
+            if child.swap is not None:
+                # A rolling restart stopped it; follow its replacement, if one starts.
+                await child.swap.wait()
+                if child.proc is not proc and not self.stopping.is_set():
+                    continue
+                return
             if self.stopping.is_set():
                 return
             policy = child.spec.restart
@@ -149,6 +212,76 @@ class Supervisor:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(proc.pid, sig)
 
+    async def _stop_one(self, proc: asyncio.subprocess.Process) -> int:
+        """SIGTERM one child's process group, SIGKILL after ``stop_timeout``; its status."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            return await asyncio.wait_for(proc.wait(), self.stop_timeout)
+        except asyncio.TimeoutError:
+            self._say(f"pid {proc.pid} still running after {self.stop_timeout:g}s: killing it")
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            return await proc.wait()
+
+    async def _wait_ready(self, child: _Child) -> bool:
+        """Whether ``child`` answers ``/ready`` with 200 within ``ready_timeout``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.ready_timeout
+        proc, port = child.proc, child.port
+        assert proc is not None and port is not None
+        while loop.time() < deadline and not self.stopping.is_set():
+            if proc.returncode is not None:
+                return False
+            if await asyncio.to_thread(_ready_status, port) == 200:
+                return True
+            await asyncio.sleep(READY_POLL_INTERVAL)
+        return False
+
+    async def rolling_restart(self) -> bool:
+        """Replace every ``probe`` child in turn: stop it (SIGTERM: it drains), start its
+        replacement, wait until the replacement answers ``/ready``, then the next. Stops
+        at the first replacement that is not ready in time (it keeps running; the
+        supervisor reports it). Returns whether every child was replaced."""
+        targets = [child for child in self.children if child.spec.probe]
+        self._say(f"rolling restart of {len(targets)} processes")
+        for child in targets:
+            old = child.proc
+            if self.stopping.is_set() or old is None or old.returncode is not None:
+                self._say("rolling restart interrupted")
+                return False
+            child.swap = asyncio.Event()
+            try:
+                self._say(f"rolling restart: stopping {child.spec.label} (pid {old.pid}); it drains")
+                status = await self._stop_one(old)
+                self._say(f"rolling restart: {child.spec.label} exited with status {status}")
+                if self.stopping.is_set():
+                    return False
+                await self._start(child)
+            except OSError as exc:
+                self.failed.append(f"cannot start {child.spec.label}: {exc}")
+                self.stopping.set()
+                return False
+            finally:
+                swap, child.swap = child.swap, None
+                swap.set()
+            if not await self._wait_ready(child):
+                self._say(
+                    f"rolling restart stopped: {child.spec.label} did not answer /ready within {self.ready_timeout:g}s"
+                )
+                return False
+            self._say(f"rolling restart: {child.spec.label} ready (pid {child.proc.pid}, system port {child.port})")
+        self._say("rolling restart done")
+        return True
+
+    def _on_hangup(self) -> None:
+        if self.stopping.is_set():
+            return
+        if self._rolling is not None and not self._rolling.done():
+            self._say("SIGHUP: a rolling restart is already running")
+            return
+        self._rolling = asyncio.get_running_loop().create_task(self.rolling_restart())
+
     async def run(self) -> int:
         """Start every child and supervise them; the exit status: 1 when a child failed
         (or could not start), else 0."""
@@ -165,6 +298,7 @@ class Supervisor:
 
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, on_signal, sig)
+        loop.add_signal_handler(signal.SIGHUP, self._on_hangup)
         watchers: list[asyncio.Task[None]] = []
         try:
             for child in self.children:
@@ -178,6 +312,10 @@ class Supervisor:
         first: list[asyncio.Future[Any]] = [all_done, stop_wait]
         await asyncio.wait(first, return_when=asyncio.FIRST_COMPLETED)
         stop_wait.cancel()
+        if self._rolling is not None:
+            self._rolling.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._rolling
         if self.stopping.is_set():
             why = f"received {received[0]}" if received else "; ".join(self.failed)
             self._say(f"stopping every process ({why})")

@@ -162,6 +162,60 @@ def test_a_prompt_over_max_model_len_is_a_400_and_the_worker_serves_on(fleet: Fl
     assert complete(fleet, "Still there?")["choices"][0]["finish_reason"] == "length"
 
 
+async def test_ready_only_once_vllm_answers_and_503_from_sigterm(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A third worker with its system server: `/ready` is 503 while vLLM starts and until
+    its model is registered and vLLM answered the readiness check, then 200; SIGTERM with
+    a stream in flight on it turns `/ready` 503 `draining` at once, the stream finishes
+    whole, and the worker exits 0."""
+    from helpers import free_port
+
+    port = free_port()
+    worker = fleet.start_worker(name="vllm-ready", env={
+        "DYN_SYSTEM_ENABLED": "true", "DYN_SYSTEM_HOST": "127.0.0.1", "DYN_SYSTEM_PORT": str(port),
+    })
+    seen: list[tuple[int, str]] = []
+
+    def ready() -> tuple[int, str]:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+        try:
+            conn.request("GET", "/ready")
+            resp = conn.getresponse()
+            return resp.status, json.loads(resp.read()).get("status", "")
+        finally:
+            conn.close()
+
+    def became_ready() -> bool:
+        if worker.proc.poll() is not None:
+            pytest.fail(f"the worker exited\n{worker.describe()}")
+        seen.append(ready())
+        return seen[-1][0] == 200
+
+    await wait_until(lambda: asyncio.to_thread(became_ready), 120, lambda: f"/ready 200 ({seen[-3:]})",
+                     interval=0.2, ignore=(OSError,))
+    assert seen[0][0] == 503 and seen[0][1] in ("not_registered", "engine_not_ready"), seen[:3]
+
+    runtime = await runtime_of(fleet, monkeypatch)
+    client = await runtime.namespace(fleet.namespace).component("backend").endpoint("generate").client()
+    request = {"token_ids": [1, 10, 20], "stop_conditions": {"max_tokens": 600, "ignore_eos": True},
+               "sampling_options": {"temperature": 0.0}, "eos_token_ids": []}
+    stream = await client.direct(request, instance_id(worker), annotated=False)
+    items = [await anext(stream)]
+    worker.send_signal(signal.SIGTERM)
+
+    async def draining() -> bool:
+        return await asyncio.to_thread(ready) == (503, "draining")
+
+    await wait_until(draining, 5, "/ready 503 draining", interval=0.05)
+    items += [item async for item in stream]
+    assert items[-1].get("finish_reason") == "length", items[-1]
+    assert sum(len(i.get("token_ids") or []) for i in items) == 600
+    assert await worker.wait_exit(60) == 0, worker.describe()
+    fleet.workers.remove(worker)
+    await runtime.shutdown()
+
+
 async def test_a_killed_engine_moves_its_stream_and_its_worker_leaves(
     fleet: Fleet, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -10,6 +10,7 @@ is detected in seconds; the mechanisms are the production ones.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -19,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from helpers import LEASE_TTL, WorkerPool, WorkerProcess, free_port, spawn, wait_until_blocking
+from helpers import LEASE_TTL, WorkerPool, WorkerProcess, free_port, spawn, wait_until, wait_until_blocking
 from llm_helpers import DYNAMO_RUN, MOCKER, Frontend, write_json
 
 #: Shorter liveness bounds for the suite (seconds). See docs/architecture.md for the defaults.
@@ -158,8 +159,8 @@ class Fleet:
         self.workers.append(worker)
         return worker
 
-    async def start_workers(self, count: int, *args: str) -> list[WorkerProcess]:
-        started = [self.start_worker(*args) for _ in range(count)]
+    async def start_workers(self, count: int, *args: str, env: dict[str, str] | None = None) -> list[WorkerProcess]:
+        started = [self.start_worker(*args, env=env) for _ in range(count)]
         for w in started:
             await w.wait_for_line("dynamo-run: serving model", 30)
         return started
@@ -172,6 +173,32 @@ class Fleet:
         worker = self.pool.command(argv, name="echo", env={**self.env, **(env or {})})
         self.workers.append(worker)
         return worker
+
+    async def start_probed_workers(self, count: int) -> list[tuple[WorkerProcess, int]]:
+        """`count` mocker workers, each with its system server (`/ready`) on a port of its own."""
+        started = []
+        for _ in range(count):
+            port = free_port()
+            env = {"DYN_SYSTEM_ENABLED": "true", "DYN_SYSTEM_HOST": "127.0.0.1", "DYN_SYSTEM_PORT": str(port)}
+            started.append((self.start_worker(env=env), port))
+        for w, _ in started:
+            await w.wait_for_line("dynamo-run: serving model", 30)
+        return started
+
+    async def start_supervised_workers(self, count: int) -> WorkerProcess:
+        """`python -m dynamo.mocker --num-workers COUNT`: the workers under the process
+        supervisor, which gives each a system port (see `supervised_ports`) and replaces
+        them in turn on SIGHUP."""
+        argv = [*MOCKER, "--model-path", str(self.model_dir), "--endpoint", self.endpoint,
+                "--extra-engine-args", str(self.settings), "--num-workers", str(count)]
+        supervisor = self.pool.command(argv, name="mocker-supervisor", env=self.env)
+        self.workers.append(supervisor)
+
+        def serving() -> bool:
+            return sum("dynamo-run: serving model" in line for line in supervisor.find_lines("mocker[")) >= count
+
+        await wait_until(serving, 30, lambda: f"{count} supervised workers to serve\n{supervisor.describe()}")
+        return supervisor
 
     async def start_frontend(
         self, *args: str, port: int | None = None, env: dict[str, str] | None = None, models: list[str] | None = None
@@ -189,6 +216,25 @@ class Fleet:
         for server in (self.etcd, self.nats):
             if server is not None:
                 server.stop()
+
+
+def supervised_ports(supervisor: WorkerProcess) -> dict[str, int]:
+    """The system port of each supervised child's current process (the latest start)."""
+    ports: dict[str, int] = {}
+    for line in supervisor.find_lines("[mocker] started "):
+        found = re.match(r"\[mocker\] started (\S+) \(pid \d+, system port (\d+)\)", line)
+        if found:
+            ports[found.group(1)] = int(found.group(2))
+    return ports
+
+
+def is_ready(port: int) -> bool:
+    """Whether `/ready` on `port` answers 200 now (no answer: not ready)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=2) as response:
+            return response.status == 200
+    except OSError:  # HTTPError (503) included
+        return False
 
 
 def freeze(worker: WorkerProcess) -> None:

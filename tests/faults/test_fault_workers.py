@@ -1,5 +1,7 @@
 """Worker faults under a closed-loop streaming load through the HTTP frontend: a worker
-killed (with and without migration), stopped gracefully, frozen (SIGSTOP) and thawed.
+killed (with and without migration), stopped gracefully (scale-down), frozen (SIGSTOP)
+and thawed, and a rolling restart of every worker (the local twin of a Kubernetes
+rolling update: docs/reliability.md, "Readiness and drain").
 
 Every test asserts: no request hangs, none is silently truncated, at most the stated
 number fail (each with an explicit error), and the fleet serves fully afterwards."""
@@ -11,8 +13,8 @@ import signal
 import time
 
 import pytest
-from fleet import FAST_BOUNDS, Fleet, freeze, thaw
-from helpers import LEASE_TTL
+from fleet import FAST_BOUNDS, Fleet, freeze, is_ready, supervised_ports, thaw
+from helpers import LEASE_TTL, wait_until
 from load import Load, Outcome, summarize
 
 pytestmark = pytest.mark.timeout(150)
@@ -73,17 +75,77 @@ async def test_kill_one_of_three_workers(fleet: Fleet, migration: int, record) -
     assert all(w.proc.poll() is None for w in fleet.pool.started if w is not victim), "another process exited"
 
 
+@pytest.mark.timeout(90)
 async def test_sigterm_one_worker_loses_nothing(fleet: Fleet, record) -> None:
-    load = await steady(fleet)
-    victim = fleet.workers[0]
+    """Scale-down: SIGTERM 1 of 3 under load. Its /ready turns 503 at once, it exits 0
+    within DYN_SHUTDOWN_TIMEOUT, and no request fails."""
+    workers = await fleet.start_probed_workers(3)
+    frontend = await fleet.start_frontend()
+    load = Load(frontend.port, fleet.model, clients=CLIENTS)
+    load.start()
+    await asyncio.sleep(3)
+    assert_all_ok(load.outcomes, "before the fault")
+    assert all(is_ready(port) for _, port in workers)
+    victim, victim_port = workers[0]
     fault = time.monotonic()
     victim.send_signal(signal.SIGTERM)
-    status = await victim.wait_exit(20)
+    await wait_until(lambda: not is_ready(victim_port), 1.0, "the victim's /ready to turn 503")
+    status = await victim.wait_exit(float(FAST_BOUNDS["DYN_SHUTDOWN_TIMEOUT"]) + 5)
+    exited = time.monotonic() - fault
     await asyncio.sleep(3)
     await load.stop()
-    record(summarize("SIGTERM 1 of 3 workers", fleet.backend, load, fault))
+    record(summarize(f"SIGTERM 1 of 3 workers (scale-down; exit 0 after {exited:.1f} s)", fleet.backend, load, fault))
     assert status == 0, victim.describe()
     assert_all_ok(load.outcomes, "graceful stop")
+    assert all(is_ready(port) for _, port in workers[1:]), "the other workers stay ready"
+
+
+@pytest.mark.timeout(90)
+async def test_rolling_restart_keeps_two_of_three_ready(fleet: Fleet, record) -> None:
+    """SIGHUP to the supervisor of 3 workers under load: each is stopped (it drains),
+    replaced, and the next waits for the replacement's /ready. No request fails, and the
+    workers that answer /ready 200 never number fewer than 2."""
+    supervisor = await fleet.start_supervised_workers(3)
+    old = supervised_ports(supervisor)
+    assert len(old) == 3, supervisor.describe()
+    await wait_until(lambda: all(is_ready(p) for p in old.values()), 30, "the 3 workers to be ready")
+    frontend = await fleet.start_frontend()
+    load = Load(frontend.port, fleet.model, clients=CLIENTS)
+    load.start()
+    await asyncio.sleep(3)
+    assert_all_ok(load.outcomes, "before the rolling restart")
+
+    counts: list[int] = []
+    done = asyncio.Event()
+
+    async def count_ready() -> None:
+        while not done.is_set():
+            ports = supervised_ports(supervisor).values()
+            counts.append(sum(await asyncio.gather(*(asyncio.to_thread(is_ready, p) for p in ports))))
+            await asyncio.sleep(0.05)
+
+    counting = asyncio.create_task(count_ready())
+    fault = time.monotonic()
+    supervisor.send_signal(signal.SIGHUP)
+    try:
+        await supervisor.wait_for_line("[mocker] rolling restart done", 75)
+    finally:
+        done.set()
+        await counting
+    finished = time.monotonic()
+    await asyncio.sleep(2)
+    await load.stop()
+    record(summarize(f"rolling restart of 3 workers ({finished - fault:.1f} s; /ready 200 on >= {min(counts)} "
+                     f"of 3 in {len(counts)} probes)", fleet.backend, load, finished))
+
+    assert_all_ok(load.outcomes, "rolling restart")
+    assert counts and min(counts) >= 2, f"ready workers during the restart: min {min(counts)} ({counts})"
+    assert any(c == 2 for c in counts), "the probe never saw a worker out: the check could not fail"
+    new = supervised_ports(supervisor)
+    assert set(new) == set(old) and not set(new.values()) & set(old.values()), (old, new)
+    assert all(is_ready(p) for p in new.values())
+    assert supervisor.proc.poll() is None, supervisor.describe()
+    assert len(supervisor.find_lines("[mocker] rolling restart: ")) >= 9, supervisor.stdout()[-3000:]
 
 
 async def test_sigstop_worker_is_taken_out_and_comes_back(fleet: Fleet, record) -> None:

@@ -118,6 +118,17 @@ impl PyDistributedRuntime {
         self.inner.is_shutting_down()
     }
 
+    /// Hold (`False`) or give (`True`) the readiness mark `/ready` reads.
+    fn set_ready(&self, ready: bool) {
+        self.inner.set_ready(ready);
+    }
+
+    /// `None` when ready (what `/ready` answers 200 to), else why not: `"draining"`,
+    /// `"not_registered"` or `"engine_not_ready"`.
+    fn not_ready(&self) -> Option<&'static str> {
+        self.inner.readiness().err().map(|why| why.status())
+    }
+
     /// The discovery backend's key-value store.
     fn kv_store(&self) -> PyKeyValueStore {
         PyKeyValueStore { discovery: self.inner.discovery().clone(), bridge: self.bridge.clone() }

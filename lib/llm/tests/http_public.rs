@@ -177,6 +177,7 @@ async fn requests_past_the_inflight_cap_get_503_with_retry_after() {
     assert_eq!(refused.json()["error"]["type"], "service_unavailable");
     // Not counted: the probes and the metrics.
     assert_eq!(raw(addr, "GET /health HTTP/1.1", "").await.status, 200);
+    assert_eq!(raw(addr, "GET /ready HTTP/1.1", "").await.status, 200);
     assert_eq!(raw(addr, "GET /metrics HTTP/1.1", "").await.status, 200);
 
     drop(first); // the client leaves: its slot frees
@@ -227,6 +228,7 @@ async fn request_ids_api_key_cors_and_status_metrics() {
     assert_eq!(ok.headers.get("x-request-id").map(String::as_str), Some("client-id-1"));
     let generated = raw(addr, "GET /live HTTP/1.1", "").await;
     assert_eq!(generated.status, 200, "/live needs no key");
+    assert_eq!(raw(addr, "GET /ready HTTP/1.1", "").await.status, 200, "/ready needs no key");
     assert_eq!(generated.headers.get("x-request-id").map(String::len), Some(36), "{generated:?}");
     assert_eq!(raw(addr, &format!("GET /v1/models HTTP/1.1{auth}"), "").await.status, 200);
     assert_eq!(raw(addr, "GET /v1/models HTTP/1.1", "").await.status, 401);

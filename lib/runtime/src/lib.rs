@@ -25,6 +25,7 @@ pub mod instances;
 pub mod logging;
 pub mod metrics;
 pub mod planes;
+pub mod readiness;
 pub mod runtime;
 mod system_server;
 pub mod transport;
@@ -35,6 +36,7 @@ pub use component::{Component, Endpoint, EndpointId, Instance, InstanceTransport
 pub use config::RuntimeConfig;
 pub use context::{RequestContext, StreamState};
 pub use discovery::DiscoveryHealth;
+pub use readiness::NotReady;
 pub use error::{Error, ErrorKind, Result};
 pub use transport::responder::{IncomingRequest, RequestHandler, Responder};
 pub use planes::Planes;

@@ -19,6 +19,7 @@ use crate::events::EventPlane;
 use crate::instance::EndpointId;
 use crate::instances::InstanceWatcher;
 use crate::metrics::MetricsRegistry;
+use crate::readiness::{NotReady, Readiness};
 use crate::transport::{nats_connection, ServedEndpoint, Transport};
 
 /// An endpoint this process serves, as shutdown needs it.
@@ -44,6 +45,7 @@ struct Inner {
     registrations: Mutex<Vec<Registration>>,
     watchers: Mutex<HashMap<String, Arc<InstanceWatcher>>>,
     drained: watch::Sender<bool>,
+    readiness: Readiness,
 }
 
 /// The planes of one runtime, shared by everything that talks over them. Cheap to clone.
@@ -92,6 +94,7 @@ impl Planes {
                 registrations: Mutex::new(Vec::new()),
                 watchers: Mutex::new(HashMap::new()),
                 drained: watch::channel(false).0,
+                readiness: Readiness::default(),
             }),
         }
     }
@@ -163,6 +166,23 @@ impl Planes {
     /// `ns/comp/ep` of every endpoint this process serves.
     pub fn served_endpoints(&self) -> Vec<String> {
         self.inner.registrations.lock().iter().map(|r| r.path.clone()).collect()
+    }
+
+    /// Hold (`false`) or give (`true`) this process's readiness mark: while held, `/ready`
+    /// answers 503 even with endpoints registered; once given, 200 until draining. A
+    /// process with an engine to check holds it before it serves and gives it once its
+    /// endpoints are registered and the engine answered a first request; one that never
+    /// touches it is ready once an endpoint is registered in discovery.
+    pub fn set_ready(&self, ready: bool) {
+        self.inner.readiness.set_ready(ready);
+    }
+
+    /// Whether this process should be sent new requests now (what `/ready` reports):
+    /// not while it drains, not while the mark is held, and (mark untouched) not before
+    /// an endpoint is registered in discovery.
+    pub fn readiness(&self) -> std::result::Result<(), NotReady> {
+        let registered = !self.inner.registrations.lock().is_empty();
+        self.inner.readiness.check(self.is_shutting_down() || self.inner.cancel.is_cancelled(), registered)
     }
 
     pub(crate) fn register(&self, registration: Registration) -> Result<()> {

@@ -1,6 +1,7 @@
-//! The optional system HTTP server: `/live` (the process runs), `/health` (it takes
-//! traffic: 503 while shutting down or while a plane it needs is down) and `/metrics`
-//! (Prometheus text).
+//! The optional system HTTP server: `/live` (the process runs), `/ready` (it should be
+//! sent new requests: endpoints registered, engine answered, not draining; see
+//! `readiness.rs`), `/health` (it takes traffic: 503 while shutting down or while a plane
+//! it needs is down) and `/metrics` (Prometheus text).
 
 use std::net::SocketAddr;
 
@@ -23,6 +24,7 @@ pub(crate) async fn start(planes: Planes, host: &str, port: u16) -> Result<Socke
     let tracker = planes.tracker();
     let app = Router::new()
         .route("/live", get(live))
+        .route("/ready", get(ready))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .with_state(planes);
@@ -37,6 +39,17 @@ pub(crate) async fn start(planes: Planes, host: &str, port: u16) -> Result<Socke
 
 async fn live() -> impl IntoResponse {
     Json(serde_json::json!({"status": "live"}))
+}
+
+async fn ready(State(rt): State<Planes>) -> impl IntoResponse {
+    let endpoints = rt.served_endpoints();
+    match rt.readiness() {
+        Ok(()) => (StatusCode::OK, Json(serde_json::json!({"status": "ready", "endpoints": endpoints}))),
+        Err(why) => {
+            let body = serde_json::json!({"status": why.status(), "reason": why.reason(), "endpoints": endpoints});
+            (StatusCode::SERVICE_UNAVAILABLE, Json(body))
+        }
+    }
 }
 
 async fn health(State(rt): State<Planes>) -> impl IntoResponse {

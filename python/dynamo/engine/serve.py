@@ -3,6 +3,11 @@
 worker's role, bridge its KV events and load metrics to the event plane, and on
 shutdown let the endpoint drain before the engine stops.
 
+Readiness (the system server's ``/ready``): the runtime's readiness mark is held from
+before ``generate`` is served until the model is registered and the engine answered a
+one-token request sent to this very instance (``engine_answers``), so a probe says 200
+only for a worker that can be routed to and whose engine answers.
+
 Disaggregated (``--role prefill|decode``, docs/disagg.md): a prefill worker serves the
 core's prefill jobs with ``Handler.prefill`` (registering no model); a decode worker
 wraps ``Handler.generate`` in the core's remote-prefill step (``dynamo.llm.disagg``),
@@ -23,6 +28,9 @@ from dynamo.engine.handler import Handler
 from dynamo.engine.kv_events import KvEventBridge
 
 log = logging.getLogger("dynamo.engine")
+
+#: Seconds the engine gets to answer the readiness check's one-token request.
+READY_CHECK_TIMEOUT = 120.0
 
 
 def local_model_dir(model: str) -> str | None:
@@ -64,6 +72,7 @@ async def serve_role(
             component = runtime.namespace(namespace).component(component_name)
             cached_tokens = disagg.own_cached_tokens(component, block_size, runtime.instance_id())
         generate = disagg.decode_handler(remote, handler.generate, cached_tokens)
+    runtime.set_ready(False)
     serving = asyncio.create_task(endpoint.serve_endpoint(generate))
     await register_llm(
         endpoint,
@@ -78,7 +87,34 @@ async def serve_role(
         "serving %s (%s, role %s, context %d, KV block %d) on %s",
         config.model_name, name, config.role, context_length, block_size, config.endpoint,
     )
+    try:
+        await asyncio.wait_for(engine_answers(runtime, endpoint), READY_CHECK_TIMEOUT)
+    except Exception as e:
+        if not runtime.is_shutting_down():
+            # Serving goes on; /ready keeps saying engine_not_ready, which is the truth.
+            log.error("the engine did not answer the readiness check (%s: %s); not ready", type(e).__name__, e)
+    else:
+        runtime.set_ready(True)
+        log.info("the engine answered; ready")
     await serving
+
+
+async def engine_answers(runtime: Any, endpoint: Any) -> None:
+    """Send a one-token request to this worker's own instance (the whole path: discovery,
+    the request plane, the handler, the engine) and read its stream to the end. Any item
+    is an answer, a refusal too (a decode-only engine refuses to prefill); raises when
+    the stream fails or ends empty."""
+    client = await endpoint.client()
+    own = runtime.instance_id()
+    while own not in client.instance_ids():
+        await client.wait_for_instances()
+        if own not in client.instance_ids():
+            await asyncio.sleep(0.05)  # the watch has not delivered our own registration yet
+    request = {"token_ids": [1], "stop_conditions": {"max_tokens": 1}, "sampling_options": {}, "eos_token_ids": []}
+    stream = await client.direct(request, own, annotated=False)
+    items = [item async for item in stream]
+    if not items:
+        raise RuntimeError("the stream ended without an item")
 
 
 async def _publish_load(reports: Any, publish: Any) -> None:

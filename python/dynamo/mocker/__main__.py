@@ -146,8 +146,10 @@ def child_argv(argv: Sequence[str]) -> list[str]:
 def supervise(argv: Sequence[str], count: int) -> int:
     """Run ``count`` workers as child processes (``mocker[i]``) under the process
     supervisor (``dynamo.supervisor``): output prefixed, SIGINT/SIGTERM forwarded, the
-    others stopped when one fails, all reaped. Exit status: 1 when a worker failed, else 0."""
-    children = [ChildSpec(f"mocker[{index}]", child_argv(argv)) for index in range(count)]
+    others stopped when one fails, all reaped, each worker's ``/ready`` on a system port
+    the supervisor picks, SIGHUP a rolling restart of the workers. Exit status: 1 when a
+    worker failed, else 0."""
+    children = [ChildSpec(f"mocker[{index}]", child_argv(argv), probe=True) for index in range(count)]
     supervisor = Supervisor(children, name="mocker", group="the mocker workers", stop_timeout=CHILD_SHUTDOWN_GRACE)
     return asyncio.run(supervisor.run())
 

@@ -25,6 +25,8 @@ WORKER_INDEX_ENV = "DYN_SDK_WORKER_INDEX"
 #: Port and host of a service's web app unless its configuration sets ``port``/``host``.
 PORT_ENV, HOST_ENV = "DYNAMO_PORT", "DYNAMO_HOST"
 DEFAULT_PORT, DEFAULT_HOST = 8000, "0.0.0.0"
+#: The system server's settings (``dynamo serve`` gives each process a port of its own).
+SYSTEM_SERVER_ENV = ("DYN_SYSTEM_ENABLED", "DYN_SYSTEM_HOST", "DYN_SYSTEM_PORT")
 #: Seconds the shutdown hooks may take.
 HOOK_TIMEOUT = 30.0
 
@@ -73,6 +75,10 @@ async def serve_service(service: DynamoService) -> int:
     kwargs = service.constructor_kwargs(config)  # a bad type fails before anything starts
 
     runtime = DistributedRuntime(loop, False)
+    # The system server's settings belong to this process (its runtime has read them): a
+    # process the service starts (an HTTP frontend, an engine) must not try the same port.
+    for key in SYSTEM_SERVER_ENV:
+        os.environ.pop(key, None)
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
@@ -103,6 +109,9 @@ async def serve_service(service: DynamoService) -> int:
         if _needs_web_app(service):
             web = _start_web(service, instance, config)
             tasks.append(loop.create_task(web.serve(), name="web"))
+        if not specs:
+            # No endpoint to register: ready (the system server's /ready) once it serves.
+            runtime.set_ready(True)
         logger.info("%s serving %s in namespace %s", service.name, sorted(specs) or "(no endpoints)", namespace)
         print(f"{service.name} ready", flush=True)
         stopper = loop.create_task(stop.wait())

@@ -1,6 +1,8 @@
 //! `in=dyn://ns.comp.ep`: serve the local engine on that endpoint and register its
 //! model, so that frontends (`in=http out=dyn`, anywhere) discover it; run until
 //! SIGINT/SIGTERM, then leave gracefully (the model entry goes, in-flight streams drain).
+//! Readiness (`/ready` with `DYN_SYSTEM_ENABLED`): the readiness mark is held until the
+//! model is registered and the engine answered a one-token request (`probe.rs`).
 //!
 //! - A token engine (`echo_core`, `mocker`) is served with `serve_token_engine` and
 //!   registered as a `backend` model with its card, so the frontend runs the
@@ -73,6 +75,7 @@ async fn serve(
         return result;
     }
     let mut role_note = format!("role {}", role.as_str());
+    runtime.set_ready(false);
     match &model.engine {
         LocalEngine::OpenAI(engine) => serve_openai_engine(&endpoint, engine.clone()).await?,
         LocalEngine::Tokens(engine) => {
@@ -96,6 +99,8 @@ async fn serve(
         }
     }
     register_card(&endpoint, card, config.migration_limit).await?;
+    super::probe::engine_answers(&model.engine, &card.display_name).await?;
+    runtime.set_ready(true);
     output::status(&format!(
         "serving model '{}' ({}, out={}, {}) on dyn://{id}, instance {:x}",
         card.display_name,

@@ -1,5 +1,7 @@
 //! `in=http`: the OpenAI-compatible HTTP service in front of the local engine or the
-//! discovered models, until SIGINT/SIGTERM; then a graceful shutdown.
+//! discovered models, until SIGINT/SIGTERM; then a graceful shutdown: `/ready` answers
+//! 503, no new connection is accepted, and in-flight responses get
+//! `DYN_SHUTDOWN_TIMEOUT` (30 s) to finish.
 
 use std::sync::Arc;
 
@@ -20,7 +22,9 @@ pub async fn run(config: &RunConfig, cancel: CancellationToken) -> Result<(), Ru
 }
 
 async fn serve(config: &RunConfig, models: &Models, cancel: CancellationToken) -> Result<(), RunError> {
+    let drain_timeout = dynamo_runtime::RuntimeConfig::from_env()?.shutdown_timeout;
     let mut builder = HttpService::builder()
+        .drain_timeout(drain_timeout)
         .host(config.http_host.clone())
         .port(config.http_port)
         .manager(models.manager.clone())

@@ -5,6 +5,7 @@ pub mod batch;
 pub mod chat;
 pub mod endpoint;
 pub mod http;
+mod probe;
 
 use dynamo_llm::protocols::openai::{ChatCompletionRequest, ChatMessage, MessageContent};
 

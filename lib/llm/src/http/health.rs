@@ -1,4 +1,5 @@
-//! The service's read-only routes: `GET /v1/models`, `/health`, `/live`, `/metrics`.
+//! The service's read-only routes: `GET /v1/models`, `/health`, `/live`, `/ready`,
+//! `/metrics`.
 
 use std::sync::Arc;
 
@@ -44,7 +45,73 @@ pub(crate) async fn live() -> Json<serde_json::Value> {
     Json(serde_json::json!({"status": "live"}))
 }
 
+/// `GET /ready`: 200 while the service listens and can route at least one model; 503
+/// before that and from the moment its graceful shutdown begins (a load balancer stops
+/// sending it new requests while in-flight responses finish).
+pub(crate) async fn ready(State(state): State<Arc<AppState>>) -> impl IntoResponse {
+    let models = state.manager.routable_models();
+    if state.draining.is_cancelled() {
+        let body = serde_json::json!({"status": "draining", "models": models, "message": "the service is shutting down"});
+        return (StatusCode::SERVICE_UNAVAILABLE, Json(body));
+    }
+    if models.is_empty() {
+        let body = serde_json::json!({"status": "not_ready", "models": models, "message": "no model can be routed"});
+        return (StatusCode::SERVICE_UNAVAILABLE, Json(body));
+    }
+    (StatusCode::OK, Json(serde_json::json!({"status": "ready", "models": models})))
+}
+
 /// `GET /metrics`: Prometheus text.
 pub(crate) async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio_util::sync::CancellationToken;
+
+    use super::super::limits::HttpLimits;
+    use super::super::metrics::HttpMetrics;
+    use super::*;
+    use crate::engines::echo::EchoFull;
+    use crate::model_manager::ModelManager;
+
+    fn state(manager: Arc<ModelManager>) -> Arc<AppState> {
+        Arc::new(AppState {
+            manager,
+            metrics: Arc::new(HttpMetrics::new().unwrap()),
+            shutdown: CancellationToken::new(),
+            draining: CancellationToken::new(),
+            body_limit: 1024,
+            health_check: None,
+            limits: HttpLimits::default(),
+            api_key: None,
+        })
+    }
+
+    async fn ready_status(state: &Arc<AppState>) -> (StatusCode, serde_json::Value) {
+        let response = ready(State(state.clone())).await.into_response();
+        let status = response.status();
+        let body = axum::body::to_bytes(response.into_body(), 1 << 16).await.unwrap();
+        (status, serde_json::from_slice(&body).unwrap())
+    }
+
+    #[tokio::test]
+    async fn ready_needs_a_routable_model_and_ends_with_the_drain() {
+        let manager = Arc::new(ModelManager::new());
+        let state = state(manager.clone());
+        let (status, body) = ready_status(&state).await;
+        assert_eq!((status, body["status"].as_str()), (StatusCode::SERVICE_UNAVAILABLE, Some("not_ready")));
+
+        manager.add_full_model("echo", Arc::new(EchoFull::new(Duration::ZERO)));
+        let (status, body) = ready_status(&state).await;
+        assert_eq!((status, body["status"].as_str()), (StatusCode::OK, Some("ready")));
+
+        state.draining.cancel();
+        let (status, body) = ready_status(&state).await;
+        assert_eq!((status, body["status"].as_str()), (StatusCode::SERVICE_UNAVAILABLE, Some("draining")));
+        assert_eq!(body["models"], serde_json::json!(["echo"]), "models still listed while draining");
+    }
 }

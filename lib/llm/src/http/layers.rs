@@ -69,7 +69,7 @@ pub(crate) async fn observe(State(state): State<Arc<AppState>>, mut request: Req
 
 /// Paths any client may read without the API key.
 fn is_open_path(path: &str) -> bool {
-    matches!(path, "/health" | "/live" | "/metrics")
+    matches!(path, "/health" | "/live" | "/ready" | "/metrics")
 }
 
 /// Compare without stopping at the first difference, so the time taken says nothing
@@ -78,7 +78,7 @@ fn same_key(given: &[u8], expected: &[u8]) -> bool {
     given.len() == expected.len() && given.iter().zip(expected).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
 }
 
-/// With an API key set: every route but `/health`, `/live` and `/metrics` needs
+/// With an API key set: every route but `/health`, `/live`, `/ready` and `/metrics` needs
 /// `Authorization: Bearer KEY`; else 401, OpenAI-shaped.
 pub(crate) async fn require_api_key(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
     let Some(expected) = state.api_key.as_deref() else {

@@ -145,8 +145,8 @@ impl HttpServiceBuilder {
         self
     }
 
-    /// Require `Authorization: Bearer KEY` on every route but `/health`, `/live` and
-    /// `/metrics` (401 otherwise).
+    /// Require `Authorization: Bearer KEY` on every route but `/health`, `/live`,
+    /// `/ready` and `/metrics` (401 otherwise).
     pub fn api_key(mut self, key: impl Into<String>) -> Self {
         self.api_key = Some(key.into());
         self
@@ -169,6 +169,7 @@ impl HttpServiceBuilder {
             manager,
             metrics,
             shutdown: CancellationToken::new(),
+            draining: CancellationToken::new(),
             body_limit: self.body_limit,
             health_check: self.health_check,
             limits: self.limits.clone(),
@@ -258,6 +259,7 @@ impl HttpService {
             .route("/v1/models", get(health::list_models))
             .route("/health", get(health::health))
             .route("/live", get(health::live))
+            .route("/ready", get(health::ready))
             .route("/metrics", get(health::metrics))
             .merge(generation)
             .fallback(|| async { ApiError::new(axum::http::StatusCode::NOT_FOUND, "no such route", "not_found_error", None) })
@@ -284,6 +286,7 @@ impl HttpService {
             router: self.router(),
             drain_timeout: self.drain_timeout,
             shutdown: self.state.shutdown.clone(),
+            draining: self.state.draining.clone(),
             limits: self.state.limits.clone(),
             api_key: self.state.api_key.is_some(),
         })
@@ -310,6 +313,7 @@ pub struct BoundHttpService {
     router: Router,
     drain_timeout: Duration,
     shutdown: CancellationToken,
+    draining: CancellationToken,
     limits: HttpLimits,
     api_key: bool,
 }
@@ -326,8 +330,9 @@ impl BoundHttpService {
         self.local_addr
     }
 
-    /// Serve until `cancel` fires; then stop accepting, let in-flight responses finish
-    /// within the drain bound, end the rest with an error, and return.
+    /// Serve until `cancel` fires; then answer `/ready` with 503, stop accepting, let
+    /// in-flight responses finish within the drain bound, end the rest with an error,
+    /// and return.
     pub async fn serve(self, cancel: CancellationToken) -> Result<(), HttpError> {
         let limits = &self.limits;
         tracing::info!(
@@ -345,6 +350,8 @@ impl BoundHttpService {
             () = &mut server => return Ok(()),
             _ = cancel.cancelled() => {}
         }
+        self.draining.cancel();
+        tracing::info!(timeout = ?self.drain_timeout, "draining: /ready answers 503; waiting for in-flight responses");
         if tokio::time::timeout(self.drain_timeout, &mut server).await.is_ok() {
             return Ok(());
         }

@@ -20,6 +20,8 @@ pub(crate) struct AppState {
     pub metrics: Arc<HttpMetrics>,
     /// Fires when the drain bound passes: in-flight responses end with an error.
     pub shutdown: CancellationToken,
+    /// Fires when the graceful shutdown begins: `/ready` answers 503 from then on.
+    pub draining: CancellationToken,
     /// Largest accepted request body in bytes.
     pub body_limit: usize,
     /// Dependencies' health, when the embedder supplies a check.

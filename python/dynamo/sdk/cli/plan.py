@@ -26,6 +26,10 @@ class ProcessPlan:
     argv: list[str]
     env: dict[str, str]
     gpus: list[int] | None
+    #: Started with its system server on a port the supervisor picks, so its ``/ready`` is
+    #: probed and a rolling restart (SIGHUP) replaces it: every ``dynamo.sdk.run`` process,
+    #: and a ``BaseDeployment`` that declares ``endpoints``.
+    probe: bool = False
 
 
 @dataclass
@@ -43,6 +47,8 @@ class ServicePlan:
     args: ServiceArgs
     #: What follows the interpreter on each process's command line (``-m module …``).
     command: list[str]
+    #: Whether its processes answer ``/ready`` on a system port (see ``ProcessPlan.probe``).
+    probe: bool = False
     processes: list[ProcessPlan] = field(default_factory=list)
 
 
@@ -83,8 +89,11 @@ def plan_services(
         name = _node_name(node)
         if isinstance(node, type) and issubclass(node, BaseDeployment):
             command = ["-m", node.module()]
+            # A deployment that declares endpoints registers them: its /ready says when.
+            probe = bool(node.endpoints)
         else:
             command = ["-m", "dynamo.sdk.run", pipeline, "--service-name", name, "--working-dir", working_dir]
+            probe = True
         plans.append(
             ServicePlan(
                 name=name,
@@ -96,6 +105,7 @@ def plan_services(
                 config=node.effective_config(config),
                 args=args,
                 command=command,
+                probe=probe,
             )
         )
     return plans
@@ -133,7 +143,8 @@ def build_plan(
             if allocator is not None and args.gpus > 0:
                 gpus = allocator.assign(f"{name}[{index}]", args.gpus)
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
-            plan.processes.append(ProcessPlan(label=f"{name}[{index}]", argv=argv, env=env, gpus=gpus))
+            label = f"{name}[{index}]"
+            plan.processes.append(ProcessPlan(label=label, argv=argv, env=env, gpus=gpus, probe=plan.probe))
     return plans
 
 

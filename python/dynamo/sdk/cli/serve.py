@@ -1,5 +1,6 @@
 """``dynamo serve module:Service [-f config.yaml] [--Service.key=value ...]``: start a
-service graph, one process per worker of every service, and supervise it."""
+service graph, one process per worker of every service, and supervise it; SIGHUP
+restarts the service processes one at a time (rolling restart, docs/sdk.md)."""
 
 from __future__ import annotations
 
@@ -16,10 +17,12 @@ from dynamo.sdk.cli.plan import build_plan, check_config_names, describe
 from dynamo.sdk.lib.config import CONFIG_ENV, ServiceConfig, ServiceConfigError
 from dynamo.sdk.lib.overrides import deep_merge, load_config_file, load_deployment_config, parse_overrides
 from dynamo.sdk.loader import load_service
-from dynamo.supervisor import DEFAULT_STOP_TIMEOUT, ChildSpec, Supervisor
+from dynamo.supervisor import DEFAULT_READY_TIMEOUT, DEFAULT_STOP_TIMEOUT, ChildSpec, Supervisor
 
 #: Seconds children get to exit after SIGTERM before they are killed.
 STOP_TIMEOUT_ENV = "DYN_SDK_STOP_TIMEOUT"
+#: Seconds a replacement gets to answer ``/ready`` in a rolling restart.
+READY_TIMEOUT_ENV = "DYN_SDK_READY_TIMEOUT"
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:  # argparse keeps this type private
@@ -77,12 +80,14 @@ def serve(args: argparse.Namespace, extra: Sequence[str]) -> int:
         print(describe(plans, config))
         return 0
     children = [
-        ChildSpec(p.label, p.argv, p.env, restart=s.restart, max_restarts=s.max_restarts)
+        ChildSpec(p.label, p.argv, p.env, restart=s.restart, max_restarts=s.max_restarts, probe=p.probe)
         for s in plans
         for p in s.processes
     ]
     stop_timeout = float(os.environ.get(STOP_TIMEOUT_ENV, DEFAULT_STOP_TIMEOUT))
+    ready_timeout = float(os.environ.get(READY_TIMEOUT_ENV, DEFAULT_READY_TIMEOUT))
     supervisor = Supervisor(
-        children, name="dynamo serve", group="the graph", working_dir=working_dir, stop_timeout=stop_timeout
+        children, name="dynamo serve", group="the graph", working_dir=working_dir, stop_timeout=stop_timeout,
+        ready_timeout=ready_timeout,
     )
     return asyncio.run(supervisor.run())
