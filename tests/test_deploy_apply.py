@@ -8,7 +8,6 @@ wait. The last test runs for real when KUBECONFIG points at a reachable cluster.
 from __future__ import annotations
 
 import copy
-import json
 import os
 import subprocess
 import sys
@@ -16,28 +15,21 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 import yaml
 from helpers import EXAMPLES_DIR
+from k8s_api import NOT_FOUND, TOKEN, Request, recorded, serve_recorded, write_kubeconfig
 
 pytest.importorskip("kubernetes")
 
-DATA = Path(__file__).parent / "data" / "k8s"
 LLM = EXAMPLES_DIR / "llm"
 AGG = ["graphs.agg:Frontend", "-f", "configs/agg.yaml"]
 DEPLOYMENTS = ["agg-frontend", "agg-processor", "agg-worker"]
-TOKEN = "recorded-token"
 #: Bound on one `dynamo deploy --apply` run in these tests.
 RUN_TIMEOUT = 60
-
-
-def recorded(name: str) -> dict[str, Any]:
-    return json.loads((DATA / name).read_text())
 
 
 def deployment_body(name: str, state: str, replicas: int) -> dict[str, Any]:
@@ -50,15 +42,6 @@ def deployment_body(name: str, state: str, replicas: int) -> dict[str, Any]:
     else:
         body["status"]["unavailableReplicas"] = replicas
     return body
-
-
-@dataclass
-class Request:
-    method: str
-    path: str
-    query: dict[str, str]
-    headers: dict[str, str]
-    body: Any
 
 
 @dataclass
@@ -82,59 +65,19 @@ class RecordedApiServer:
                 return 200, body
             bodies = self.gets.get(request.path)
             if not bodies:
-                return 404, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound"}
+                return NOT_FOUND
             return 200, bodies.pop(0) if len(bodies) > 1 else bodies[0]
 
 
 @pytest.fixture
 def api_server() -> Iterator[tuple[RecordedApiServer, str]]:
     recorder = RecordedApiServer()
-
-    class Handler(BaseHTTPRequestHandler):
-        def _serve(self) -> None:
-            url = urlsplit(self.path)
-            length = int(self.headers.get("Content-Length") or 0)
-            raw = self.rfile.read(length) if length else b""
-            request = Request(
-                method=self.command, path=url.path, query=dict(parse_qsl(url.query)),
-                headers={k.lower(): v for k, v in self.headers.items()},
-                body=yaml.safe_load(raw) if raw else None,
-            )
-            status, body = recorder.answer(request)
-            data = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        do_GET = do_PATCH = _serve
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
-    thread.start()
-    try:
-        yield recorder, f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
+    with serve_recorded(recorder.answer) as url:
+        yield recorder, url
 
 
 def kubeconfig(tmp_path: Path, server: str) -> Path:
-    path = tmp_path / "kubeconfig"
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "recorded", "cluster": {"server": server}}],
-        "users": [{"name": "ci", "user": {"token": TOKEN}}],
-        "contexts": [{"name": "recorded", "context": {"cluster": "recorded", "user": "ci", "namespace": "team"}}],
-        "current-context": "recorded",
-    }))
-    return path
+    return write_kubeconfig(tmp_path / "kubeconfig", server)
 
 
 def deploy_apply(config: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -6,18 +6,14 @@ the scale subresource. The last test runs on a real cluster when KUBECONFIG poin
 from __future__ import annotations
 
 import copy
-import json
 import os
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
 
 import pytest
-import yaml
+from k8s_api import NOT_FOUND, TOKEN, Request, recorded, serve_recorded, write_kubeconfig
 
 pytest.importorskip("kubernetes")
 
@@ -25,14 +21,8 @@ from dynamo.planner.config import build_config
 from dynamo.planner.connector import ConnectorError, ConnectorErrorKind
 from dynamo.planner.connectors.kubernetes import KubernetesConnector
 
-DATA = Path(__file__).parent / "data" / "k8s"
-TOKEN = "recorded-token"
 LIST_PATH = "/apis/apps/v1/namespaces/team/deployments"
 SCALE_PATH = "/apis/apps/v1/namespaces/team/deployments/agg-worker/scale"
-
-
-def recorded(name: str) -> dict[str, Any]:
-    return json.loads((DATA / name).read_text())
 
 
 def deployment_list(*items: dict[str, Any]) -> dict[str, Any]:
@@ -43,7 +33,11 @@ def deployment_list(*items: dict[str, Any]) -> dict[str, Any]:
 @dataclass
 class Recorded:
     answers: dict[tuple[str, str], tuple[int, dict[str, Any]]] = field(default_factory=dict)
-    requests: list[dict[str, Any]] = field(default_factory=list)
+    requests: list[Request] = field(default_factory=list)
+
+    def answer(self, request: Request) -> tuple[int, dict[str, Any]]:
+        self.requests.append(request)
+        return self.answers.get((request.method, request.path), NOT_FOUND)
 
 
 @pytest.fixture
@@ -51,49 +45,8 @@ def api_server(tmp_path: Path) -> Iterator[tuple[Recorded, Path]]:
     """A loopback API server answering (method, path) with recorded bodies, and a
     kubeconfig pointing at it (context namespace `team`)."""
     recorder = Recorded()
-
-    class Handler(BaseHTTPRequestHandler):
-        def _serve(self) -> None:
-            url = urlsplit(self.path)
-            length = int(self.headers.get("Content-Length") or 0)
-            raw = self.rfile.read(length) if length else b""
-            recorder.requests.append({
-                "method": self.command, "path": url.path, "query": dict(parse_qsl(url.query)),
-                "headers": {k.lower(): v for k, v in self.headers.items()},
-                "body": json.loads(raw) if raw else None,
-            })
-            status, body = recorder.answers.get(
-                (self.command, url.path), (404, {"kind": "Status", "status": "Failure", "reason": "NotFound"})
-            )
-            data = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        do_GET = do_PATCH = _serve
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    config = tmp_path / "kubeconfig"
-    config.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config",
-        "clusters": [{"name": "recorded", "cluster": {"server": f"http://127.0.0.1:{server.server_address[1]}"}}],
-        "users": [{"name": "ci", "user": {"token": TOKEN}}],
-        "contexts": [{"name": "recorded", "context": {"cluster": "recorded", "user": "ci", "namespace": "team"}}],
-        "current-context": "recorded",
-    }))
-    try:
-        yield recorder, config
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
+    with serve_recorded(recorder.answer) as url:
+        yield recorder, write_kubeconfig(tmp_path / "kubeconfig", url)
 
 
 def planner_config(graph: str = "agg") -> Any:
@@ -122,14 +75,14 @@ async def test_reads_replicas_and_scales_through_the_subresource(api_server, mon
     ready = progressing["status"].get("readyReplicas") or 0
     assert (states["agg"].ready, states["agg"].pending) == (ready, desired - ready)
     listing = recorder.requests[0]
-    assert listing["query"]["labelSelector"] == "dynamo.ai/graph=agg,dynamo.ai/service=Worker"
-    assert listing["headers"]["authorization"] == f"Bearer {TOKEN}"
+    assert listing.query["labelSelector"] == "dynamo.ai/graph=agg,dynamo.ai/service=Worker"
+    assert listing.headers["authorization"] == f"Bearer {TOKEN}"
 
     await k8s.scale("agg", 3, "test")
     patch = recorder.requests[-1]
-    assert (patch["method"], patch["path"]) == ("PATCH", SCALE_PATH)
-    assert patch["body"] == {"spec": {"replicas": 3}}
-    assert "patch" in patch["headers"]["content-type"]
+    assert (patch.method, patch.path) == ("PATCH", SCALE_PATH)
+    assert patch.body == {"spec": {"replicas": 3}}
+    assert "patch" in patch.headers["content-type"]
 
 
 async def test_ready_deployment_has_no_pending_replicas(api_server, monkeypatch) -> None:
@@ -153,7 +106,7 @@ async def test_no_or_several_matching_deployments_is_an_error(api_server, monkey
     recorder.answers[("GET", LIST_PATH)] = (200, deployment_list(two, other))
     with pytest.raises(ConnectorError, match="2 Deployments"):
         await k8s.scale("agg", 2, "test")
-    assert all(r["method"] == "GET" for r in recorder.requests)
+    assert all(r.method == "GET" for r in recorder.requests)
 
 
 async def test_a_refused_scale_is_an_error_with_its_status(api_server, monkeypatch) -> None:

@@ -2,7 +2,7 @@
 ``python -m dynamo.mocker --num-workers N`` its N workers.
 
 Starts every child (argv + environment, with a label) in its own process group (within
-this session, see ``_child_setup``), prefixes each output line with the child's label
+this session, see ``child_setup``), prefixes each output line with the child's label
 (``Backend[1] | ...``), forwards SIGINT/SIGTERM to every child (then SIGKILL after a
 bound), reaps them all, reports a child that exits with its status, restarts it when its
 spec says so, and otherwise stops the others and exits non-zero.
@@ -34,7 +34,7 @@ import socket
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,7 +48,7 @@ DEFAULT_READY_TIMEOUT = 120.0
 READY_POLL_INTERVAL = 0.2
 
 
-def _child_setup() -> None:
+def child_setup() -> None:
     """Runs in each child before exec.
 
     * Its own process group, so that stopping it stops what it started (an engine's
@@ -94,14 +94,16 @@ class _Child:
     swap: asyncio.Event | None = None
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (for a child's system server)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
-def _ready_status(port: int) -> int:
-    """The status ``/ready`` answers on ``port`` (0: no answer)."""
+def ready_status(port: int) -> int:
+    """The status ``/ready`` answers on ``port`` of 127.0.0.1 (0: no answer). Blocking:
+    run it in a thread."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=1) as response:
             return int(response.status)
@@ -109,6 +111,31 @@ def _ready_status(port: int) -> int:
         return int(e.code)
     except OSError:
         return 0
+
+
+async def pump_output(label: str, proc: asyncio.subprocess.Process) -> None:
+    """Copy ``proc``'s output to this process's stdout, each line prefixed ``label | ``,
+    until it closes."""
+    assert proc.stdout is not None
+    prefix = f"{label} | ".encode()
+    out = sys.stdout.buffer
+    while line := await proc.stdout.readline():
+        out.write(prefix + (line if line.endswith(b"\n") else line + b"\n"))
+        out.flush()
+
+
+async def stop_group(proc: asyncio.subprocess.Process, timeout: float, say: Callable[[str], None]) -> int:
+    """SIGTERM ``proc``'s process group (it drains), SIGKILL it after ``timeout``
+    seconds (said through ``say``); returns its exit status."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        return await asyncio.wait_for(proc.wait(), timeout)
+    except asyncio.TimeoutError:
+        say(f"pid {proc.pid} still running after {timeout:g}s: killing it")
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        return await proc.wait()
 
 
 class Supervisor:
@@ -152,7 +179,7 @@ class Supervisor:
             if fixed != "0":
                 child.port = int(fixed)  # the spec's own port (a service's `envs`): kept, probed there
             else:
-                child.port = _free_port()
+                child.port = free_port()
                 host = child.spec.env.get("DYN_SYSTEM_HOST", "127.0.0.1")
                 env.update(DYN_SYSTEM_HOST=host, DYN_SYSTEM_PORT=str(child.port))
         child.proc = await asyncio.create_subprocess_exec(
@@ -162,24 +189,17 @@ class Supervisor:
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
-            preexec_fn=_child_setup,
+            preexec_fn=child_setup,
         )
         port = f", system port {child.port}" if child.spec.probe else ""
         self._say(f"started {child.spec.label} (pid {child.proc.pid}{port})")
 
-    async def _pump(self, child: _Child, proc: asyncio.subprocess.Process) -> None:
-        assert proc.stdout is not None
-        prefix = f"{child.spec.label} | ".encode()
-        out = sys.stdout.buffer
-        while line := await proc.stdout.readline():
-            out.write(prefix + (line if line.endswith(b"\n") else line + b"\n"))
-            out.flush()
 
     async def _watch(self, child: _Child) -> None:
         while True:
             proc = child.proc
             assert proc is not None
-            await asyncio.gather(self._pump(child, proc), proc.wait())
+            await asyncio.gather(pump_output(child.spec.label, proc), proc.wait())
             status = proc.returncode
             if child.swap is not None:
                 # A rolling restart stopped it; follow its replacement, if one starts.
@@ -214,15 +234,7 @@ class Supervisor:
 
     async def _stop_one(self, proc: asyncio.subprocess.Process) -> int:
         """SIGTERM one child's process group, SIGKILL after ``stop_timeout``; its status."""
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            return await asyncio.wait_for(proc.wait(), self.stop_timeout)
-        except asyncio.TimeoutError:
-            self._say(f"pid {proc.pid} still running after {self.stop_timeout:g}s: killing it")
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            return await proc.wait()
+        return await stop_group(proc, self.stop_timeout, self._say)
 
     async def _wait_ready(self, child: _Child) -> bool:
         """Whether ``child`` answers ``/ready`` with 200 within ``ready_timeout``."""
@@ -233,7 +245,7 @@ class Supervisor:
         while loop.time() < deadline and not self.stopping.is_set():
             if proc.returncode is not None:
                 return False
-            if await asyncio.to_thread(_ready_status, port) == 200:
+            if await asyncio.to_thread(ready_status, port) == 200:
                 return True
             await asyncio.sleep(READY_POLL_INTERVAL)
         return False

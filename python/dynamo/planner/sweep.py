@@ -34,6 +34,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from dynamo.planner.profile import Profile, ProfilePoint
+from dynamo.supervisor import free_port
 
 #: Bound on one request of the sweep.
 REQUEST_TIMEOUT = 120.0
@@ -157,15 +158,9 @@ def measure_point(
     )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def start_mocker(engine_args: Path | None, model_path: str | None) -> tuple[subprocess.Popen[bytes], int]:
     """``dynamo-run in=http out=mocker`` on a free port, once it serves."""
-    port = _free_port()
+    port = free_port()
     argv = [sys.executable, "-c", "import sys; from dynamo.llm.cli import main; main()", "in=http", "out=mocker",
             "--http-host", "127.0.0.1", "--http-port", str(port)]
     if engine_args is not None:

@@ -12,10 +12,12 @@ drains it: SIGTERM (the worker leaves discovery and finishes its streams), SIGKI
 after ``stop_timeout_s``. ``startup_delay_s`` holds each start back, to emulate slow
 starts in experiments.
 
-TODO(supervisor): ``dynamo.supervisor.Supervisor`` runs a fixed list of children; the
-planner needs to add and stop one child at a time while the others run. Once the
-supervisor offers ``add(spec)`` and ``stop(label, timeout)`` (and a public child setup),
-this module should hand it specs instead of spawning processes itself.
+The process primitives are the supervisor's (``dynamo.supervisor``: child setup, free
+port, output prefixing, ``/ready`` status, drain-then-kill), so a replica is started,
+shown and stopped exactly as ``dynamo serve`` does it. TODO(supervisor): the
+``Supervisor`` class itself runs a fixed list of children; once it can add and stop one
+child while the others run, this module should hand it specs instead of keeping its own
+list of replicas.
 """
 
 from __future__ import annotations
@@ -25,9 +27,6 @@ import contextlib
 import json
 import logging
 import os
-import signal
-import socket
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -36,7 +35,7 @@ from dataclasses import dataclass, field
 from dynamo.planner.config import LocalConnectorConfig, PlannerConfig
 from dynamo.planner.connector import ConnectorError, ConnectorErrorKind
 from dynamo.planner.decide import RoleState
-from dynamo.supervisor import _child_setup
+from dynamo.supervisor import child_setup, free_port, pump_output, ready_status, stop_group
 
 log = logging.getLogger("dynamo.planner.local")
 
@@ -45,26 +44,14 @@ PROBE_INTERVAL = 0.2
 PROBE_TIMEOUT = 1.0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _probe(port: int) -> bool:
     """Whether the worker's system server says it is ready (blocking; run in a thread)."""
-    base = f"http://127.0.0.1:{port}"
-    try:
-        with urllib.request.urlopen(f"{base}/ready", timeout=PROBE_TIMEOUT) as response:
-            return response.status == 200
-    except urllib.error.HTTPError as e:
-        if e.code != 404:
-            return False
-    except OSError:
-        return False
+    status = ready_status(port)
+    if status != 404:
+        return status == 200
     # No /ready on this worker: healthy and serving at least one endpoint.
     try:
-        with urllib.request.urlopen(f"{base}/health", timeout=PROBE_TIMEOUT) as response:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=PROBE_TIMEOUT) as response:
             return response.status == 200 and bool(json.loads(response.read()).get("endpoints"))
     except (OSError, ValueError):
         return False
@@ -123,7 +110,7 @@ class LocalConnector:
             raise ConnectorError(ConnectorErrorKind.START_FAILED, f"roles.{role}.command is empty: cannot start one")
         while len(replicas) < target:
             self.started += 1
-            replica = _Replica(label=f"{role}[{self.started}]", port=_free_port())
+            replica = _Replica(label=f"{role}[{self.started}]", port=free_port())
             replica.task = asyncio.create_task(self._run(replica, command))
             replicas.append(replica)
             log.info("starting %s (%s)", replica.label, reason)
@@ -143,21 +130,13 @@ class LocalConnector:
         try:
             replica.proc = await asyncio.create_subprocess_exec(
                 *command, env=env, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT, preexec_fn=_child_setup,
+                stderr=asyncio.subprocess.STDOUT, preexec_fn=child_setup,
             )
         except OSError as e:
             raise ConnectorError(ConnectorErrorKind.START_FAILED, f"{replica.label}: {e}") from e
         log.info("started %s (pid %d, system port %d)", replica.label, replica.proc.pid, replica.port)
-        await asyncio.gather(self._pump(replica, replica.proc), self._until_ready(replica, replica.proc))
+        await asyncio.gather(pump_output(replica.label, replica.proc), self._until_ready(replica, replica.proc))
         await replica.proc.wait()
-
-    async def _pump(self, replica: _Replica, proc: asyncio.subprocess.Process) -> None:
-        assert proc.stdout is not None
-        prefix = f"{replica.label} | ".encode()
-        out = sys.stdout.buffer
-        while line := await proc.stdout.readline():
-            out.write(prefix + (line if line.endswith(b"\n") else line + b"\n"))
-            out.flush()
 
     async def _until_ready(self, replica: _Replica, proc: asyncio.subprocess.Process) -> None:
         while proc.returncode is None:
@@ -177,15 +156,8 @@ class LocalConnector:
             with contextlib.suppress(asyncio.CancelledError, ConnectorError):
                 await task
             return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            await asyncio.wait_for(asyncio.shield(task), self.settings.stop_timeout_s)
-        except asyncio.TimeoutError:
-            log.warning("%s still running %gs after SIGTERM: killing it", replica.label, self.settings.stop_timeout_s)
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            await task
+        await stop_group(proc, self.settings.stop_timeout_s, lambda text: log.warning("%s: %s", replica.label, text))
+        await task
         log.info("%s stopped (status %s)", replica.label, proc.returncode)
 
     async def close(self) -> None:

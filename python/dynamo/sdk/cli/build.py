@@ -9,9 +9,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from dynamo.sdk.cli.plan import load_config, working_dir_for
 from dynamo.sdk.deploy import artifact
 from dynamo.sdk.deploy.errors import DeployError
-from dynamo.sdk.deploy.graph import load_config, resolve_graph
+from dynamo.sdk.deploy.graph import resolve_graph
 from dynamo.sdk.lib.config import ServiceConfigError
 
 DEFAULT_OUTPUT = "dist"
@@ -35,7 +36,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # argparse keep
 
 def build(args: argparse.Namespace, extra: Sequence[str]) -> int:
     """Run ``dynamo build``; returns the exit status."""
-    working_dir = Path(args.working_dir or ".")
+    working_dir = Path(working_dir_for(args.graph, args.working_dir))
     try:
         file_config, overrides = load_config(args.config_file, extra)
         graph = resolve_graph(args.graph, working_dir, file_config, overrides, args.name)

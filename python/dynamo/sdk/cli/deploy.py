@@ -11,9 +11,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from dynamo.sdk.cli.plan import load_config, working_dir_for
 from dynamo.sdk.deploy import apply, artifact, lifecycle, platform
 from dynamo.sdk.deploy.errors import DeployError, DeployErrorKind
-from dynamo.sdk.deploy.graph import ResolvedGraph, load_config, resolve_graph
+from dynamo.sdk.deploy.graph import ResolvedGraph, resolve_graph
 from dynamo.sdk.deploy.kubernetes import RenderOptions, dump, render
 from dynamo.sdk.lib.config import ServiceConfigError
 from dynamo.sdk.lib.overrides import deep_merge
@@ -62,13 +63,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # argparse keep
     parser.set_defaults(handler=deploy, accepts_overrides=True)
 
 
-def _working_dir(args: argparse.Namespace) -> str:
-    """As ``dynamo serve`` finds it: ``--working-dir``, else the module's path if it is a directory, else ``.``."""
-    if args.working_dir:
-        return str(args.working_dir)
-    module = args.graph.partition(":")[0]
-    return module if Path(module).is_dir() else "."
-
 
 def resolve(args: argparse.Namespace, extra: Sequence[str]) -> tuple[ResolvedGraph, str | None]:
     """The graph the arguments name, and the image its artifact implies (None for a graph).
@@ -77,7 +71,8 @@ def resolve(args: argparse.Namespace, extra: Sequence[str]) -> tuple[ResolvedGra
     if not artifact.is_artifact(args.graph):
         if args.registry:
             raise DeployError(DeployErrorKind.INVALID, "--registry names where an artifact's image is; use --image")
-        return resolve_graph(args.graph, _working_dir(args), file_config, overrides, args.name), None
+        working_dir = working_dir_for(args.graph, args.working_dir)
+        return resolve_graph(args.graph, working_dir, file_config, overrides, args.name), None
     built = artifact.load(args.graph)
     sys.dont_write_bytecode = True  # leave the artifact's directory as it was built
     config = deep_merge(built.config(), file_config)

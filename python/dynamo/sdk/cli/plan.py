@@ -6,16 +6,51 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dynamo.sdk.cli.gpus import GpuAllocator, allocation_disabled
 from dynamo.sdk.deployment import BaseDeployment
-from dynamo.sdk.lib.config import COMMON_SECTION, CONFIG_ENV, ServiceConfigError
+from dynamo.sdk.lib.config import COMMON_SECTION, CONFIG_ENV, ServiceConfig, ServiceConfigError
+from dynamo.sdk.lib.overrides import deep_merge, load_config_file, parse_overrides
+from dynamo.sdk.loader import load_service
 from dynamo.sdk.runner import WORKER_INDEX_ENV
 from dynamo.sdk.service import DynamoService
 from dynamo.sdk.service_args import ServiceArgs
+
+
+def working_dir_for(pipeline: str, working_dir: str | None) -> str:
+    """Where a graph is imported from: ``--working-dir``, else the module's path when it
+    is a directory, else ``.`` (serve, build and deploy alike)."""
+    if working_dir:
+        return str(working_dir)
+    module = pipeline.partition(":")[0]
+    return module if Path(module).is_dir() else "."
+
+
+def load_config(
+    config_file: str | os.PathLike[str] | None, extra: Sequence[str]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(file configuration, command-line overrides) from ``-f`` and ``--Service.key=value``."""
+    file_config = load_config_file(config_file) if config_file else {}
+    overrides, leftover = parse_overrides(extra)
+    if leftover:
+        raise ServiceConfigError(f"unexpected arguments {leftover} (overrides look like --Service.key=value)")
+    return file_config, overrides
+
+
+def load_graph(
+    pipeline: str, working_dir: str | os.PathLike[str], file_config: dict[str, Any], overrides: dict[str, Any]
+) -> tuple[DynamoService, dict[str, Any]]:
+    """Import the graph's root service with the merged configuration (``overrides`` over
+    ``file_config``) in force; returns the root and that configuration."""
+    config = deep_merge(file_config, overrides)
+    # Importing the graph may read the configuration (dynamo_address(), module-level code).
+    os.environ[CONFIG_ENV] = json.dumps(config)
+    ServiceConfig.set_instance(config)
+    return load_service(pipeline, Path(working_dir)), config
 
 
 @dataclass

@@ -6,17 +6,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 from dynamo.sdk.cli.gpus import GpuAllocationError, allocation_disabled, detect_gpu_count
-from dynamo.sdk.cli.plan import build_plan, check_config_names, describe
-from dynamo.sdk.lib.config import CONFIG_ENV, ServiceConfig, ServiceConfigError
-from dynamo.sdk.lib.overrides import deep_merge, load_config_file, load_deployment_config, parse_overrides
-from dynamo.sdk.loader import load_service
+from dynamo.sdk.cli.plan import build_plan, check_config_names, describe, load_config, load_graph, working_dir_for
+from dynamo.sdk.lib.config import ServiceConfigError
+from dynamo.sdk.lib.overrides import load_deployment_config
 from dynamo.supervisor import DEFAULT_READY_TIMEOUT, DEFAULT_STOP_TIMEOUT, ChildSpec, Supervisor
 
 #: Seconds children get to exit after SIGTERM before they are killed.
@@ -43,30 +40,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # argparse keep
     parser.set_defaults(handler=serve, accepts_overrides=True)
 
 
-def _working_dir(args: argparse.Namespace) -> str:
-    if args.working_dir:
-        return str(args.working_dir)
-    module = args.pipeline.partition(":")[0]
-    return module if Path(module).is_dir() else "."
-
 
 def serve(args: argparse.Namespace, extra: Sequence[str]) -> int:
     """Run ``dynamo serve``; returns the exit status."""
-    working_dir = _working_dir(args)
+    working_dir = working_dir_for(args.pipeline, args.working_dir)
     try:
         deployed = load_deployment_config()
+        file_config, overrides = load_config(None if deployed is not None else args.config_file, extra)
         if deployed is not None:
             file_config = deployed
-        else:
-            file_config = load_config_file(args.config_file) if args.config_file else {}
-        overrides, leftover = parse_overrides(extra)
-        if leftover:
-            raise ServiceConfigError(f"unexpected arguments {leftover} (overrides look like --Service.key=value)")
-        config = deep_merge(file_config, overrides)
-        # Importing the graph may read the configuration (dynamo_address(), module-level code).
-        os.environ[CONFIG_ENV] = json.dumps(config)
-        ServiceConfig.set_instance(config)
-        root = load_service(args.pipeline, working_dir)
+        root, config = load_graph(args.pipeline, working_dir, file_config, overrides)
         graph = root.all_services()
         for warning in check_config_names(graph, file_config, overrides):
             print(f"warning: {warning}", file=sys.stderr)

@@ -11,17 +11,13 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from dynamo.sdk.cli.plan import ServicePlan, check_config_names, plan_services
+from dynamo.sdk.cli.plan import ServicePlan, check_config_names, load_graph, plan_services
 from dynamo.sdk.deploy.errors import DeployError, DeployErrorKind
 from dynamo.sdk.deployment import BaseDeployment
-from dynamo.sdk.lib.config import CONFIG_ENV, ServiceConfig, ServiceConfigError
-from dynamo.sdk.lib.overrides import deep_merge, load_config_file, parse_overrides
-from dynamo.sdk.loader import load_service
 from dynamo.sdk.runner import DEFAULT_PORT
 from dynamo.sdk.service import DynamoService
 
@@ -100,16 +96,6 @@ def default_graph_name(pipeline: str) -> str:
     return dns_label(module.rsplit(".", 1)[-1])
 
 
-def load_config(
-    config_file: str | os.PathLike[str] | None, extra: Sequence[str]
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(file configuration, command-line overrides) as ``dynamo serve`` reads them."""
-    file_config = load_config_file(config_file) if config_file else {}
-    overrides, leftover = parse_overrides(extra)
-    if leftover:
-        raise ServiceConfigError(f"unexpected arguments {leftover} (overrides look like --Service.key=value)")
-    return file_config, overrides
-
 
 def resolve_graph(
     pipeline: str,
@@ -121,11 +107,7 @@ def resolve_graph(
     """Import the graph from ``working_dir`` with the merged configuration and resolve
     every service as ``dynamo serve`` does (command written for ``CONTAINER_WORKDIR``)."""
     overrides = overrides or {}
-    config = deep_merge(file_config, overrides)
-    # Importing the graph may read the configuration (dynamo_address(), module-level code).
-    os.environ[CONFIG_ENV] = json.dumps(config)
-    ServiceConfig.set_instance(config)
-    root = load_service(pipeline, Path(working_dir))
+    root, config = load_graph(pipeline, working_dir, file_config, overrides)
     nodes = root.all_services()
     warnings = tuple(check_config_names(nodes, file_config, overrides))
     plans = plan_services(pipeline, root, config, CONTAINER_WORKDIR)
