@@ -161,6 +161,15 @@ def test_deep_merge_keeps_sibling_keys():
 # --------------------------------------------------------------------- precedence
 
 
+@pytest.mark.parametrize("variable", ["DYN_SDK_STOP_TIMEOUT", "DYN_SDK_READY_TIMEOUT"])
+def test_a_bound_that_is_not_seconds_is_a_clear_error(variable):
+    done = dynamo_cli(["serve", "llm_service:LLMService", "-f", "prod_config.yaml", "--dry-run"], cwd=GRAPHS,
+                      **{variable: "soon"})
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"{variable} must be a number of seconds >= 0, got 'soon'" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
 def test_complete_configuration_example_dry_run():
     """The seed: `dynamo serve service:LLMService -f prod_config.yaml --LLMService.temperature=0.9`."""
     done = dynamo_cli(

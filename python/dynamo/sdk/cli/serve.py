@@ -41,10 +41,26 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # argparse keep
 
 
 
+def _seconds(name: str, default: float) -> float:
+    """A bound in seconds from the environment variable ``name`` (``default`` when unset)."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:  # also refuses nan
+        raise ServiceConfigError(f"{name} must be a number of seconds >= 0, got {raw!r}")
+    return value
+
+
 def serve(args: argparse.Namespace, extra: Sequence[str]) -> int:
     """Run ``dynamo serve``; returns the exit status."""
     working_dir = working_dir_for(args.pipeline, args.working_dir)
     try:
+        stop_timeout = _seconds(STOP_TIMEOUT_ENV, DEFAULT_STOP_TIMEOUT)
+        ready_timeout = _seconds(READY_TIMEOUT_ENV, DEFAULT_READY_TIMEOUT)
         deployed = load_deployment_config()
         file_config, overrides = load_config(None if deployed is not None else args.config_file, extra)
         if deployed is not None:
@@ -67,8 +83,6 @@ def serve(args: argparse.Namespace, extra: Sequence[str]) -> int:
         for s in plans
         for p in s.processes
     ]
-    stop_timeout = float(os.environ.get(STOP_TIMEOUT_ENV, DEFAULT_STOP_TIMEOUT))
-    ready_timeout = float(os.environ.get(READY_TIMEOUT_ENV, DEFAULT_READY_TIMEOUT))
     supervisor = Supervisor(
         children, name="dynamo serve", group="the graph", working_dir=working_dir, stop_timeout=stop_timeout,
         ready_timeout=ready_timeout,
