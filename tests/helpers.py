@@ -165,6 +165,26 @@ async def wait_for_instances(client: Any, count: int, timeout: float = READY_TIM
     return list(client.instance_ids())
 
 
+async def instance_counts_during(client: Any, awaitable: Awaitable[Any], interval: float = 0.02) -> list[int]:
+    """How many instances `client` saw, sampled every `interval` seconds while
+    `awaitable` ran (a rolling restart, a scale-down); the samples, once it is done."""
+    counts: list[int] = []
+    done = asyncio.Event()
+
+    async def sample() -> None:
+        while not done.is_set():
+            counts.append(len(client.instance_ids()))
+            await asyncio.sleep(interval)
+
+    sampling = asyncio.create_task(sample())
+    try:
+        await awaitable
+    finally:
+        done.set()
+        await sampling
+    return counts
+
+
 async def bounded(awaitable: Awaitable[Any], timeout: float, what: str) -> Any:
     """Await with a bound; fail the test (not just raise TimeoutError) naming `what`."""
     try:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import openai
 import pytest
-from helpers import EXAMPLES_DIR, free_port, wait_for_instances, wait_until
+from helpers import EXAMPLES_DIR, free_port, instance_counts_during, wait_for_instances, wait_until
 
 LLM = EXAMPLES_DIR / "llm"
 #: The services of each graph, and of each component run alone (what it depends on, unlinked).
@@ -108,21 +108,10 @@ async def test_agg_graph_rolling_restart(backend, workers, runtime, namespace) -
     await wait_for_instances(worker_client, 2)
     await check_streams(port)
     before = started_pids(served, "dynamo serve")
-    seen: list[int] = []
-    done = asyncio.Event()
-
-    async def count_workers() -> None:
-        while not done.is_set():
-            seen.append(len(worker_client.instance_ids()))
-            await asyncio.sleep(0.02)
-
-    counting = asyncio.create_task(count_workers())
     served.send_signal(signal.SIGHUP)
-    try:
-        await served.wait_for_line("[dynamo serve] rolling restart done", 120)
-    finally:
-        done.set()
-        await counting
+    seen = await instance_counts_during(
+        worker_client, served.wait_for_line("[dynamo serve] rolling restart done", 120)
+    )
     after = started_pids(served, "dynamo serve")
     assert {"Worker[0]", "Worker[1]"} <= set(after) and all(after[k] != before[k] for k in before), (before, after)
     assert min(seen) >= 1 and 1 in seen, sorted(set(seen))

@@ -13,7 +13,16 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from helpers import EXAMPLES_DIR, READY_TIMEOUT, alive, free_port, request, started_pids, wait_for_instances
+from helpers import (
+    EXAMPLES_DIR,
+    READY_TIMEOUT,
+    alive,
+    free_port,
+    instance_counts_during,
+    request,
+    started_pids,
+    wait_for_instances,
+)
 
 GRAPHS = Path(__file__).parent / "sdk_graphs"
 HELLO = EXAMPLES_DIR / "hello_world"
@@ -102,21 +111,10 @@ async def test_rolling_restart_of_a_graph(backend, workers, runtime, namespace):
     backend_client = await runtime.endpoint(f"{namespace}.Backend.generate").client()
     await wait_for_instances(backend_client, 2)
     before = started_pids(serve, "dynamo serve")
-    counts: list[int] = []
-    done = asyncio.Event()
-
-    async def count_backends() -> None:
-        while not done.is_set():
-            counts.append(len(backend_client.instance_ids()))
-            await asyncio.sleep(0.02)
-
-    counting = asyncio.create_task(count_backends())
     serve.send_signal(signal.SIGHUP)
-    try:
-        await serve.wait_for_line("[dynamo serve] rolling restart done", 120)
-    finally:
-        done.set()
-        await counting
+    counts = await instance_counts_during(
+        backend_client, serve.wait_for_line("[dynamo serve] rolling restart done", 120)
+    )
     after = started_pids(serve, "dynamo serve")
     assert sorted(after) == sorted(before) and not set(after.values()) & set(before.values()), (before, after)
     assert min(counts) >= 1 and 1 in counts, f"Backend instances during the restart: {sorted(set(counts))}"
