@@ -9,7 +9,9 @@ starts)."""
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -136,3 +138,20 @@ async def test_add_and_stop_one_child_while_the_others_run(workers_local: Worker
     sup.send_signal(signal.SIGTERM)
     assert await sup.wait_exit(20) == 0, sup.describe()
     assert not alive(pids["c[1]"])
+
+
+def test_the_mocker_supervisor_reads_its_ready_bound_from_the_environment(tmp_path: Path, monkeypatch):
+    """`python -m dynamo.mocker --num-workers N` honours DYN_SDK_READY_TIMEOUT as `dynamo
+    serve` does: a value that is not seconds stops it before any worker starts."""
+    from dynamo.supervisor import READY_TIMEOUT_ENV, seconds_from_env
+
+    env = {**os.environ, READY_TIMEOUT_ENV: "soon"}
+    done = subprocess.run([sys.executable, "-m", "dynamo.mocker", "--num-workers", "2"], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "DYN_SDK_READY_TIMEOUT must be a number of seconds >= 0, got 'soon'" in done.stderr
+    assert "started" not in done.stdout
+    monkeypatch.setenv(READY_TIMEOUT_ENV, "2.5")
+    assert seconds_from_env(READY_TIMEOUT_ENV, 120.0) == 2.5
+    monkeypatch.delenv(READY_TIMEOUT_ENV)
+    assert seconds_from_env(READY_TIMEOUT_ENV, 120.0) == 120.0
