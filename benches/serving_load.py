@@ -1,5 +1,5 @@
-"""What the serving benchmarks share: child processes (started in their own process
-group, killed with it, dying with this process), a minimal keep-alive HTTP/1.1 + SSE
+"""What the serving benchmarks share: child processes (started as ``dynamo.supervisor``
+starts its children: in their own process group, killed with it, dying with this process), a minimal keep-alive HTTP/1.1 + SSE
 client that times each streamed event, closed-loop and open-loop (Poisson) load, and
 percentiles. Used by ``llm_serving.py``, ``disagg.py`` and ``engine_overhead.py``.
 """
@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import itertools
 import json
 import os
@@ -24,25 +23,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+# The supervisor's primitives: a process group of its own within this session (why: see
+# child_setup), dying with this process; a free loopback port.
+from dynamo.supervisor import child_setup, free_port
+
 #: Bound on one request (s).
 REQUEST_TIMEOUT = 60.0
 
 # ----------------------------------------------------------------------------- processes
-
-
-def _child_setup() -> None:
-    # A process group of its own (stopped as one), in this session: Linux's autogroup
-    # schedules each session as one group, and a frontend alone in a session waits
-    # 100+ ms for a core that a CPU engine keeps busy (docs/performance.md).
-    os.setpgid(0, 0)
-    with contextlib.suppress(OSError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Processes:
@@ -56,7 +44,7 @@ class Processes:
     def start(self, name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
         log = open(self.log_dir / f"{name}.log", "wb")  # noqa: SIM115 (closed with the process)
         proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                preexec_fn=_child_setup)
+                                preexec_fn=child_setup)
         log.close()
         self.started.append((name, proc))
         return proc

@@ -243,6 +243,9 @@ def test_python_m_dynamo_frontend_flags() -> None:
     limits = dynamo_run_argv(parse_args(["--migration-limit", "2", "--resend-limit", "0"]))
     assert limits[limits.index("--resend-limit") + 1] == "0" and limits[limits.index("--migration-limit") + 1] == "2"
     assert "--resend-limit" not in dynamo_run_argv(parse_args([])), "default: dynamo-run's (DYN_RESEND_LIMIT, else 3)"
+    zero = dynamo_run_argv(parse_args(["--keep-models", "--zero-wait-s", "5"]))
+    assert "--keep-models" in zero and zero[zero.index("--zero-wait-s") + 1] == "5.0"
+    assert "--keep-models" not in dynamo_run_argv(parse_args([])), "models leave with their last worker by default"
     for bad in (["--endpoint", "a.b"], ["--http-port", "70000"], ["--router-mode", "nope"],
                 ["--resend-limit", "-1"], ["--resend-limit", "x"]):
         with pytest.raises(SystemExit) as exit_info:

@@ -153,6 +153,11 @@ def test_scale_to_zero_and_back() -> None:
     assert decider.load("agg", {"agg": RoleState(ready=0)}, idle).action == "hold"
     waiting = Observation(request_rate=0.0, isl=None, ttft_ms=None, itl_ms=None, waiting=1)
     assert decider.load("agg", {"agg": RoleState(ready=0)}, waiting).target == 1
+    # The frontend's signal at zero workers (--keep-models): a request waiting for one.
+    at_frontend = Observation(request_rate=0.0, isl=None, ttft_ms=None, itl_ms=None, waiting_for_workers=1)
+    decision = decider.load("agg", {"agg": RoleState(ready=0)}, at_frontend)
+    assert decision.target == 1 and "demand at zero replicas" in decision.reason
+    assert decider.load("agg", {"agg": RoleState(ready=1)}, at_frontend).target == 1, "demand remains: no scale-down"
 
 
 def test_below_the_minimum_starts_replicas_even_without_signals() -> None:

@@ -79,11 +79,35 @@ def test_a_window_is_the_difference_of_two_scrapes() -> None:
     assert FrontendWindow.between(second, restarted, 0.9, 0.9).request_rate == pytest.approx(0.0, abs=0.31)
 
 
+def test_demand_at_zero_workers_is_read_from_the_frontend() -> None:
+    """Requests waiting for a worker now, plus those that found none between two scrapes."""
+
+    def page(arrived: int, waiting: int) -> str:
+        return metrics_text(requests=0, inflight=waiting, ttft_buckets={float("inf"): 0}, isl_sum=0) + "\n".join([
+            "# TYPE dynamo_frontend_requests_without_workers_total counter",
+            f'dynamo_frontend_requests_without_workers_total{{model="{MODEL}"}} {arrived}',
+            'dynamo_frontend_requests_without_workers_total{model="other"} 50',
+            "# TYPE dynamo_frontend_requests_waiting_for_workers gauge",
+            f'dynamo_frontend_requests_waiting_for_workers{{model="{MODEL}"}} {waiting}',
+        ]) + "\n"
+
+    first, second = parse_frontend(page(2, 0), MODEL, 0.0), parse_frontend(page(5, 1), MODEL, 2.0)
+    assert (second.without_workers, second.waiting_for_workers) == (5, 1)
+    window = FrontendWindow.between(first, second, 0.9, 0.9)
+    assert window.waiting_for_workers == 1 + 3
+    assert observation(window, 0, ()).waiting_for_workers == 4
+    assert FrontendWindow.between(second, second, 0.9, 0.9).waiting_for_workers == 1
+
+
 def test_a_page_without_the_families_is_not_a_frontend() -> None:
     assert not parse_frontend("# TYPE other_total counter\nother_total 1\n", MODEL, 0.0).exported
     # A frontend that has not served the model yet: exported, zeros.
     empty = parse_frontend(metrics_text(0, 0, {"+Inf": 0}, 0).replace(f'model="{MODEL}"', 'model="x"'), MODEL, 0.0)
     assert empty.exported and empty.requests == 0
+    # A frontend that has served no request at all: only the scrapes' own responses.
+    fresh = 'dynamo_frontend_responses_total{endpoint="/metrics",status="200"} 1\n'
+    fresh_snap = parse_frontend(fresh, MODEL, 0.0)
+    assert fresh_snap.exported and fresh_snap.requests == 0
 
 
 @pytest.fixture

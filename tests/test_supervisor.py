@@ -1,11 +1,17 @@
-"""`dynamo.supervisor`'s rolling restart on its own, with plain child processes that serve
-`/ready` on the system port the supervisor gives them: every probed child is replaced
+"""`dynamo.supervisor` on its own, with plain child processes that serve `/ready` on the
+system port the supervisor gives them. Rolling restart: every probed child is replaced
 in order, and a replacement that never says ready stops the rolling restart (reported,
-within its bound) while the supervisor and the other children keep running."""
+within its bound) while the supervisor and the other children keep running. One child
+at a time: a running supervisor takes one more child (after its start delay, ready once
+`/ready` answers) and drains one while the others run (not restarted, no failure; one
+that ignores SIGTERM is killed after the bound; one still in its start delay never
+starts)."""
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -75,3 +81,77 @@ async def test_a_replacement_that_is_never_ready_stops_the_rolling_restart(worke
     assert sup.proc.poll() is None and all(alive(pid) for pid in pids.values()), sup.describe()
     sup.send_signal(signal.SIGTERM)
     assert await sup.wait_exit(20) == 0, sup.describe()
+
+
+#: A running supervisor of one child (restart: always) driven from inside: add a child
+#: with a start delay, wait for it to be ready, stop the first, then one that ignores
+#: SIGTERM, then one still in its start delay; print what it saw at each step.
+ADD_AND_STOP = """
+import asyncio, sys
+from dynamo.supervisor import ChildSpec, Supervisor
+child, hold = sys.argv[1], sys.argv[2]
+stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+def spec(label, delay=0.0):
+    return ChildSpec(label, [sys.executable, "-c", child, hold], restart="always", max_restarts=3, probe=True,
+                     start_delay=delay)
+async def until(check):
+    async with asyncio.timeout(20):
+        while not check():
+            await asyncio.sleep(0.05)
+async def main():
+    sup = Supervisor([spec("c[0]")], name="sup", stop_timeout=2, ready_timeout=20)
+    running = asyncio.create_task(sup.run())
+    first = sup.children[0]
+    added = sup.add(spec("c[1]", delay=0.5))
+    print("STEP added pending", added.proc is None and added.ready_at is None, flush=True)
+    await until(lambda: added.ready_at is not None)
+    print("STEP added ready", [c.label for c in sup.children], flush=True)
+    print("STEP stopped c[0] status", await sup.stop_child(first), [c.label for c in sup.children], flush=True)
+    deaf = sup.add(ChildSpec("deaf", [sys.executable, "-c", stubborn]))
+    await until(lambda: deaf.proc is not None)
+    await asyncio.sleep(1)
+    print("STEP stopped deaf status", await sup.stop_child(deaf), flush=True)
+    late = sup.add(spec("late", delay=60))
+    print("STEP stopped late status", await sup.stop_child(late), late.proc is None, flush=True)
+    print("STEP running", not running.done(), [c.label for c in sup.children], flush=True)
+    return await running
+sys.exit(asyncio.run(main()))
+"""
+
+
+async def test_add_and_stop_one_child_while_the_others_run(workers_local: WorkerPool, tmp_path: Path):
+    sup = workers_local.command([sys.executable, "-u", "-c", ADD_AND_STOP, CHILD, str(tmp_path / "hold")], name="sup")
+    assert await sup.wait_for_line("STEP added pending", 20) == "STEP added pending True"
+    assert await sup.wait_for_line("STEP added ready", 20) == "STEP added ready ['c[0]', 'c[1]']"
+    assert await sup.wait_for_line("[sup] c[1] ready", 1)
+    # Drained: SIGTERM ends it with status 0; it is neither restarted nor a failure.
+    assert await sup.wait_for_line("STEP stopped c[0]", 20) == "STEP stopped c[0] status 0 ['c[1]']"
+    # SIGTERM ignored: killed after the 2 s bound.
+    assert await sup.wait_for_line("STEP stopped deaf", 20) == f"STEP stopped deaf status {-signal.SIGKILL}"
+    assert sup.find_lines("[sup] pid ") and "still running after 2s: killing it" in sup.find_lines("[sup] pid ")[0]
+    assert await sup.wait_for_line("STEP stopped late", 20) == "STEP stopped late status None True"
+    assert await sup.wait_for_line("STEP running", 20) == "STEP running True ['c[1]']"
+    pids = started_pids(sup, "sup")
+    assert set(pids) == {"c[0]", "c[1]", "deaf"}, "a child stopped in its start delay never starts"
+    assert not alive(pids["c[0]"]) and not alive(pids["deaf"]) and alive(pids["c[1]"])
+    assert not sup.find_lines("[sup] restarting") and not sup.find_lines("[sup] c[0] exited")
+    sup.send_signal(signal.SIGTERM)
+    assert await sup.wait_exit(20) == 0, sup.describe()
+    assert not alive(pids["c[1]"])
+
+
+def test_the_mocker_supervisor_reads_its_ready_bound_from_the_environment(tmp_path: Path, monkeypatch):
+    """`python -m dynamo.mocker --num-workers N` honours DYN_SDK_READY_TIMEOUT as `dynamo
+    serve` does: a value that is not seconds stops it before any worker starts."""
+    from dynamo.supervisor import READY_TIMEOUT_ENV, seconds_from_env
+
+    env = {**os.environ, READY_TIMEOUT_ENV: "soon"}
+    done = subprocess.run([sys.executable, "-m", "dynamo.mocker", "--num-workers", "2"], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "DYN_SDK_READY_TIMEOUT must be a number of seconds >= 0, got 'soon'" in done.stderr
+    assert "started" not in done.stdout
+    monkeypatch.setenv(READY_TIMEOUT_ENV, "2.5")
+    assert seconds_from_env(READY_TIMEOUT_ENV, 120.0) == 2.5
+    monkeypatch.delenv(READY_TIMEOUT_ENV)
+    assert seconds_from_env(READY_TIMEOUT_ENV, 120.0) == 120.0

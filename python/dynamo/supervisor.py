@@ -16,7 +16,15 @@ can be probed on 127.0.0.1. On SIGHUP the supervisor replaces those children one
 time: SIGTERM one (it drains: ``/ready`` turns 503, it leaves discovery, its in-flight
 streams finish), wait for its exit (bounded by ``stop_timeout``), start its replacement,
 wait for the replacement's ``/ready`` (bounded by ``ready_timeout``), then the next. So
-with N such children of a service, never fewer than N-1 are routable.
+with N such children of a service, never fewer than N-1 are routable. A ``probe``
+child counts as *ready* (``Child.ready_at``) once its ``/ready`` answers 200 after a start.
+
+A running supervisor also takes one more child (``add``, optionally after a start-up
+delay) and drains one child while the others run (``stop_child``: SIGTERM, a bounded
+wait, then SIGKILL; not restarted, not a failure). The planner's local connector uses it
+that way, without ``run``: it adds and stops replicas and finally ``close``s it, and a
+worker that dies by itself is reported without stopping the others
+(``stop_all_on_failure=False``).
 
 Why not circus or supervisord: the needs are small (start, prefix, forward, reap,
 restart), asyncio's subprocess support covers them in the standard library, and the
@@ -32,11 +40,11 @@ import os
 import signal
 import socket
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 #: Seconds children get to exit after SIGTERM before they are killed, unless told otherwise.
 DEFAULT_STOP_TIMEOUT = 30.0
@@ -44,8 +52,30 @@ DEFAULT_STOP_TIMEOUT = 30.0
 RESTART_DELAY = 1.0
 #: Seconds a replacement gets to answer ``/ready`` in a rolling restart, unless told otherwise.
 DEFAULT_READY_TIMEOUT = 120.0
-#: Seconds between two probes of a replacement's ``/ready``.
+#: Seconds between two probes of a child's ``/ready``.
 READY_POLL_INTERVAL = 0.2
+#: Environment variable: seconds children get to exit after SIGTERM before they are killed.
+STOP_TIMEOUT_ENV = "DYN_SDK_STOP_TIMEOUT"
+#: Environment variable: seconds a (re)started ``probe`` child gets to answer ``/ready``.
+READY_TIMEOUT_ENV = "DYN_SDK_READY_TIMEOUT"
+
+
+def seconds_from_env(name: str, default: float) -> float:
+    """A bound in seconds from the environment variable ``name`` (``default`` when unset).
+
+    Raises:
+        ValueError: the value is not a number of seconds >= 0 (the message names ``name``).
+    """
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:  # also refuses nan
+        raise ValueError(f"{name} must be a number of seconds >= 0, got {raw!r}")
+    return value
 
 
 def child_setup() -> None:
@@ -81,17 +111,43 @@ class ChildSpec:
     #: A child with a runtime: started with its system server on a free loopback port
     #: (``/ready`` probed), and replaced in turn by a rolling restart (SIGHUP).
     probe: bool = False
+    #: Seconds to hold the first start back (``Supervisor.add``; emulates a slow start).
+    start_delay: float = 0.0
 
 
-@dataclass
-class _Child:
+@dataclass(eq=False)
+class Child:
+    """One supervised child: its spec, its current process and its state (the handle
+    ``Supervisor.add`` returns)."""
+
     spec: ChildSpec
+    #: The running (or last) process; ``None`` before the first start.
     proc: asyncio.subprocess.Process | None = None
     restarts: int = 0
     #: The system port of the running process (``probe`` children).
     port: int | None = None
+    #: When (``time.monotonic()``) the child was handed to the supervisor.
+    created: float = field(default_factory=time.monotonic)
+    #: When the current process first answered ``/ready`` 200 (``probe`` children).
+    ready_at: float | None = None
+    #: Set by ``stop_child``: its exit is neither restarted nor a failure.
+    removing: bool = False
     #: Set while a rolling restart replaces the process: its watcher waits for it.
     swap: asyncio.Event | None = None
+    #: The readiness wait of the current process (``probe`` children).
+    readiness: asyncio.Task[bool] | None = None
+    #: Starts (after ``start_delay``) and watches the child; done when it ended for good.
+    task: asyncio.Task[None] | None = None
+
+    @property
+    def label(self) -> str:
+        """The child's label (its output prefix)."""
+        return self.spec.label
+
+    @property
+    def ended(self) -> bool:
+        """Whether the child ended for good (exited and not restarted, or stopped)."""
+        return self.task is not None and self.task.done()
 
 
 def free_port() -> int:
@@ -144,20 +200,24 @@ class Supervisor:
     ``name`` prefixes the supervisor's own lines (``[name] ...``) and ``group`` names the
     children in its final report (``the graph failed: ...``); children run in
     ``working_dir`` (default: this process's) and get ``stop_timeout`` seconds after
-    SIGTERM before SIGKILL; in a rolling restart a replacement gets ``ready_timeout``
-    seconds to answer ``/ready``."""
+    SIGTERM before SIGKILL; a started ``probe`` child gets ``ready_timeout`` seconds to
+    answer ``/ready`` (in a rolling restart, the next child waits for it). With
+    ``stop_all_on_failure`` (the default) a child that fails for good stops the others;
+    without it the child is reported and dropped from ``children``."""
 
     def __init__(
         self,
-        children: Sequence[ChildSpec],
+        children: Sequence[ChildSpec] = (),
         *,
         name: str,
         group: str = "the children",
         working_dir: str | None = None,
         stop_timeout: float = DEFAULT_STOP_TIMEOUT,
         ready_timeout: float = DEFAULT_READY_TIMEOUT,
+        stop_all_on_failure: bool = True,
     ) -> None:
-        self.children = [_Child(spec) for spec in children]
+        self.children = [Child(spec) for spec in children]
+        self.stop_all_on_failure = stop_all_on_failure
         self.name = name
         self.group = group
         self.working_dir = working_dir
@@ -171,7 +231,7 @@ class Supervisor:
         sys.stdout.write(f"[{self.name}] {text}\n")
         sys.stdout.flush()
 
-    async def _start(self, child: _Child) -> None:
+    async def _start(self, child: Child) -> None:
         env = {**os.environ, **child.spec.env}
         if child.spec.probe:
             env["DYN_SYSTEM_ENABLED"] = "true"
@@ -193,13 +253,49 @@ class Supervisor:
         )
         port = f", system port {child.port}" if child.spec.probe else ""
         self._say(f"started {child.spec.label} (pid {child.proc.pid}{port})")
+        child.ready_at = None
+        if child.spec.probe:
+            child.readiness = asyncio.get_running_loop().create_task(self._track_ready(child))
 
+    async def _track_ready(self, child: Child) -> bool:
+        """Wait (bounded) for the child's new process to answer ``/ready``; record and say it."""
+        ready = await self._wait_ready(child)
+        if ready:
+            child.ready_at = time.monotonic()
+            self._say(f"{child.spec.label} ready")
+        elif child.proc is not None and child.proc.returncode is None and not self.stopping.is_set():
+            self._say(f"{child.spec.label} did not answer /ready within {self.ready_timeout:g}s")
+        return ready
 
-    async def _watch(self, child: _Child) -> None:
+    async def _run_child(self, child: Child) -> None:
+        """Start an added child (after its start delay) and watch it."""
+        if child.spec.start_delay:
+            await asyncio.sleep(child.spec.start_delay)
+        try:
+            await self._start(child)
+        except OSError as exc:
+            self._ended(child, f"cannot start {child.spec.label}: {exc}")
+            return
+        await self._watch(child)
+
+    def _ended(self, child: Child, why: str) -> None:
+        """A child ended for good by itself: a failure of the whole, or (without
+        ``stop_all_on_failure``) reported and forgotten."""
+        if self.stop_all_on_failure:
+            self.failed.append(why)
+            self.stopping.set()
+            return
+        self._say(f"{why}: not restarted")
+        with contextlib.suppress(ValueError):
+            self.children.remove(child)
+
+    async def _watch(self, child: Child) -> None:
         while True:
-            proc = child.proc
+            proc, readiness = child.proc, child.readiness
             assert proc is not None
             await asyncio.gather(pump_output(child.spec.label, proc), proc.wait())
+            if readiness is not None:
+                await readiness  # returns within one poll of the exit
             status = proc.returncode
             if child.swap is not None:
                 # A rolling restart stopped it; follow its replacement, if one starts.
@@ -207,7 +303,7 @@ class Supervisor:
                 if child.proc is not proc and not self.stopping.is_set():
                     continue
                 return
-            if self.stopping.is_set():
+            if self.stopping.is_set() or child.removing:
                 return
             policy = child.spec.restart
             wants = policy == "always" or (policy == "on-failure" and status != 0)
@@ -216,13 +312,19 @@ class Supervisor:
                 child.restarts += 1
                 self._say(f"restarting {child.spec.label} ({child.restarts}/{child.spec.max_restarts})")
                 await asyncio.sleep(RESTART_DELAY)
-                if self.stopping.is_set():
+                if self.stopping.is_set() or child.removing:
                     return
-                await self._start(child)
+                try:
+                    await self._start(child)
+                except OSError as exc:
+                    self._ended(child, f"cannot restart {child.spec.label}: {exc}")
+                    return
                 continue
             if status != 0 or wants:
-                self.failed.append(f"{child.spec.label} exited with status {status}")
-                self.stopping.set()
+                self._ended(child, f"{child.spec.label} exited with status {status}")
+            elif not self.stop_all_on_failure:
+                with contextlib.suppress(ValueError):
+                    self.children.remove(child)
             return
 
     def _signal_all(self, sig: signal.Signals) -> None:
@@ -236,8 +338,8 @@ class Supervisor:
         """SIGTERM one child's process group, SIGKILL after ``stop_timeout``; its status."""
         return await stop_group(proc, self.stop_timeout, self._say)
 
-    async def _wait_ready(self, child: _Child) -> bool:
-        """Whether ``child`` answers ``/ready`` with 200 within ``ready_timeout``."""
+    async def _wait_ready(self, child: Child) -> bool:
+        """Whether ``child``'s current process answers ``/ready`` with 200 within ``ready_timeout``."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.ready_timeout
         proc, port = child.proc, child.port
@@ -277,7 +379,9 @@ class Supervisor:
             finally:
                 swap, child.swap = child.swap, None
                 swap.set()
-            if not await self._wait_ready(child):
+            readiness = child.readiness
+            assert readiness is not None
+            if not await asyncio.shield(readiness):
                 self._say(
                     f"rolling restart stopped: {child.spec.label} did not answer /ready within {self.ready_timeout:g}s"
                 )
@@ -294,9 +398,64 @@ class Supervisor:
             return
         self._rolling = asyncio.get_running_loop().create_task(self.rolling_restart())
 
+    def add(self, spec: ChildSpec) -> Child:
+        """Supervise one more child, started (after ``spec.start_delay``) while the others
+        run; returns its handle at once (``proc`` is ``None`` until it starts). Needs a
+        running event loop; the child lives until it ends, ``stop_child`` or ``close``."""
+        child = Child(spec)
+        self.children.append(child)
+        child.task = asyncio.get_running_loop().create_task(self._run_child(child))
+        return child
+
+    async def stop_child(self, child: Child) -> int | None:
+        """Drain one child while the others run: SIGTERM its process group, wait up to
+        ``stop_timeout``, then SIGKILL. It is not restarted and its exit is no failure;
+        one still in its start delay is never started. Returns its exit status (``None``
+        when it never started)."""
+        child.removing = True
+        task = child.task
+        if child.proc is None and task is not None:
+            task.cancel()  # still in its start delay
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        status = None
+        if child.proc is not None:
+            status = await self._stop_one(child.proc)
+            self._say(f"stopped {child.spec.label} (status {status})")
+        if task is not None and not task.done():
+            await task
+        with contextlib.suppress(ValueError):
+            self.children.remove(child)
+        return status
+
+    async def close(self) -> None:
+        """Stop every child (SIGTERM; SIGKILL after ``stop_timeout``) and reap them; for
+        a supervisor used without ``run``."""
+        self.stopping.set()
+        await self._stop_all()
+
+    async def _stop_all(self) -> None:
+        """SIGTERM every child, SIGKILL those left after ``stop_timeout``, reap them all
+        (``stopping`` is set: nothing restarts)."""
+        tasks = [child.task for child in self.children if child.task is not None]
+        for child in self.children:
+            if child.proc is None and child.task is not None:
+                child.task.cancel()  # still in its start delay
+        self._signal_all(signal.SIGTERM)
+        all_done = asyncio.gather(*tasks, return_exceptions=True)
+        try:
+            await asyncio.wait_for(asyncio.shield(all_done), self.stop_timeout)
+        except asyncio.TimeoutError:
+            self._say(f"processes still running after {self.stop_timeout:g}s: killing them")
+            self._signal_all(signal.SIGKILL)
+            await all_done
+        for child in self.children:
+            if child.proc is not None and child.proc.returncode is None:
+                await child.proc.wait()
+
     async def run(self) -> int:
-        """Start every child and supervise them; the exit status: 1 when a child failed
-        (or could not start), else 0."""
+        """Start every child and supervise them (children ``add``ed meanwhile too); the
+        exit status: 1 when a child failed (or could not start), else 0."""
         loop = asyncio.get_running_loop()
         received: list[str] = []
 
@@ -311,18 +470,19 @@ class Supervisor:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, on_signal, sig)
         loop.add_signal_handler(signal.SIGHUP, self._on_hangup)
-        watchers: list[asyncio.Task[None]] = []
         try:
-            for child in self.children:
+            for child in [child for child in self.children if child.task is None]:  # not the added ones
                 await self._start(child)
-                watchers.append(loop.create_task(self._watch(child)))
+                child.task = loop.create_task(self._watch(child))
         except OSError as exc:
             self.failed.append(f"cannot start a process: {exc}")
             self.stopping.set()
-        all_done = asyncio.gather(*watchers)
         stop_wait = loop.create_task(self.stopping.wait())
-        first: list[asyncio.Future[Any]] = [all_done, stop_wait]
-        await asyncio.wait(first, return_when=asyncio.FIRST_COMPLETED)
+        while not self.stopping.is_set():
+            live = [child.task for child in self.children if child.task is not None and not child.task.done()]
+            if not live:
+                break
+            await asyncio.wait([stop_wait, *live], return_when=asyncio.FIRST_COMPLETED)
         stop_wait.cancel()
         if self._rolling is not None:
             self._rolling.cancel()
@@ -331,16 +491,7 @@ class Supervisor:
         if self.stopping.is_set():
             why = f"received {received[0]}" if received else "; ".join(self.failed)
             self._say(f"stopping every process ({why})")
-            self._signal_all(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(asyncio.shield(all_done), self.stop_timeout)
-            except asyncio.TimeoutError:
-                self._say(f"processes still running after {self.stop_timeout:g}s: killing them")
-                self._signal_all(signal.SIGKILL)
-                await all_done
-        for child in self.children:
-            if child.proc is not None and child.proc.returncode is None:
-                await child.proc.wait()
+        await self._stop_all()
         if self.failed:
             self._say(f"{self.group} failed: " + "; ".join(self.failed))
             return 1

@@ -146,6 +146,16 @@ pub struct Flags {
     #[arg(long, value_name = "NAMESPACE")]
     pub namespace: Option<String>,
 
+    /// With `out=dyn`: keep a model listed after its last worker leaves (scale to zero);
+    /// a request for it waits up to `--zero-wait-s` for a worker, else 503 + Retry-After.
+    #[arg(long)]
+    pub keep_models: bool,
+
+    /// With `--keep-models`: seconds a request waits for a worker of a model at zero
+    /// workers (default 30).
+    #[arg(long, value_name = "SECONDS")]
+    pub zero_wait_s: Option<f64>,
+
     /// JSON file of engine arguments (`out=mocker`: see docs/mocker.md; `out=vllm`: an
     /// object of vLLM flags, see docs/vllm.md).
     #[arg(long, value_name = "FILE")]
@@ -328,6 +338,8 @@ pub struct RunConfig {
     pub dyn_endpoint: Option<EndpointId>,
     /// `--namespace` with `out=dyn`: serve only the models of this namespace.
     pub namespace: Option<String>,
+    /// `--keep-models` with `out=dyn`: the bound on a request's wait at zero workers.
+    pub keep_models: Option<std::time::Duration>,
     /// Settings of `--router-mode kv` (the block size comes from each model).
     pub kv_router: dynamo_llm::kv_router::KvRouterConfig,
     pub context_length: Option<u32>,
@@ -459,6 +471,7 @@ impl Flags {
             None if frontend => dynamo_llm::remote::resend_limit_from_env().map_err(|e| RunError::Usage(e.to_string()))?,
             None => None,
         };
+        let keep_models = self.keep_models_config(output)?;
         if self.extra_engine_args.is_some() && !matches!(output, Output::Mocker | Output::Vllm) {
             return usage(format!("--extra-engine-args is read by out=mocker and out=vllm, not out={}", output.as_str()));
         }
@@ -518,6 +531,7 @@ impl Flags {
             router_mode,
             dyn_endpoint,
             namespace: self.namespace,
+            keep_models,
             kv_router,
             context_length: self.context_length,
             kv_cache_block_size: self.kv_cache_block_size,
@@ -531,6 +545,26 @@ impl Flags {
             max_tokens: self.max_tokens,
             verbose: self.verbose,
         })
+    }
+}
+
+impl Flags {
+    /// `--keep-models` / `--zero-wait-s`: the zero-wait bound when models are kept.
+    fn keep_models_config(&self, output: Output) -> Result<Option<std::time::Duration>, RunError> {
+        if !self.keep_models {
+            if self.zero_wait_s.is_some() {
+                return Err(RunError::Usage("--zero-wait-s applies with --keep-models".to_string()));
+            }
+            return Ok(None);
+        }
+        if output != Output::Dyn {
+            return Err(RunError::Usage("--keep-models applies to out=dyn (a frontend of discovered models)".to_string()));
+        }
+        match self.zero_wait_s {
+            None => Ok(Some(dynamo_llm::frontend::DEFAULT_ZERO_WAIT)),
+            Some(s) if s.is_finite() && s >= 0.0 => Ok(Some(std::time::Duration::from_secs_f64(s))),
+            Some(s) => Err(RunError::Usage(format!("--zero-wait-s must be a number of seconds >= 0, got {s}"))),
+        }
     }
 }
 
@@ -594,6 +628,19 @@ mod tests {
         assert_eq!(c.namespace.as_deref(), Some("ns"));
         assert!(usage_error(&["in=http", "out=echo_full", "--namespace", "ns"]).contains("--namespace"));
         assert!(usage_error(&["in=http", "out=dyn://a.b.c", "--namespace", "x"]).contains("different namespaces"));
+    }
+
+    #[test]
+    fn keep_models_and_its_wait() {
+        assert_eq!(config(&["in=http", "out=dyn"]).unwrap().keep_models, None);
+        let c = config(&["in=http", "out=dyn", "--keep-models"]).unwrap();
+        assert_eq!(c.keep_models, Some(dynamo_llm::frontend::DEFAULT_ZERO_WAIT));
+        let c = config(&["in=http", "out=dyn", "--keep-models", "--zero-wait-s", "2.5"]).unwrap();
+        assert_eq!(c.keep_models, Some(std::time::Duration::from_millis(2500)));
+        assert!(usage_error(&["in=http", "out=echo_full", "--keep-models"]).contains("--keep-models applies to out=dyn"));
+        assert!(usage_error(&["in=http", "out=dyn", "--zero-wait-s", "1"]).contains("with --keep-models"));
+        assert!(usage_error(&["in=http", "out=dyn", "--keep-models", "--zero-wait-s=-1"]).contains(">= 0"));
+        assert!(usage_error(&["in=http", "out=dyn", "--keep-models", "--zero-wait-s", "nan"]).contains(">= 0"));
     }
 
     #[test]

@@ -49,6 +49,9 @@ impl Models {
             if let Some(namespace) = &config.namespace {
                 watcher = watcher.with_namespace(namespace.clone());
             }
+            if let Some(wait) = config.keep_models {
+                watcher = watcher.with_keep_models(wait);
+            }
             let watcher = watcher.start(runtime.child_token())
                 .await;
             match watcher {

@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use parking_lot::RwLock;
-use prometheus::{IntCounterVec, Opts};
+use prometheus::core::Collector;
+use prometheus::{IntCounterVec, IntGaugeVec, Opts};
 
 use crate::engine::{EngineError, OpenAIEngine};
 
@@ -71,11 +72,41 @@ impl Model {
     }
 }
 
+/// The demand seen at zero workers, by model (`frontend::scale_to_zero` counts, the HTTP service exports).
+#[derive(Clone)]
+pub struct ZeroWorkerMetrics {
+    /// Requests that found no worker registered (served after a wait, or refused).
+    pub arrivals: IntCounterVec,
+    /// Requests waiting for a worker now.
+    pub waiting: IntGaugeVec,
+}
+
+impl Default for ZeroWorkerMetrics {
+    fn default() -> Self {
+        let arrivals = IntCounterVec::new(
+            Opts::new(
+                "dynamo_frontend_requests_without_workers_total",
+                "Requests that found their model with no worker (--keep-models): demand at zero",
+            ),
+            &["model"],
+        )
+        .expect("a valid metric definition");
+        let waiting = IntGaugeVec::new(
+            Opts::new("dynamo_frontend_requests_waiting_for_workers", "Requests waiting for a worker of their model now"),
+            &["model"],
+        )
+        .expect("a valid metric definition");
+        ZeroWorkerMetrics { arrivals, waiting }
+    }
+}
+
 /// Thread-safe map of model name → engines. Cheap to share behind an `Arc`.
 pub struct ModelManager {
     models: RwLock<BTreeMap<String, Model>>,
     /// Streams continued on another worker, by model (the HTTP service exports it).
     migrations: IntCounterVec,
+    /// Demand for models at zero workers (`--keep-models`).
+    zero_workers: ZeroWorkerMetrics,
 }
 
 impl Default for ModelManager {
@@ -85,7 +116,7 @@ impl Default for ModelManager {
             "Requests continued on another worker after theirs failed mid-stream",
         );
         let migrations = IntCounterVec::new(opts, &["model"]).expect("a valid metric definition");
-        ModelManager { models: RwLock::new(BTreeMap::new()), migrations }
+        ModelManager { models: RwLock::new(BTreeMap::new()), migrations, zero_workers: ZeroWorkerMetrics::default() }
     }
 }
 
@@ -182,6 +213,20 @@ impl ModelManager {
         &self.migrations
     }
 
+    /// The demand counted for models at zero workers (`--keep-models`).
+    pub fn zero_workers(&self) -> &ZeroWorkerMetrics {
+        &self.zero_workers
+    }
+
+    /// The metrics the manager's engines keep, for the HTTP service to export.
+    pub fn collectors(&self) -> Vec<Box<dyn Collector>> {
+        vec![
+            Box::new(self.migrations.clone()),
+            Box::new(self.zero_workers.arrivals.clone()),
+            Box::new(self.zero_workers.waiting.clone()),
+        ]
+    }
+
     /// Every known model, sorted, whether it can be routed now or not.
     pub fn model_names(&self) -> Vec<String> {
         self.models.read().keys().cloned().collect()
@@ -246,5 +291,18 @@ mod tests {
         assert_eq!(m.routable_models(), vec!["static"]);
         up.store(true, Ordering::SeqCst);
         assert_eq!(m.routable_models(), vec!["remote", "static"]);
+    }
+
+    #[test]
+    fn the_metrics_are_named_for_the_planner() {
+        let m = ZeroWorkerMetrics::default();
+        m.arrivals.with_label_values(&["m"]).inc();
+        m.waiting.with_label_values(&["m"]).inc();
+        let names: Vec<String> = prometheus::core::Collector::collect(&m.arrivals)
+            .iter()
+            .chain(prometheus::core::Collector::collect(&m.waiting).iter())
+            .map(|f| f.get_name().to_string())
+            .collect();
+        assert_eq!(names, ["dynamo_frontend_requests_without_workers_total", "dynamo_frontend_requests_waiting_for_workers"]);
     }
 }

@@ -43,6 +43,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--resend-limit", type=int,
                         help="times a request no worker started is sent to another instance "
                              "(default DYN_RESEND_LIMIT, else 3)")
+    zero = parser.add_argument_group("scale to zero (docs/planner.md)")
+    zero.add_argument("--keep-models", action="store_true",
+                      help="keep a model listed after its last worker leaves; its requests wait for a worker")
+    zero.add_argument("--zero-wait-s", type=float,
+                      help="with --keep-models: seconds a request waits for a worker, then 503 (default 30)")
     kv = parser.add_argument_group("--router-mode kv (docs/kv-routing.md)")
     kv.add_argument("--kv-overlap-weight", type=float, help="weight of a KV block still to prefill (default 8)")
     kv.add_argument("--router-temperature", type=float, help="softmax temperature over the workers' cost (default 0)")
@@ -78,6 +83,10 @@ def dynamo_run_argv(args: argparse.Namespace) -> list[str]:
         argv += ["--migration-limit", str(args.migration_limit)]
     if args.resend_limit is not None:
         argv += ["--resend-limit", str(args.resend_limit)]
+    if args.keep_models:
+        argv.append("--keep-models")
+    if args.zero_wait_s is not None:
+        argv += ["--zero-wait-s", str(args.zero_wait_s)]
     for flag in ("kv_overlap_weight", "router_temperature", "busy_threshold"):
         if getattr(args, flag) is not None:
             argv += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]

@@ -17,7 +17,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from dynamo.supervisor import ChildSpec, Supervisor
+from dynamo.supervisor import DEFAULT_READY_TIMEOUT, READY_TIMEOUT_ENV, ChildSpec, Supervisor, seconds_from_env
 
 DEFAULT_ENDPOINT = "dyn://dynamo.mocker.generate"
 #: Seconds the children get to shut down after a forwarded signal before SIGKILL.
@@ -147,10 +147,19 @@ def supervise(argv: Sequence[str], count: int) -> int:
     """Run ``count`` workers as child processes (``mocker[i]``) under the process
     supervisor (``dynamo.supervisor``): output prefixed, SIGINT/SIGTERM forwarded, the
     others stopped when one fails, all reaped, each worker's ``/ready`` on a system port
-    the supervisor picks, SIGHUP a rolling restart of the workers. Exit status: 1 when a
-    worker failed, else 0."""
+    the supervisor picks (``DYN_SDK_READY_TIMEOUT`` bounds its wait, as for ``dynamo
+    serve``), SIGHUP a rolling restart of the workers. Exit status: 1 when a worker
+    failed, 2 for a bad ``DYN_SDK_READY_TIMEOUT``, else 0."""
+    try:
+        ready_timeout = seconds_from_env(READY_TIMEOUT_ENV, DEFAULT_READY_TIMEOUT)
+    except ValueError as exc:
+        print(f"python -m dynamo.mocker: error: {exc}", file=sys.stderr)
+        return 2
     children = [ChildSpec(f"mocker[{index}]", child_argv(argv), probe=True) for index in range(count)]
-    supervisor = Supervisor(children, name="mocker", group="the mocker workers", stop_timeout=CHILD_SHUTDOWN_GRACE)
+    supervisor = Supervisor(
+        children, name="mocker", group="the mocker workers", stop_timeout=CHILD_SHUTDOWN_GRACE,
+        ready_timeout=ready_timeout,
+    )
     return asyncio.run(supervisor.run())
 
 

@@ -89,6 +89,8 @@ class LocalConnectorConfig(_Strict):
     startup_delay_s: float = Field(default=0.0, ge=0.0)
     #: Seconds a stopped worker gets to drain after SIGTERM before SIGKILL.
     stop_timeout_s: float = Field(default=30.0, gt=0.0)
+    #: Seconds a started worker gets to answer ``/ready``; one that does not stays pending.
+    ready_timeout_s: float = Field(default=600.0, gt=0.0)
     #: Added to every worker's environment.
     env: dict[str, str] = Field(default_factory=dict)
 

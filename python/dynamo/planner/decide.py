@@ -53,6 +53,9 @@ class Observation:
     itl_ms: float | None
     #: Requests the workers hold waiting (their load reports); a sign of demand at zero replicas.
     waiting: int = 0
+    #: Requests the frontend saw find no worker (waiting for one now, or arrived at zero
+    #: workers during the interval; ``--keep-models``): the demand signal at zero replicas.
+    waiting_for_workers: int = 0
     #: Names of the signals that are missing or stale.
     missing: tuple[str, ...] = ()
 
@@ -156,7 +159,7 @@ class Decider:
         """Whether ``serving`` replicas keep the role under the targets less the margin
         (``obs`` was seen with ``ready`` replicas serving)."""
         rate = obs.request_rate or 0.0
-        if rate == 0 and obs.waiting == 0:
+        if rate == 0 and obs.waiting == 0 and obs.waiting_for_workers == 0:
             return True, "no demand"
         if serving == 0:
             return False, "demand remains"
@@ -189,7 +192,7 @@ class Decider:
             return Decision(role, "load", current, target, f"below min_replicas {least}{capped}")
         if obs.missing:
             return Decision(role, "load", current, current, "hold: signals missing or stale", obs.missing)
-        demand = (obs.request_rate or 0.0) > 0 or obs.waiting > 0
+        demand = (obs.request_rate or 0.0) > 0 or obs.waiting > 0 or obs.waiting_for_workers > 0
         if current == 0:
             if not demand:
                 return Decision(role, "load", 0, 0, "hold: no replicas and no demand")

@@ -76,6 +76,9 @@ class FrontendSnapshot:
     exported: bool
     requests: float = 0.0
     inflight: float = 0.0
+    #: Requests that found no worker (a counter) and those waiting for one now (``--keep-models``).
+    without_workers: float = 0.0
+    waiting_for_workers: float = 0.0
     ttft: Histogram = field(default_factory=Histogram)
     itl: Histogram = field(default_factory=Histogram)
     isl: Histogram = field(default_factory=Histogram)
@@ -84,7 +87,8 @@ class FrontendSnapshot:
 
 def parse_frontend(text: str, model: str, at: float) -> FrontendSnapshot:
     """The series of ``model`` in the frontend's Prometheus text (zeros when the model has
-    served nothing yet: the frontend creates its series on the first request)."""
+    served nothing yet: the frontend creates its series on the first request). Any
+    ``dynamo_frontend_*`` family marks the page as a frontend's."""
     histograms = {
         f"{PREFIX}_time_to_first_token_seconds": "ttft",
         f"{PREFIX}_inter_token_latency_seconds": "itl",
@@ -93,11 +97,17 @@ def parse_frontend(text: str, model: str, at: float) -> FrontendSnapshot:
     }
     snap = FrontendSnapshot(at=at, exported=False)
     for family in text_string_to_metric_families(text):
+        # A frontend that has served no request yet exports only its response counter
+        # (the scrapes' own responses): still a frontend, with zeros.
+        snap.exported = snap.exported or family.name.startswith(f"{PREFIX}_")
         if family.name == f"{PREFIX}_requests":
-            snap.exported = True
             snap.requests = sum(s.value for s in family.samples if s.labels.get("model") == model)
         elif family.name == f"{PREFIX}_inflight_requests":
             snap.inflight = sum(s.value for s in family.samples if s.labels.get("model") == model)
+        elif family.name == f"{PREFIX}_requests_without_workers":  # the client strips `_total`
+            snap.without_workers = sum(s.value for s in family.samples if s.labels.get("model") == model)
+        elif family.name == f"{PREFIX}_requests_waiting_for_workers":
+            snap.waiting_for_workers = sum(s.value for s in family.samples if s.labels.get("model") == model)
         elif family.name in histograms:
             h: Histogram = getattr(snap, histograms[family.name])
             for s in family.samples:
@@ -124,6 +134,8 @@ class FrontendWindow:
     osl: float | None
     ttft_ms: float | None
     itl_ms: float | None
+    #: Requests waiting for a worker at the later scrape, or that found none in between.
+    waiting_for_workers: int = 0
 
     @staticmethod
     def between(earlier: FrontendSnapshot, later: FrontendSnapshot, ttft_q: float, itl_q: float) -> FrontendWindow:
@@ -143,6 +155,9 @@ class FrontendWindow:
             osl=later.osl.minus(earlier.osl).mean(),
             ttft_ms=None if ttft_s is None else ttft_s * 1000.0,
             itl_ms=None if itl_s is None else itl_s * 1000.0,
+            waiting_for_workers=int(
+                later.waiting_for_workers + max(0.0, later.without_workers - earlier.without_workers)
+            ),
         )
 
 
@@ -230,7 +245,7 @@ class FrontendObserver:
             self._set("stale" if old else "missing", f"{self.url}: {type(e).__name__}: {e}")
             return None
         if not snap.exported:
-            self._set("missing", f"{self.url} exports no {PREFIX}_requests_total (not a Dynamo frontend?)")
+            self._set("missing", f"{self.url} exports no {PREFIX}_* family (not a Dynamo frontend?)")
             return None
         previous, self.previous, self.last_ok = self.previous, snap, now
         if previous is None:
@@ -244,4 +259,7 @@ def observation(window: FrontendWindow | None, waiting: int, missing: tuple[str,
     """The load loop's input from a frontend window and the workers' reports."""
     if window is None:
         return Observation(None, None, None, None, waiting=waiting, missing=missing or ("frontend_metrics",))
-    return Observation(window.request_rate, window.isl, window.ttft_ms, window.itl_ms, waiting=waiting, missing=missing)
+    return Observation(
+        window.request_rate, window.isl, window.ttft_ms, window.itl_ms, waiting=waiting,
+        waiting_for_workers=window.waiting_for_workers, missing=missing,
+    )

@@ -1,6 +1,7 @@
 //! `ModelWatcher`: follows the model entries in discovery and keeps a
 //! [`ModelManager`] in step: the first entry of a model builds its engines, the last
-//! one to go removes them. A bad entry (malformed JSON, unreachable card, a factory
+//! one to go removes them — unless models are kept (`--keep-models`, see
+//! `scale_to_zero`): then a model stays listed with zero workers. A bad entry (malformed JSON, unreachable card, a factory
 //! that refuses) is logged and skipped; it never stops the watcher.
 
 use std::collections::HashMap;
@@ -21,6 +22,8 @@ use crate::kv_router::{KvRouter, KvRouterConfig};
 use crate::model_card::ModelKind;
 use crate::model_manager::{EngineKind, ModelManager, ReadyCheck};
 
+use super::scale_to_zero::ZeroWaitEngine;
+
 /// Default bound on fetching a model card.
 pub const DEFAULT_CARD_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -38,6 +41,8 @@ pub struct ModelWatcher {
     /// Only the models registered in this namespace, when set.
     namespace: Option<String>,
     kv_config: KvRouterConfig,
+    /// Keep a model listed at zero workers; its requests wait this long for one.
+    zero_wait: Option<Duration>,
     entries: HashMap<String, ModelEntry>,
     /// The endpoint each route of each model was built from.
     built: HashMap<(String, EngineKind), EndpointId>,
@@ -83,6 +88,7 @@ impl ModelWatcher {
             endpoint: None,
             namespace: None,
             kv_config: KvRouterConfig::default(),
+            zero_wait: None,
             entries: HashMap::new(),
             built: HashMap::new(),
         }
@@ -126,6 +132,14 @@ impl ModelWatcher {
     /// model's entry).
     pub fn with_kv_config(mut self, config: KvRouterConfig) -> Self {
         self.kv_config = config;
+        self
+    }
+
+    /// Keep each model listed after its last worker leaves (scale to zero): a request
+    /// for it then waits up to `wait` for a worker to register, and is refused with 503
+    /// (`NoWorkerError`) after that. Counted in the manager's `zero_workers` metrics.
+    pub fn with_keep_models(mut self, wait: Duration) -> Self {
+        self.zero_wait = Some(wait);
         self
     }
 
@@ -194,12 +208,19 @@ impl ModelWatcher {
         self.build(&entry).await;
     }
 
-    /// Build the routes of `entry`'s model that nobody serves yet.
+    /// Build the routes of `entry`'s model that nobody serves yet (or that a kept model
+    /// serves from an endpoint with no entry left, when `entry` names another one).
     async fn build(&mut self, entry: &ModelEntry) {
+        let kept_elsewhere = |built: Option<&EndpointId>| {
+            built.is_some_and(|ep| *ep != entry.endpoint && !self.entries.values().any(|e| e.name == entry.name && e.endpoint == *ep))
+        };
         let missing: Vec<EngineKind> = routes(entry.kind)
             .iter()
             .copied()
-            .filter(|r| !self.built.contains_key(&(entry.name.clone(), *r)) && !self.manager.has_engine(&entry.name, *r))
+            .filter(|r| {
+                let built = self.built.get(&(entry.name.clone(), *r));
+                (built.is_none() && !self.manager.has_engine(&entry.name, *r)) || kept_elsewhere(built)
+            })
             .collect();
         if missing.is_empty() {
             return;
@@ -219,6 +240,23 @@ impl ModelWatcher {
         let id = &entry.endpoint;
         let endpoint = self.runtime.namespace(id.namespace.clone())?.component(id.component.clone())?.endpoint(id.name.clone())?;
         let client = endpoint.client().await?;
+        let (engine, ready) = self.remote_engine(entry, &endpoint, client.clone()).await?;
+        match self.zero_wait {
+            // Listed whether or not a worker is there: the wait covers the gap.
+            Some(wait) => {
+                let kept = ZeroWaitEngine::new(engine, client, &entry.name, wait, self.manager.zero_workers().clone());
+                Ok((Arc::new(kept), Arc::new(|| true)))
+            }
+            None => Ok((engine, ready)),
+        }
+    }
+
+    async fn remote_engine(
+        &self,
+        entry: &ModelEntry,
+        endpoint: &dynamo_runtime::Endpoint,
+        client: Client,
+    ) -> Result<(Arc<dyn OpenAIEngine>, ReadyCheck), ModelDiscoveryError> {
         let ready = has_instances(&client);
         match entry.kind {
             ModelKind::Chat | ModelKind::Completions => {
@@ -252,6 +290,10 @@ impl ModelWatcher {
 
     async fn delete(&mut self, key: &str) {
         let Some(gone) = self.entries.remove(key) else { return };
+        if self.zero_wait.is_some() && !self.entries.values().any(|e| e.name == gone.name) {
+            tracing::info!(model = gone.name, endpoint = %gone.endpoint, "the last worker of this model left; it stays listed (--keep-models)");
+            return;
+        }
         let covered = |entries: &HashMap<String, ModelEntry>, route: EngineKind, endpoint: &EndpointId| {
             entries.values().any(|e| e.name == gone.name && e.endpoint == *endpoint && routes(e.kind).contains(&route))
         };

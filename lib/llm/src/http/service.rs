@@ -164,7 +164,9 @@ impl HttpServiceBuilder {
         let cors = cors_layer(&self.cors_origins)?;
         let manager = self.manager.unwrap_or_default();
         let metrics = Arc::new(HttpMetrics::new()?);
-        metrics.registry().register(Box::new(manager.migrations().clone()))?;
+        for collector in manager.collectors() {
+            metrics.registry().register(collector)?;
+        }
         let state = Arc::new(AppState {
             manager,
             metrics,

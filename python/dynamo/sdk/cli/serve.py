@@ -14,12 +14,15 @@ from dynamo.sdk.cli.gpus import GpuAllocationError, allocation_disabled, detect_
 from dynamo.sdk.cli.plan import build_plan, check_config_names, describe, load_config, load_graph, working_dir_for
 from dynamo.sdk.lib.config import ServiceConfigError
 from dynamo.sdk.lib.overrides import load_deployment_config
-from dynamo.supervisor import DEFAULT_READY_TIMEOUT, DEFAULT_STOP_TIMEOUT, ChildSpec, Supervisor
-
-#: Seconds children get to exit after SIGTERM before they are killed.
-STOP_TIMEOUT_ENV = "DYN_SDK_STOP_TIMEOUT"
-#: Seconds a replacement gets to answer ``/ready`` in a rolling restart.
-READY_TIMEOUT_ENV = "DYN_SDK_READY_TIMEOUT"
+from dynamo.supervisor import (
+    DEFAULT_READY_TIMEOUT,
+    DEFAULT_STOP_TIMEOUT,
+    READY_TIMEOUT_ENV,
+    STOP_TIMEOUT_ENV,
+    ChildSpec,
+    Supervisor,
+    seconds_from_env,
+)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:  # argparse keeps this type private
@@ -41,26 +44,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # argparse keep
 
 
 
-def _seconds(name: str, default: float) -> float:
-    """A bound in seconds from the environment variable ``name`` (``default`` when unset)."""
-    raw = os.environ.get(name)
-    if raw is None:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value >= 0:  # also refuses nan
-        raise ServiceConfigError(f"{name} must be a number of seconds >= 0, got {raw!r}")
-    return value
-
-
 def serve(args: argparse.Namespace, extra: Sequence[str]) -> int:
     """Run ``dynamo serve``; returns the exit status."""
     working_dir = working_dir_for(args.pipeline, args.working_dir)
     try:
-        stop_timeout = _seconds(STOP_TIMEOUT_ENV, DEFAULT_STOP_TIMEOUT)
-        ready_timeout = _seconds(READY_TIMEOUT_ENV, DEFAULT_READY_TIMEOUT)
+        stop_timeout = seconds_from_env(STOP_TIMEOUT_ENV, DEFAULT_STOP_TIMEOUT)
+        ready_timeout = seconds_from_env(READY_TIMEOUT_ENV, DEFAULT_READY_TIMEOUT)
         deployed = load_deployment_config()
         file_config, overrides = load_config(None if deployed is not None else args.config_file, extra)
         if deployed is not None:
