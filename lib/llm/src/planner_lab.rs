@@ -12,19 +12,25 @@
 //! a removed replica that is still starting goes at once, a ready one drains (it takes
 //! no new request, finishes those it holds, then goes). Arrivals with no ready replica
 //! wait at the frontend, in order, and are dispatched when one becomes ready.
-//! Requests go to the ready replicas through the frontend's round-robin selector.
+//! Requests go to the ready replicas through the frontend's KV selector without KV events
+//! (`approx`: its own predictions of each replica's cache, and the replicas' load
+//! reports, refreshed at every arrival and step), replaying on the lab's clock, so a
+//! replica with a backlog gets fewer new requests as it would behind the frontend.
 //!
 //! [`closed_loop_point`] measures one replica at a fixed concurrency: the capacity
 //! profile the lab's planner uses, taken from the same simulated engine.
 //! The same requests, configuration and calls give the same windows.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use rustc_hash::FxHashMap;
 
 use crate::engines::mocker::{MockerArgs, SimOutput, SimWorker};
 use crate::lab_trace::{percentile, synthesize_tokens, LabError, TraceRequest, DEFAULT_LAB_GPU_BLOCKS, DEFAULT_TRACE_BLOCK_SIZE};
-use crate::routing::{Outcome, Pick, RoundRobin, Selector};
+use crate::kv_router::{KvRouter, KvRouterConfig};
+use crate::routing::{KvSelector, Outcome, Pick, Selector};
 
 /// The planner lab's settings.
 #[derive(Debug, Clone, PartialEq)]
@@ -201,7 +207,10 @@ pub struct PlannerLab {
     retired_ms: f64,
     frontend: VecDeque<usize>,
     streams: FxHashMap<usize, Stream>,
-    selector: RoundRobin,
+    router: Arc<KvRouter>,
+    selector: KvSelector,
+    /// The virtual clock's origin for the router.
+    base: Instant,
     window: WindowStats,
     outputs: Vec<SimOutput>,
 }
@@ -217,6 +226,13 @@ impl PlannerLab {
         let arrival_ms: Vec<f64> = requests.iter().map(|r| r.timestamp / config.time_scale).collect();
         let mut order: Vec<usize> = (0..requests.len()).collect();
         order.sort_by(|&a, &b| arrival_ms[a].total_cmp(&arrival_ms[b]));
+        let router = KvRouter::new(KvRouterConfig {
+            block_size: config.engine.block_size as u32,
+            use_kv_events: false,
+            ..Default::default()
+        });
+        let base = Instant::now();
+        let selector = KvSelector::replaying(router.clone(), base, config.engine.seed);
         let mut lab = PlannerLab {
             requests,
             arrival_ms,
@@ -228,7 +244,9 @@ impl PlannerLab {
             retired_ms: 0.0,
             frontend: VecDeque::new(),
             streams: FxHashMap::default(),
-            selector: RoundRobin::starting_at(0),
+            router,
+            selector,
+            base,
             window: WindowStats::default(),
             outputs: Vec::new(),
             config,
@@ -266,6 +284,23 @@ impl PlannerLab {
         (self.retired_ms + live) / 1000.0
     }
 
+    fn at(&self, ms: f64) -> Instant {
+        self.base + Duration::from_secs_f64(ms / 1000.0)
+    }
+
+    /// Replica `i`'s load as the router sees it, at `t`.
+    fn report_load(&self, i: usize, t: f64) {
+        let r = &self.replicas[i];
+        self.router.load().lock().update_metrics(r.id, &r.worker.metrics(), self.at(t));
+    }
+
+    /// Forget a replica that is gone (its cost counted to now).
+    fn retire(&mut self, i: usize) {
+        let gone = self.replicas.remove(i);
+        self.retired_ms += self.now_ms - gone.requested_ms;
+        self.router.remove_worker(gone.id);
+    }
+
     fn add_replica(&mut self, warm: bool) -> Result<(), LabError> {
         let worker = SimWorker::new(self.config.engine.clone(), 1.0).map_err(|e| LabError::Invalid(e.to_string()))?;
         let now = self.now_ms;
@@ -300,8 +335,7 @@ impl PlannerLab {
         for _ in n..current {
             let starting = self.replicas.iter().rposition(|r| r.state == ReplicaState::Starting);
             if let Some(i) = starting {
-                let gone = self.replicas.remove(i);
-                self.retired_ms += self.now_ms - gone.requested_ms;
+                self.retire(i);
                 continue;
             }
             let victim = self
@@ -325,8 +359,7 @@ impl PlannerLab {
         if r.state != ReplicaState::Draining || r.worker.requests() > 0 || r.step_end.is_some() {
             return false;
         }
-        let gone = self.replicas.remove(i);
-        self.retired_ms += self.now_ms - gone.requested_ms;
+        self.retire(i);
         true
     }
 
@@ -353,6 +386,12 @@ impl PlannerLab {
             return false;
         }
         let tokens = synthesize_tokens(&self.requests[index], index, self.config.trace_block_size);
+        for i in 0..self.replicas.len() {
+            if self.replicas[i].state == ReplicaState::Ready {
+                self.report_load(i, t);
+            }
+        }
+        self.selector.set_clock(self.at(t));
         let Ok(pick) = self.selector.select(&tokens, &ids) else { return false };
         let Some(i) = self.replicas.iter().position(|r| r.id == pick.instance) else { return false };
         let output_length = self.requests[index].output_length.max(1);
@@ -409,11 +448,13 @@ impl PlannerLab {
                     replica: stream.replica,
                 });
                 let outcome = if failed { Outcome::Failed } else { Outcome::Completed };
+                self.selector.set_clock(self.at(t));
                 self.selector.on_end(stream.pick, outcome);
             }
         }
         self.outputs = outputs;
         self.start_step(i, t);
+        self.report_load(i, t);
         self.retire_if_drained(i);
     }
 
