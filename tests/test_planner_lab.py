@@ -83,5 +83,8 @@ def test_json_rows_carry_every_key_and_a_seed_repeats_the_replay(tmp_path: Path,
     assert all(keys <= set(r) for r in rows[0])
     strip = [[{k: v for k, v in r.items() if k != "wall_s"} for r in rs] for rs in rows]
     assert strip[0] == strip[1]
+    # The planner grew the fleet, and left the new replicas' warm-up out of its model.
+    planner = rows[0][-1]
+    assert planner["scale_events"] > 0 and planner["excluded_warmup"] > 0, planner
     # Another seed, other arrivals.
     assert ramp(3) != ramp(4) and ramp(3) == ramp(3)

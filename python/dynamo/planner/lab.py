@@ -196,6 +196,8 @@ class Run:
     timeline: list[tuple[float, int, float, float | None, float | None, bool]] = field(default_factory=list)
     last_arrival_s: float = 0.0
     wall_s: float = 0.0
+    #: Load windows the live correction left out because a replica was warming up.
+    excluded_warmup: int = 0
 
 
 def _replay(
@@ -297,6 +299,7 @@ def _row(run: Run, settings: Settings) -> dict[str, Any]:
         "rejected": run.rejected,
         "recovery_s": _recovery_s(run, settings.config.intervals.throughput_s, settings.config.intervals.load_s),
         "to_min_s": None if back is None else max(0.0, back - run.last_arrival_s),
+        "excluded_warmup": run.excluded_warmup,
         "wall_s": run.wall_s,
     }
 
@@ -355,6 +358,7 @@ def compare(
             model = PerformanceModel(profile)
             model.correction.warmup_s = settings.config.warmup_s
             runs[name] = _replay(workload, settings, minimum, planning_state(settings, model), name)
+            runs[name].excluded_warmup = model.correction.excluded_warmup
         else:
             raise ValueError(f"unknown configuration '{name}' ({', '.join(CONFIGS)})")
         log(f"{name}: replayed in {runs[name].wall_s:.1f} s")
