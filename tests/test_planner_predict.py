@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import math
+from pathlib import Path
+
 import pytest
-from dynamo.planner.predict import make_predictor
+from dynamo.planner.config import build_config
+from dynamo.planner.decide import Decider
+from dynamo.planner.predict import make_predictor, trace_rates
+from dynamo.planner.step import PlanningState
 
 
-@pytest.mark.parametrize("kind", ["constant", "moving_average", "holt"])
+@pytest.mark.parametrize("kind", ["constant", "moving_average", "holt", "holt_winters"])
 def test_nothing_seen_is_no_forecast_and_a_constant_stays(kind: str) -> None:
     predictor = make_predictor(kind)
     assert predictor.predict() is None
@@ -51,3 +58,56 @@ def test_bad_names_and_parameters_are_errors() -> None:
         make_predictor("holt", alpha=0.0)
     with pytest.raises(ValueError, match="window"):
         make_predictor("moving_average", window=0)
+    with pytest.raises(ValueError, match="season"):
+        make_predictor("holt_winters", season=1)
+    with pytest.raises(ValueError, match="gamma"):
+        make_predictor("holt_winters", gamma=1.5)
+
+
+def daily(days: int, season: int = 12) -> list[float]:
+    """A rate with a daily shape (peak 18, trough 2) on a slow upward trend."""
+    return [10.0 + 8.0 * math.sin(2 * math.pi * i / season) + 0.05 * i for i in range(days * season)]
+
+
+def test_holt_winters_follows_a_season_that_holt_misses() -> None:
+    series = daily(6)
+    history, future = series[:60], series[60:]
+    models = {kind: make_predictor(kind, alpha=0.3, beta=0.1, gamma=0.3, season=12, warm_start=history)
+              for kind in ("holt", "holt_winters")}
+    errors = dict.fromkeys(models, 0.0)
+    for value in future:
+        for kind, model in models.items():
+            errors[kind] += abs(model.predict() - value)
+            model.observe(value)
+    assert errors["holt_winters"] / len(future) < 0.5, errors
+    assert errors["holt_winters"] * 5 < errors["holt"], errors
+
+
+def test_holt_winters_forecasts_the_mean_until_it_has_seen_a_season() -> None:
+    predictor = make_predictor("holt_winters", season=4, warm_start=[2.0, 6.0])
+    assert predictor.predict() == pytest.approx(4.0)
+    for value in (2.0, 6.0):  # one season seen: 2, 6, 2, 6
+        predictor.observe(value)
+    assert predictor.predict() == pytest.approx(2.0)
+
+
+def test_a_trace_warm_starts_the_rate_forecast(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.jsonl"
+    # 60 requests in the first minute, 120 in the second.
+    stamps = [i * 1000.0 for i in range(60)] + [60_000 + i * 500.0 for i in range(120)]
+    lines = (json.dumps({"timestamp": t, "input_length": 10, "output_length": 2}) for t in stamps)
+    trace.write_text("\n".join(lines) + "\n")
+    assert trace_rates(trace, 60.0) == [1.0, 2.0]
+    assert trace_rates(trace, 60.0, time_scale=2.0) == [3.0]
+    config = build_config({
+        "model": "m", "intervals": {"throughput_s": 60},
+        "predictor": {"kind": "constant", "warm_start_trace": str(trace), "warm_start": [5.0]},
+    })
+    state = PlanningState(config, Decider(config))
+    assert state.rate_predictor.predict() == 5.0  # the trace's rates, then warm_start
+    config = build_config({"model": "m", "predictor": {"kind": "constant", "warm_start_trace": str(trace)},
+                           "intervals": {"throughput_s": 60}})
+    assert PlanningState(config, Decider(config)).rate_predictor.predict() == 2.0
+    trace.write_text("not json\n")
+    with pytest.raises(ValueError, match="not a trace request"):
+        trace_rates(trace, 60.0)

@@ -43,6 +43,7 @@ __all__ = [
     "OpenAIPreprocessor",
     "OverlapScores",
     "PayloadTooLargeError",
+    "PlannerLab",
     "PrefillWorker",
     "PreprocessedRequest",
     "RadixTree",
@@ -58,6 +59,7 @@ __all__ = [
     "compute_block_hash_for_seq",
     "parse_reasoning",
     "parse_tool_calls",
+    "planner_lab_point",
     "register_llm",
     "run_dynamo_run",
     "run_routing_lab",
@@ -772,6 +774,94 @@ def run_routing_lab(
     Raises:
         OSError: the trace cannot be read.
         ValueError: a line is not a request, or a setting is out of range.
+    """
+
+@final
+class PlannerLab:
+    """A simulated mocker fleet replaying a trace on a virtual clock that the caller steps
+    (the planner lab, ``python -m dynamo.planner.lab``). Requests go to the ready replicas
+    round-robin; arrivals with none ready wait at the frontend. ``set_replicas`` resizes it
+    as a connector would: a new replica costs from then on, is ready ``startup_s`` later
+    and runs its first ``warmup_s`` of steps ``warmup_factor`` times slower; a removed
+    replica still starting goes at once, a ready one drains (no new requests, finishes its
+    own) and then goes. The work runs without the GIL.
+
+    Give either ``trace_path`` (a Mooncake-format trace) or ``requests``
+    (``(timestamp ms, input tokens, output tokens)`` each, unique prompts). Timestamps
+    are divided by ``time_scale``; ``seed`` seeds the engines; ``engine_args`` is a JSON
+    object of mocker settings (docs/mocker.md), with 26,624 KV blocks unless it sets
+    ``num_gpu_blocks``.
+
+    Raises:
+        OSError: the trace cannot be read.
+        ValueError: a line is not a request, both or neither source given, or a setting
+            is out of range.
+    """
+
+    def __new__(
+        cls,
+        trace_path: str | os.PathLike[str] | None = None,
+        requests: list[tuple[float, int, int]] | None = None,
+        *,
+        replicas: int = 1,
+        trace_block_size: int = 512,
+        time_scale: float = 1.0,
+        startup_s: float = 30.0,
+        warmup_s: float = 10.0,
+        warmup_factor: float = 2.0,
+        seed: int = 0,
+        engine_args: str | None = None,
+    ) -> PlannerLab: ...
+    def advance(self, until_s: float) -> dict[str, Any]:
+        """Run to ``until_s`` simulated seconds (a time in the past leaves the clock).
+
+        Returns:
+            The window since the last call: ``start_s``, ``end_s``, ``arrivals``,
+            ``arrival_input_tokens``, ``rejected``, ``failed_at_scale_down``,
+            ``frontend_queue``, ``inflight``, ``replica_seconds`` (since time 0),
+            ``finished`` (columns ``index``, ``arrival_s``, ``ttft_ms``, ``itl_ms`` (a
+            request's mean gap between tokens; ``None`` under two tokens),
+            ``input_length``, ``replica``) and ``replicas`` (each ``id``, ``state``,
+            ``ready_s``, ``running``, ``waiting``, ``kv_active_blocks``).
+
+        Raises:
+            ValueError: a replica can no longer make progress.
+        """
+    def set_replicas(self, n: int) -> None:
+        """Resize to ``n`` replicas starting or ready (see the class)."""
+    def counts(self) -> tuple[int, int, int]:
+        """Replicas ``(starting, ready, draining)``."""
+    @property
+    def now_s(self) -> float:
+        """The simulated time, seconds."""
+    @property
+    def last_arrival_s(self) -> float:
+        """The last request's arrival, seconds."""
+    @property
+    def done(self) -> bool:
+        """Whether every request has arrived and ended."""
+    @property
+    def replica_seconds(self) -> float:
+        """Replica-seconds spent so far (each replica from being asked for until gone)."""
+
+def planner_lab_point(
+    isl: int,
+    osl: int,
+    concurrency: int,
+    requests: int,
+    quantile: float = 0.9,
+    engine_args: str | None = None,
+) -> dict[str, float]:
+    """One simulated replica holding ``concurrency`` requests of ``isl`` prompt tokens
+    (unique) and ``osl`` output tokens at all times until ``requests`` have finished,
+    the first ``concurrency`` left out; without the GIL.
+
+    Returns:
+        ``ttft_ms`` and ``itl_ms`` (a request's mean gap between tokens) at
+        ``quantile``, and ``throughput_rps``.
+
+    Raises:
+        ValueError: a setting is out of range.
     """
 
 # Output parsers (docs/tools.md): tool calls and reasoning split out of a model's text,

@@ -13,6 +13,7 @@ mod kv_index;
 mod kv_router;
 mod llm;
 mod parsers;
+mod planner_lab;
 mod poll_iter;
 mod preprocessor;
 mod runtime;
@@ -42,6 +43,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     disagg::register(m)?;
     kv_index::register(m)?;
     kv_router::register(m)?;
+    planner_lab::register(m)?;
     m.add("ROUTER_MODES", PyTuple::new(m.py(), dynamo_llm::routing::RouterMode::NAMES)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

@@ -73,12 +73,18 @@ class Intervals(_Strict):
 class PredictorConfig(_Strict):
     """How demand is forecast (docs/planner.md, "Predict")."""
 
-    kind: Literal["constant", "moving_average", "holt"] = "holt"
+    kind: Literal["constant", "moving_average", "holt", "holt_winters"] = "holt"
     window: int = Field(default=6, ge=1)
     alpha: float = Field(default=0.5, gt=0.0, le=1.0)
     beta: float = Field(default=0.3, ge=0.0, le=1.0)
+    #: ``holt_winters``: the seasonal term's smoothing and the season, in throughput intervals.
+    gamma: float = Field(default=0.3, ge=0.0, le=1.0)
+    season: int = Field(default=24, ge=2)
     #: Past request rates (req/s, one per throughput interval) that warm the model up.
     warm_start: list[float] = Field(default_factory=list)
+    #: A Mooncake-format trace whose per-interval request rates warm the model up
+    #: (before ``warm_start``).
+    warm_start_trace: Path | None = None
 
 
 class LocalConnectorConfig(_Strict):

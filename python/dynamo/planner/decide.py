@@ -5,7 +5,9 @@
   capacity, live-corrected), rounded up. It only ever raises the fleet to its floor.
 * The **load loop** (every ``intervals.load_s``) adds one replica when an observed
   quantile is over its target, and removes one only when the fleet with one replica
-  fewer is predicted to stay under ``(1 - scale_down_margin)`` times each target. Between
+  fewer is predicted to stay under ``(1 - scale_down_margin)`` times each target (and
+  never while requests wait in the workers' queues or the fleet's observed latencies are
+  already over that line: one replica fewer cannot do better). Between
   that line and the target nothing moves: that band is the hysteresis that keeps a
   constant load from flapping 2↔1.
 
@@ -165,6 +167,13 @@ class Decider:
             return False, "demand remains"
         keep = 1.0 - self.config.scale_down_margin
         ttft, itl = self._limits(role)
+        # The fleet as it is already misses the band, or holds work it has not started:
+        # one replica fewer cannot do better, whatever the profile says of the rate.
+        if obs.waiting > 0:
+            return False, f"{obs.waiting} request(s) waiting"
+        for name, observed, limit in (("TTFT", obs.ttft_ms, ttft), ("ITL", obs.itl_ms, itl)):
+            if limit is not None and observed is not None and observed > limit * keep:
+                return False, f"{name} {observed:.0f} ms already over {keep:.0%} of {limit:g} ms"
         if self.model is not None and obs.isl is not None:
             capacity = self.model.capacity(
                 obs.isl, None if ttft is None else ttft * keep, None if itl is None else itl * keep

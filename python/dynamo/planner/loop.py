@@ -1,9 +1,9 @@
 """The planner's two loops over one fleet: observe → predict → decide → act.
 
 ``Planner.load_pass`` runs every ``intervals.load_s`` (scrape the frontend, read the
-connector's replicas, correct the model with the window unless a worker is warming up,
-the load loop's ±1); ``Planner.throughput_pass`` every ``intervals.throughput_s`` (feed
-the window's mean rate and input length to the predictors, the throughput loop's floor).
+connector's replicas, then the load step); ``Planner.throughput_pass`` every
+``intervals.throughput_s`` (the throughput step). The steps themselves, with no I/O, are
+``dynamo.planner.step`` (the planner lab runs the same ones on simulated time).
 Each decision is logged; in ``advisory`` mode it is only logged and shown on ``/health``.
 """
 
@@ -19,9 +19,8 @@ from typing import Any
 from dynamo.planner.config import PlannerConfig
 from dynamo.planner.connector import Connector, ConnectorError
 from dynamo.planner.decide import Decider, Decision, RoleState
-from dynamo.planner.observe import FrontendObserver, FrontendWindow, LoadReports, SignalState, observation
-from dynamo.planner.predict import Predictor, make_predictor
-from dynamo.planner.profile import Sample
+from dynamo.planner.observe import FrontendObserver, LoadReports, SignalState
+from dynamo.planner.step import PlanningState
 
 log = logging.getLogger("dynamo.planner")
 
@@ -45,18 +44,15 @@ class Planner:
         self.frontend = frontend
         self.decider = decider
         self.reports = reports or {}
-        p = config.predictor
-        self.rate_predictor: Predictor = make_predictor(
-            p.kind, window=p.window, alpha=p.alpha, beta=p.beta, warm_start=p.warm_start
-        )
-        self.isl_predictor: Predictor = make_predictor(p.kind, window=p.window, alpha=p.alpha, beta=p.beta)
-        self.windows: list[FrontendWindow] = []
+        self.state = PlanningState(config, decider)
         self.signals: dict[str, SignalState] = {"connector": SignalState("missing", "not read yet")}
-        self.fleet: dict[str, RoleState] = {}
         self.decisions: deque[dict[str, Any]] = deque(maxlen=HISTORY)
-        #: When each role's ready count last rose (its youngest replica became ready).
-        self.ready_rose_at: dict[str, float] = {}
         self.started = time.monotonic()
+
+    @property
+    def fleet(self) -> dict[str, RoleState]:
+        """The fleet as last read from the connector."""
+        return self.state.fleet
 
     # -- observation -------------------------------------------------------------------
 
@@ -74,12 +70,7 @@ class Planner:
             self._set_signal("connector", "missing", f"{e.kind.value}: {e}")
             return None
         self._set_signal("connector", "ok")
-        now = time.monotonic()
-        for role, state in fleet.items():
-            before = self.fleet.get(role)
-            if before is not None and state.ready > before.ready:
-                self.ready_rose_at[role] = now
-        self.fleet = fleet
+        self.state.note_fleet(fleet, time.monotonic())
         return fleet
 
     def _report_signals(self, fleet: dict[str, RoleState]) -> None:
@@ -96,11 +87,6 @@ class Planner:
                     f"{fresh} fresh report(s) for {ready} ready replica(s) (older than {self.config.stale_after_s:g}s)",
                 )
 
-    def _youngest_age(self) -> float:
-        if not self.ready_rose_at:
-            return float("inf")
-        return time.monotonic() - max(self.ready_rose_at.values())
-
     # -- the loops ---------------------------------------------------------------------
 
     async def load_pass(self) -> list[Decision]:
@@ -113,48 +99,20 @@ class Planner:
             return []
         self._report_signals(fleet)
         missing = tuple(name for name in ("frontend_metrics",) if self.signals[name].state != "ok")
-        if window is not None:
-            self.windows.append(window)
-            self._correct(window, fleet)
-        decisions = []
-        for role in self.config.roles:
-            waiting = self.reports[role].waiting(time.monotonic()) if role in self.reports else 0
-            decision = self.decider.load(role, fleet, observation(window, waiting, missing))
-            decisions.append(decision)
+        now = time.monotonic()
+        waiting = {role: reports.waiting(now) for role, reports in self.reports.items()}
+        decisions = self.state.load_step(window, fleet, waiting, missing, now)
+        for decision in decisions:
             await self._act(decision, fleet)
         return decisions
 
-    def _correct(self, window: FrontendWindow, fleet: dict[str, RoleState]) -> None:
-        model = self.decider.model
-        ready = sum(s.ready for s in fleet.values())
-        if model is None or ready == 0 or window.isl is None or window.request_rate == 0:
-            return
-        sample = Sample(window.isl, window.inflight / ready, window.ttft_ms, window.itl_ms, self._youngest_age())
-        if not model.correct(sample):
-            log.debug("live correction: sample left out (warm-up or nothing to compare)")
-
     async def throughput_pass(self) -> list[Decision]:
         """One pass of the throughput loop: forecast the next interval, set the floors."""
-        windows, self.windows = self.windows, []
-        seconds = sum(w.seconds for w in windows)
-        missing: tuple[str, ...] = ()
-        if seconds > 0:
-            self.rate_predictor.observe(sum(w.request_rate * w.seconds for w in windows) / seconds)
-            isls = [w.isl for w in windows if w.isl is not None]
-            if isls:
-                self.isl_predictor.observe(sum(isls) / len(isls))
-        else:
-            missing = ("frontend_metrics",)
         fleet = await self._read_fleet()
         if fleet is None:
             return []
-        rate, isl = self.rate_predictor.predict(), self.isl_predictor.predict()
-        if rate is not None and isl is None and rate == 0:
-            isl = 1.0  # no traffic yet: no input length, and none needed
-        decisions = []
-        for role in self.config.roles:
-            decision = self.decider.throughput(role, fleet, rate, isl, missing)
-            decisions.append(decision)
+        decisions = self.state.throughput_step(fleet)
+        for decision in decisions:
             await self._act(decision, fleet)
         return decisions
 

@@ -1,24 +1,31 @@
 """Demand forecasts: the next interval's value of a series (request rate, input or output
 length) from the values seen so far.
 
-Three models behind one interface, chosen by name (``make_predictor``): ``constant`` (the
-last value), ``moving_average`` (the mean of the last ``window``) and ``holt`` (Holt's
-linear exponential smoothing: a level and a trend, each smoothed). statsmodels is not a
-dependency; Holt's method is the two recurrences below, small enough to keep here:
+Four models behind one interface, chosen by name (``make_predictor``): ``constant`` (the
+last value), ``moving_average`` (the mean of the last ``window``), ``holt`` (Holt's
+linear exponential smoothing: a level and a trend, each smoothed) and ``holt_winters``
+(Holt's method plus an additive seasonal term of ``season`` intervals). statsmodels is
+not installed here and would bring scipy and pandas for a few lines of arithmetic, so
+both are the recurrences below, written out:
 
-    level_t = alpha * x_t + (1 - alpha) * (level_{t-1} + trend_{t-1})
-    trend_t = beta * (level_t - level_{t-1}) + (1 - beta) * trend_{t-1}
-    forecast_{t+1} = level_t + trend_t
+    level_t  = alpha * (x_t - s_{t-m}) + (1 - alpha) * (level_{t-1} + trend_{t-1})
+    trend_t  = beta * (level_t - level_{t-1}) + (1 - beta) * trend_{t-1}
+    s_t      = gamma * (x_t - level_t) + (1 - gamma) * s_{t-m}
+    forecast_{t+1} = level_t + trend_t + s_{t+1-m}
 
-No seasonal term (Holt-Winters): a season needs a period of history the planner rarely
-has. Every model is warm-started from a list of past values (``warm_start``) and never
-forecasts below zero.
+Holt's method is the same with every ``s`` zero. Holt-Winters starts once it has seen one
+season (level: its mean, trend: 0, each ``s``: the value less that mean) and forecasts
+the mean of what it saw before that. A season needs history the planner rarely has at
+start: ``warm_start`` (past values, e.g. ``trace_rates`` of a recorded trace) gives it.
+Every model never forecasts below zero.
 """
 
 from __future__ import annotations
 
+import json
 from collections import deque
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Protocol
 
 
@@ -85,11 +92,78 @@ class HoltPredictor:
         return max(0.0, self._level + self._trend)
 
 
+class HoltWintersPredictor:
+    """Holt-Winters' additive seasonal method (see the module's docstring)."""
+
+    def __init__(self, alpha: float, beta: float, gamma: float, season: int) -> None:
+        if not (0.0 < alpha <= 1.0 and 0.0 <= beta <= 1.0 and 0.0 <= gamma <= 1.0):
+            raise ValueError("Holt-Winters needs 0 < alpha <= 1 and 0 <= beta, gamma <= 1")
+        if season < 2:
+            raise ValueError("a season is at least 2 intervals")
+        self.alpha, self.beta, self.gamma, self.season = alpha, beta, gamma, season
+        self._first: list[float] = []
+        self._level = 0.0
+        self._trend = 0.0
+        #: The seasonal terms, the next interval's first.
+        self._seasonal: deque[float] = deque()
+
+    def observe(self, value: float) -> None:
+        if len(self._first) < self.season:
+            self._first.append(value)
+            if len(self._first) == self.season:
+                self._level = sum(self._first) / self.season
+                self._seasonal = deque(x - self._level for x in self._first)
+            return
+        s = self._seasonal.popleft()
+        previous = self._level
+        self._level = self.alpha * (value - s) + (1.0 - self.alpha) * (previous + self._trend)
+        self._trend = self.beta * (self._level - previous) + (1.0 - self.beta) * self._trend
+        self._seasonal.append(self.gamma * (value - self._level) + (1.0 - self.gamma) * s)
+
+    def predict(self) -> float | None:
+        if not self._first:
+            return None
+        if len(self._first) < self.season:
+            return max(0.0, sum(self._first) / len(self._first))
+        return max(0.0, self._level + self._trend + self._seasonal[0])
+
+
+def trace_rates(path: Path, interval_s: float, time_scale: float = 1.0) -> list[float]:
+    """Requests/s per ``interval_s`` of a Mooncake-format trace (JSON lines with a
+    ``timestamp`` in ms), its timestamps divided by ``time_scale``: a warm start.
+
+    Raises:
+        ValueError: a line is not a request, or the interval or scale is not positive.
+    """
+    if interval_s <= 0 or time_scale <= 0:
+        raise ValueError("the interval and the time scale must be > 0")
+    counts: list[int] = []
+    with Path(path).open() as lines:
+        for n, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                at = float(json.loads(line)["timestamp"]) / time_scale / 1000.0
+            except (ValueError, KeyError, TypeError) as e:
+                raise ValueError(f"{path}:{n}: not a trace request ({e})") from None
+            slot = int(at // interval_s)
+            counts.extend([0] * (slot + 1 - len(counts)))
+            counts[slot] += 1
+    return [c / interval_s for c in counts]
+
+
 def make_predictor(
-    kind: str, *, window: int = 6, alpha: float = 0.5, beta: float = 0.3, warm_start: Iterable[float] = ()
+    kind: str,
+    *,
+    window: int = 6,
+    alpha: float = 0.5,
+    beta: float = 0.3,
+    gamma: float = 0.3,
+    season: int = 24,
+    warm_start: Iterable[float] = (),
 ) -> Predictor:
-    """The predictor named ``kind`` (``constant``, ``moving_average``, ``holt``), having
-    observed ``warm_start`` in order.
+    """The predictor named ``kind`` (``constant``, ``moving_average``, ``holt``,
+    ``holt_winters``), having observed ``warm_start`` in order.
 
     Raises:
         ValueError: an unknown ``kind`` or parameters out of range.
@@ -101,8 +175,10 @@ def make_predictor(
         predictor = MovingAveragePredictor(window)
     elif kind == "holt":
         predictor = HoltPredictor(alpha, beta)
+    elif kind == "holt_winters":
+        predictor = HoltWintersPredictor(alpha, beta, gamma, season)
     else:
-        raise ValueError(f"unknown predictor '{kind}' (constant, moving_average, holt)")
+        raise ValueError(f"unknown predictor '{kind}' (constant, moving_average, holt, holt_winters)")
     for value in warm_start:
         predictor.observe(float(value))
     return predictor

@@ -1,0 +1,762 @@
+//! The planner lab's fleet: a trace replayed through simulated mocker engines
+//! ([`SimWorker`]) on a virtual clock that the caller steps, resizing the fleet between
+//! steps as a planner would.
+//!
+//! [`PlannerLab::advance`] runs the discrete-event loop (the next arrival, the end of a
+//! replica's step, or a replica becoming ready, whichever is earliest; nothing sleeps) up
+//! to a simulated time and returns what happened in that window: each finished request's
+//! TTFT and ITL, arrivals, queue depth and every replica's load. [`PlannerLab::set_replicas`]
+//! resizes it the way a connector does: a new replica costs from the moment it is asked
+//! for, is ready `startup_s` later, and runs its first `warmup_s` of steps
+//! `warmup_factor` times slower (the warm-up a planner must leave out of its model);
+//! a removed replica that is still starting goes at once, a ready one drains (it takes
+//! no new request, finishes those it holds, then goes). Arrivals with no ready replica
+//! wait at the frontend, in order, and are dispatched when one becomes ready.
+//! Requests go to the ready replicas through the frontend's KV selector without KV events
+//! (`approx`: its own predictions of each replica's cache, and the replicas' load
+//! reports, refreshed at every arrival and step), replaying on the lab's clock, so a
+//! replica with a backlog gets fewer new requests as it would behind the frontend.
+//!
+//! [`closed_loop_point`] measures one replica at a fixed concurrency: the capacity
+//! profile the lab's planner uses, taken from the same simulated engine.
+//! The same requests, configuration and calls give the same windows.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rustc_hash::FxHashMap;
+
+use crate::engines::mocker::{MockerArgs, SimOutput, SimWorker};
+use crate::lab_trace::{percentile, synthesize_tokens, LabError, TraceRequest, DEFAULT_LAB_GPU_BLOCKS, DEFAULT_TRACE_BLOCK_SIZE};
+use crate::kv_router::{KvRouter, KvRouterConfig};
+use crate::routing::{KvSelector, Outcome, Pick, Selector};
+
+/// The planner lab's settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlannerLabConfig {
+    /// Replicas ready (and warm) at time 0; may be 0.
+    pub replicas: usize,
+    /// Tokens per trace block.
+    pub trace_block_size: usize,
+    /// Every replica's engine; default the mocker's with [`DEFAULT_LAB_GPU_BLOCKS`].
+    pub engine: MockerArgs,
+    /// Arrival rate multiplier: timestamps are divided by it.
+    pub time_scale: f64,
+    /// Seconds from asking for a replica to its being ready.
+    pub startup_s: f64,
+    /// Seconds after becoming ready during which a new replica's steps are slower.
+    pub warmup_s: f64,
+    /// How much slower (≥ 1).
+    pub warmup_factor: f64,
+}
+
+impl Default for PlannerLabConfig {
+    fn default() -> Self {
+        PlannerLabConfig {
+            replicas: 1,
+            trace_block_size: DEFAULT_TRACE_BLOCK_SIZE,
+            engine: MockerArgs { num_gpu_blocks: DEFAULT_LAB_GPU_BLOCKS, ..MockerArgs::default() },
+            time_scale: 1.0,
+            startup_s: 30.0,
+            warmup_s: 10.0,
+            warmup_factor: 2.0,
+        }
+    }
+}
+
+impl PlannerLabConfig {
+    /// Check the ranges.
+    pub fn validate(&self) -> Result<(), LabError> {
+        let invalid = |m: String| Err(LabError::Invalid(m));
+        if self.trace_block_size == 0 {
+            return invalid("the trace block size must be at least 1".into());
+        }
+        if !(self.time_scale.is_finite() && self.time_scale > 0.0) {
+            return invalid(format!("the time scale must be > 0, got {}", self.time_scale));
+        }
+        for (name, value) in [("start-up", self.startup_s), ("warm-up", self.warmup_s)] {
+            if !(value.is_finite() && value >= 0.0) {
+                return invalid(format!("the {name} time must be >= 0 seconds, got {value}"));
+            }
+        }
+        if !(self.warmup_factor.is_finite() && self.warmup_factor >= 1.0) {
+            return invalid(format!("the warm-up factor must be >= 1, got {}", self.warmup_factor));
+        }
+        self.engine.validate().map_err(|e| LabError::Invalid(format!("engine arguments: {e}")))
+    }
+}
+
+/// Where a replica is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplicaState {
+    /// Asked for, not ready yet.
+    Starting,
+    /// Taking requests.
+    Ready,
+    /// Removed: finishing the requests it holds, taking no new one.
+    Draining,
+}
+
+impl ReplicaState {
+    /// Its name in reports.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReplicaState::Starting => "starting",
+            ReplicaState::Ready => "ready",
+            ReplicaState::Draining => "draining",
+        }
+    }
+}
+
+/// One replica's load at the end of a window.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReplicaLoad {
+    /// Its id (0, 1, … in the order they were asked for).
+    pub id: u64,
+    /// Its state.
+    pub state: ReplicaState,
+    /// When it became ready (seconds), if it has.
+    pub ready_s: Option<f64>,
+    /// Requests it is running.
+    pub running: u64,
+    /// Requests it holds waiting to be scheduled.
+    pub waiting: u64,
+    /// KV blocks in use.
+    pub kv_active_blocks: u64,
+}
+
+/// A request that ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FinishedRequest {
+    /// Its index in the request list.
+    pub index: usize,
+    /// Arrival (seconds).
+    pub arrival_s: f64,
+    /// Time to its first token (ms); `None` when it produced none (failed).
+    pub ttft_ms: Option<f64>,
+    /// Its mean gap between tokens (ms); `None` with fewer than two tokens.
+    pub itl_ms: Option<f64>,
+    /// Prompt tokens.
+    pub input_length: usize,
+    /// The replica that served it.
+    pub replica: u64,
+}
+
+/// What happened between two calls of [`PlannerLab::advance`].
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct WindowStats {
+    /// The window, in simulated seconds.
+    pub start_s: f64,
+    /// Its end.
+    pub end_s: f64,
+    /// Requests that arrived in it.
+    pub arrivals: usize,
+    /// Their prompt tokens, summed.
+    pub arrival_input_tokens: u64,
+    /// Requests that ended in it, in the order they ended.
+    pub finished: Vec<FinishedRequest>,
+    /// Requests refused (a prompt larger than a replica's cache).
+    pub rejected: usize,
+    /// Requests that failed on a replica being removed (a drain that lost them).
+    pub failed_at_scale_down: usize,
+    /// At the end: requests waiting at the frontend for a ready replica.
+    pub frontend_queue: usize,
+    /// At the end: requests arrived and not finished (the frontend queue included).
+    pub inflight: usize,
+    /// At the end: every replica's load.
+    pub replicas: Vec<ReplicaLoad>,
+    /// Replica-seconds spent since time 0 (each replica from being asked for until gone).
+    pub replica_seconds: f64,
+}
+
+#[derive(Debug)]
+struct Replica {
+    id: u64,
+    worker: SimWorker,
+    state: ReplicaState,
+    requested_ms: f64,
+    ready_ms: f64,
+    /// Steps starting before this are warm-up steps.
+    warm_from_ms: f64,
+    step_end: Option<f64>,
+}
+
+#[derive(Debug)]
+struct Stream {
+    replica: u64,
+    pick: Pick,
+    first: Option<f64>,
+    last: Option<f64>,
+    tokens: u32,
+}
+
+/// A simulated fleet stepped by its caller (see the module's docstring).
+#[derive(Debug)]
+pub struct PlannerLab {
+    config: PlannerLabConfig,
+    requests: Vec<TraceRequest>,
+    /// Arrival of each request (ms), and the request indices by arrival.
+    arrival_ms: Vec<f64>,
+    order: Vec<usize>,
+    next: usize,
+    now_ms: f64,
+    replicas: Vec<Replica>,
+    next_id: u64,
+    /// Replica-milliseconds of the replicas already gone.
+    retired_ms: f64,
+    frontend: VecDeque<usize>,
+    streams: FxHashMap<usize, Stream>,
+    router: Arc<KvRouter>,
+    selector: KvSelector,
+    /// The virtual clock's origin for the router.
+    base: Instant,
+    window: WindowStats,
+    outputs: Vec<SimOutput>,
+}
+
+impl PlannerLab {
+    /// A fleet of `config.replicas` ready replicas at time 0, to replay `requests`
+    /// (their timestamps in ms, divided by `config.time_scale`).
+    pub fn new(requests: Vec<TraceRequest>, config: PlannerLabConfig) -> Result<Self, LabError> {
+        config.validate()?;
+        if let Some(bad) = requests.iter().find(|r| !(r.timestamp.is_finite() && r.timestamp >= 0.0)) {
+            return Err(LabError::Invalid(format!("bad timestamp {}", bad.timestamp)));
+        }
+        let arrival_ms: Vec<f64> = requests.iter().map(|r| r.timestamp / config.time_scale).collect();
+        let mut order: Vec<usize> = (0..requests.len()).collect();
+        order.sort_by(|&a, &b| arrival_ms[a].total_cmp(&arrival_ms[b]));
+        let router = KvRouter::new(KvRouterConfig {
+            block_size: config.engine.block_size as u32,
+            use_kv_events: false,
+            ..Default::default()
+        });
+        let base = Instant::now();
+        let selector = KvSelector::replaying(router.clone(), base, config.engine.seed);
+        let mut lab = PlannerLab {
+            requests,
+            arrival_ms,
+            order,
+            next: 0,
+            now_ms: 0.0,
+            replicas: Vec::new(),
+            next_id: 0,
+            retired_ms: 0.0,
+            frontend: VecDeque::new(),
+            streams: FxHashMap::default(),
+            router,
+            selector,
+            base,
+            window: WindowStats::default(),
+            outputs: Vec::new(),
+            config,
+        };
+        for _ in 0..lab.config.replicas {
+            lab.add_replica(true)?;
+        }
+        Ok(lab)
+    }
+
+    /// The simulated time (seconds).
+    pub fn now_s(&self) -> f64 {
+        self.now_ms / 1000.0
+    }
+
+    /// The last arrival (seconds), 0 without requests.
+    pub fn last_arrival_s(&self) -> f64 {
+        self.order.last().map_or(0.0, |&i| self.arrival_ms[i] / 1000.0)
+    }
+
+    /// Whether every request has arrived and ended.
+    pub fn done(&self) -> bool {
+        self.next == self.order.len() && self.streams.is_empty() && self.frontend.is_empty()
+    }
+
+    /// Replicas (starting, ready, draining).
+    pub fn counts(&self) -> (usize, usize, usize) {
+        let count = |s| self.replicas.iter().filter(|r| r.state == s).count();
+        (count(ReplicaState::Starting), count(ReplicaState::Ready), count(ReplicaState::Draining))
+    }
+
+    /// Replica-seconds spent so far.
+    pub fn replica_seconds(&self) -> f64 {
+        let live: f64 = self.replicas.iter().map(|r| self.now_ms - r.requested_ms).sum();
+        (self.retired_ms + live) / 1000.0
+    }
+
+    fn at(&self, ms: f64) -> Instant {
+        self.base + Duration::from_secs_f64(ms / 1000.0)
+    }
+
+    /// Replica `i`'s load as the router sees it, at `t`.
+    fn report_load(&self, i: usize, t: f64) {
+        let r = &self.replicas[i];
+        self.router.load().lock().update_metrics(r.id, &r.worker.metrics(), self.at(t));
+    }
+
+    /// Forget a replica that is gone (its cost counted to now).
+    fn retire(&mut self, i: usize) {
+        let gone = self.replicas.remove(i);
+        self.retired_ms += self.now_ms - gone.requested_ms;
+        self.router.remove_worker(gone.id);
+    }
+
+    fn add_replica(&mut self, warm: bool) -> Result<(), LabError> {
+        let worker = SimWorker::new(self.config.engine.clone(), 1.0).map_err(|e| LabError::Invalid(e.to_string()))?;
+        let now = self.now_ms;
+        let startup = if warm { 0.0 } else { self.config.startup_s * 1000.0 };
+        let warmup = if warm { 0.0 } else { self.config.warmup_s * 1000.0 };
+        self.replicas.push(Replica {
+            id: self.next_id,
+            worker,
+            state: if startup == 0.0 { ReplicaState::Ready } else { ReplicaState::Starting },
+            requested_ms: now,
+            ready_ms: now + startup,
+            warm_from_ms: now + startup + warmup,
+            step_end: None,
+        });
+        self.next_id += 1;
+        Ok(())
+    }
+
+    /// Resize to `n` replicas starting or ready: new ones start (ready after the start-up
+    /// delay); removing takes starting replicas first (the latest asked for), then drains
+    /// the ready replica holding the fewest requests (the youngest on a tie).
+    pub fn set_replicas(&mut self, n: usize) -> Result<(), LabError> {
+        let (starting, ready, _) = self.counts();
+        let current = starting + ready;
+        for _ in current..n {
+            self.add_replica(false)?;
+        }
+        if n > current {
+            // A start-up delay of 0: ready at once, and the queue can move.
+            self.dispatch_queue(self.now_ms);
+        }
+        for _ in n..current {
+            let starting = self.replicas.iter().rposition(|r| r.state == ReplicaState::Starting);
+            if let Some(i) = starting {
+                self.retire(i);
+                continue;
+            }
+            let victim = self
+                .replicas
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| r.state == ReplicaState::Ready)
+                .min_by_key(|(_, r)| (r.worker.requests(), std::cmp::Reverse(r.id)))
+                .map(|(i, _)| i);
+            if let Some(i) = victim {
+                self.replicas[i].state = ReplicaState::Draining;
+                self.retire_if_drained(i);
+            }
+        }
+        Ok(())
+    }
+
+    /// Remove replica `i` if it drained; whether it did.
+    fn retire_if_drained(&mut self, i: usize) -> bool {
+        let r = &self.replicas[i];
+        if r.state != ReplicaState::Draining || r.worker.requests() > 0 || r.step_end.is_some() {
+            return false;
+        }
+        self.retire(i);
+        true
+    }
+
+    fn step_ms(&self, i: usize, ms: f64, t: f64) -> f64 {
+        if t < self.replicas[i].warm_from_ms {
+            ms * self.config.warmup_factor
+        } else {
+            ms
+        }
+    }
+
+    fn start_step(&mut self, i: usize, t: f64) {
+        if self.replicas[i].step_end.is_none() {
+            if let Some(ms) = self.replicas[i].worker.start_step() {
+                self.replicas[i].step_end = Some(t + self.step_ms(i, ms, t));
+            }
+        }
+    }
+
+    /// Send request `index` to a ready replica at `t`; false when none is ready.
+    fn dispatch(&mut self, index: usize, t: f64) -> bool {
+        let ids: Vec<u64> = self.replicas.iter().filter(|r| r.state == ReplicaState::Ready).map(|r| r.id).collect();
+        if ids.is_empty() {
+            return false;
+        }
+        let tokens = synthesize_tokens(&self.requests[index], index, self.config.trace_block_size);
+        for i in 0..self.replicas.len() {
+            if self.replicas[i].state == ReplicaState::Ready {
+                self.report_load(i, t);
+            }
+        }
+        self.selector.set_clock(self.at(t));
+        let Ok(pick) = self.selector.select(&tokens, &ids) else { return false };
+        let Some(i) = self.replicas.iter().position(|r| r.id == pick.instance) else { return false };
+        let output_length = self.requests[index].output_length.max(1);
+        if self.replicas[i].worker.add(index as u64, tokens, output_length).is_err() {
+            self.selector.on_end(pick, Outcome::Failed);
+            self.window.rejected += 1;
+            return true;
+        }
+        self.streams.insert(index, Stream { replica: pick.instance, pick, first: None, last: None, tokens: 0 });
+        self.start_step(i, t);
+        true
+    }
+
+    fn dispatch_queue(&mut self, t: f64) {
+        while let Some(&index) = self.frontend.front() {
+            if !self.dispatch(index, t) {
+                break;
+            }
+            self.frontend.pop_front();
+        }
+    }
+
+    fn finish_step(&mut self, i: usize, t: f64) {
+        self.replicas[i].step_end = None;
+        let mut outputs = std::mem::take(&mut self.outputs);
+        outputs.clear();
+        self.replicas[i].worker.finish_step(&mut outputs);
+        let draining = self.replicas[i].state == ReplicaState::Draining;
+        for out in &outputs {
+            let index = out.request as usize;
+            let Some(stream) = self.streams.get_mut(&index) else { continue };
+            if out.token {
+                stream.first.get_or_insert(t);
+                stream.last = Some(t);
+                stream.tokens += 1;
+            }
+            if out.finished {
+                let Some(stream) = self.streams.remove(&index) else { continue };
+                let arrival = self.arrival_ms[index];
+                let failed = stream.first.is_none();
+                if failed && draining {
+                    self.window.failed_at_scale_down += 1;
+                }
+                let itl = match (stream.first, stream.last) {
+                    (Some(first), Some(last)) if stream.tokens >= 2 => Some((last - first) / f64::from(stream.tokens - 1)),
+                    _ => None,
+                };
+                self.window.finished.push(FinishedRequest {
+                    index,
+                    arrival_s: arrival / 1000.0,
+                    ttft_ms: stream.first.map(|first| first - arrival),
+                    itl_ms: itl,
+                    input_length: self.requests[index].input_length,
+                    replica: stream.replica,
+                });
+                let outcome = if failed { Outcome::Failed } else { Outcome::Completed };
+                self.selector.set_clock(self.at(t));
+                self.selector.on_end(stream.pick, outcome);
+            }
+        }
+        self.outputs = outputs;
+        self.start_step(i, t);
+        self.report_load(i, t);
+        self.retire_if_drained(i);
+    }
+
+    /// Run the simulation up to `until_s` and return what happened since the last call.
+    /// A time in the past leaves the clock where it is.
+    pub fn advance(&mut self, until_s: f64) -> Result<WindowStats, LabError> {
+        let until = (until_s * 1000.0).max(self.now_ms);
+        loop {
+            let arrival = self.order.get(self.next).map(|&i| self.arrival_ms[i]);
+            let ready = self
+                .replicas
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| r.state == ReplicaState::Starting)
+                .map(|(i, r)| (i, r.ready_ms))
+                .min_by(|a, b| a.1.total_cmp(&b.1));
+            let step = self
+                .replicas
+                .iter()
+                .enumerate()
+                .filter_map(|(i, r)| r.step_end.map(|t| (i, t)))
+                .min_by(|a, b| a.1.total_cmp(&b.1));
+            // At equal times: a replica becomes ready, then a step ends, then a request arrives.
+            let earliest = [ready.map(|r| r.1), step.map(|s| s.1), arrival].into_iter().flatten().fold(f64::INFINITY, f64::min);
+            if earliest > until {
+                break;
+            }
+            self.now_ms = earliest;
+            match (ready, step) {
+                (Some((i, t)), _) if t == earliest => {
+                    self.replicas[i].state = ReplicaState::Ready;
+                    self.dispatch_queue(t);
+                }
+                (_, Some((i, t))) if t == earliest => {
+                    self.finish_step(i, t);
+                    // Requests an engine cannot schedule now and never will (cannot happen
+                    // with prompts that fit; guards the loop).
+                    if let Some(r) = self.replicas.iter().find(|r| r.step_end.is_none() && r.worker.requests() > 0) {
+                        return Err(LabError::Invalid(format!("replica {} is stuck with {} requests", r.id, r.worker.requests())));
+                    }
+                }
+                _ => {
+                    let index = self.order[self.next];
+                    self.next += 1;
+                    self.window.arrivals += 1;
+                    self.window.arrival_input_tokens += self.requests[index].input_length as u64;
+                    if !self.frontend.is_empty() || !self.dispatch(index, earliest) {
+                        self.frontend.push_back(index);
+                    }
+                }
+            }
+        }
+        self.now_ms = until;
+        let mut window = std::mem::take(&mut self.window);
+        window.end_s = until / 1000.0;
+        window.frontend_queue = self.frontend.len();
+        window.inflight = self.streams.len() + self.frontend.len();
+        window.replicas = self
+            .replicas
+            .iter()
+            .map(|r| {
+                let m = r.worker.metrics();
+                ReplicaLoad {
+                    id: r.id,
+                    state: r.state,
+                    ready_s: (r.state != ReplicaState::Starting).then_some(r.ready_ms / 1000.0),
+                    running: m.request_active_slots,
+                    waiting: m.num_requests_waiting,
+                    kv_active_blocks: m.kv_active_blocks,
+                }
+            })
+            .collect();
+        window.replica_seconds = self.replica_seconds();
+        self.window.start_s = window.end_s;
+        Ok(window)
+    }
+}
+
+/// One replica measured at a fixed concurrency.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PointStats {
+    /// TTFT (ms) at the quantile asked, over the measured requests.
+    pub ttft_ms: f64,
+    /// Mean inter-token latency of a request (ms) at the quantile asked.
+    pub itl_ms: f64,
+    /// Measured requests completed per simulated second.
+    pub throughput_rps: f64,
+}
+
+/// Measure one replica of `engine` holding `concurrency` requests of `isl` prompt tokens
+/// (unique: no prefix-cache hits) and `osl` output tokens at all times, each finished
+/// request replaced at once, until `requests` have finished; the first `concurrency`
+/// (the ramp-up) are left out of the figures.
+pub fn closed_loop_point(
+    engine: &MockerArgs,
+    isl: usize,
+    osl: usize,
+    concurrency: usize,
+    requests: usize,
+    quantile: f64,
+) -> Result<PointStats, LabError> {
+    if isl == 0 || osl == 0 || concurrency == 0 || requests <= concurrency {
+        return Err(LabError::Invalid("a point needs isl, osl, concurrency >= 1 and more requests than concurrency".into()));
+    }
+    if !(quantile > 0.0 && quantile < 1.0) {
+        return Err(LabError::Invalid(format!("the quantile must be in (0, 1), got {quantile}")));
+    }
+    let mut worker = SimWorker::new(engine.clone(), 1.0).map_err(|e| LabError::Invalid(e.to_string()))?;
+    // Each request in flight: (arrival, first token, latest token, tokens).
+    let mut streams: FxHashMap<u64, (f64, Option<f64>, f64, u32)> = FxHashMap::default();
+    let request = TraceRequest { timestamp: 0.0, input_length: isl, output_length: osl, hash_ids: Vec::new() };
+    let mut submitted = 0u64;
+    let mut submit = |worker: &mut SimWorker, streams: &mut FxHashMap<u64, (f64, Option<f64>, f64, u32)>, t: f64| {
+        if submitted >= (requests + concurrency) as u64 {
+            return Ok(());
+        }
+        let tokens = synthesize_tokens(&request, submitted as usize, DEFAULT_TRACE_BLOCK_SIZE);
+        worker.add(submitted, tokens, osl).map_err(LabError::Invalid)?;
+        streams.insert(submitted, (t, None, t, 0));
+        submitted += 1;
+        Ok::<(), LabError>(())
+    };
+    for _ in 0..concurrency {
+        submit(&mut worker, &mut streams, 0.0)?;
+    }
+    let (mut now, mut finished, mut measured_from) = (0.0f64, 0usize, None::<f64>);
+    let (mut ttft, mut itl) = (Vec::new(), Vec::new());
+    let mut outputs = Vec::new();
+    while finished < requests {
+        let Some(ms) = worker.start_step() else {
+            return Err(LabError::Invalid(format!("the replica stalled with {} requests", worker.requests())));
+        };
+        now += ms;
+        outputs.clear();
+        worker.finish_step(&mut outputs);
+        for out in &outputs {
+            let Some(s) = streams.get_mut(&out.request) else { continue };
+            if out.token {
+                s.1.get_or_insert(now);
+                s.2 = now;
+                s.3 += 1;
+            }
+            if out.finished {
+                let Some((arrival, first, last, tokens)) = streams.remove(&out.request) else { continue };
+                finished += 1;
+                if finished > concurrency {
+                    measured_from.get_or_insert(arrival);
+                    if let Some(first) = first {
+                        ttft.push(first - arrival);
+                        if tokens >= 2 {
+                            itl.push((last - first) / f64::from(tokens - 1));
+                        }
+                    }
+                }
+                submit(&mut worker, &mut streams, now)?;
+            }
+        }
+    }
+    ttft.sort_by(f64::total_cmp);
+    itl.sort_by(f64::total_cmp);
+    let measured = (requests - concurrency) as f64;
+    let span_s = (now - measured_from.unwrap_or(0.0)) / 1000.0;
+    Ok(PointStats {
+        ttft_ms: percentile(&ttft, quantile),
+        itl_ms: if itl.is_empty() { 0.0 } else { percentile(&itl, quantile) },
+        throughput_rps: if span_s > 0.0 { measured / span_s } else { 0.0 },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn steady(rate_per_s: f64, seconds: f64, isl: usize, osl: usize) -> Vec<TraceRequest> {
+        let n = (rate_per_s * seconds) as usize;
+        (0..n)
+            .map(|i| TraceRequest {
+                timestamp: i as f64 * 1000.0 / rate_per_s,
+                input_length: isl,
+                output_length: osl,
+                hash_ids: Vec::new(),
+            })
+            .collect()
+    }
+
+    fn config(replicas: usize) -> PlannerLabConfig {
+        PlannerLabConfig {
+            replicas,
+            engine: MockerArgs { block_size: 16, num_gpu_blocks: 4096, ..Default::default() },
+            startup_s: 5.0,
+            warmup_s: 2.0,
+            warmup_factor: 3.0,
+            ..Default::default()
+        }
+    }
+
+    fn run_to_end(lab: &mut PlannerLab, step_s: f64) -> Vec<WindowStats> {
+        let mut windows = Vec::new();
+        let mut t = 0.0;
+        while !lab.done() {
+            t += step_s;
+            windows.push(lab.advance(t).unwrap());
+            assert!(t < 10_000.0, "the replay does not end");
+        }
+        windows
+    }
+
+    #[test]
+    fn the_same_calls_give_the_same_windows() {
+        let trace = steady(4.0, 20.0, 300, 30);
+        let play = || {
+            let mut lab = PlannerLab::new(trace.clone(), config(1)).unwrap();
+            let mut windows = vec![lab.advance(5.0).unwrap()];
+            lab.set_replicas(3).unwrap();
+            windows.extend(run_to_end(&mut lab, 2.5));
+            windows
+        };
+        let a = play();
+        assert_eq!(a, play());
+        let finished: usize = a.iter().map(|w| w.finished.len()).sum();
+        assert_eq!(finished, trace.len());
+        assert_eq!(a.iter().map(|w| w.arrivals).sum::<usize>(), trace.len());
+        assert!(a.iter().flat_map(|w| &w.finished).all(|f| f.ttft_ms.is_some_and(|t| t > 0.0) && f.itl_ms.is_some()));
+    }
+
+    #[test]
+    fn a_new_replica_is_ready_after_the_startup_delay_and_warms_up_slowly() {
+        // One request at a time, each alone on its replica: its TTFT is one prefill.
+        let trace: Vec<TraceRequest> = (0..8)
+            .map(|i| TraceRequest { timestamp: i as f64 * 2000.0, input_length: 2000, output_length: 4, hash_ids: vec![] })
+            .collect();
+        let mut lab = PlannerLab::new(trace, PlannerLabConfig { replicas: 0, ..config(0) }).unwrap();
+        lab.set_replicas(1).unwrap();
+        assert_eq!(lab.counts(), (1, 0, 0));
+        let w = lab.advance(4.99).unwrap();
+        assert_eq!((w.arrivals, w.frontend_queue, w.finished.len()), (3, 3, 0), "nothing is served while it starts");
+        assert_eq!(w.replicas[0].state, ReplicaState::Starting);
+        let w = lab.advance(5.0).unwrap();
+        assert_eq!(w.replicas[0].ready_s, Some(5.0));
+        let windows = run_to_end(&mut lab, 1.0);
+        let done: Vec<&FinishedRequest> = windows.iter().flat_map(|w| &w.finished).collect();
+        // Queued since 0 s: waited for the start-up.
+        assert!(done[0].ttft_ms.unwrap() >= 5000.0);
+        // During warm-up (ready 5 s to 7 s) a lone prefill is `warmup_factor` slower than after.
+        let alone = |at: f64| done.iter().find(|f| f.arrival_s == at).unwrap().ttft_ms.unwrap();
+        let (warm_up, warm) = (alone(6.0), alone(14.0));
+        assert!((warm_up / warm - 3.0).abs() < 0.05, "warm-up {warm_up} ms vs warm {warm} ms");
+    }
+
+    #[test]
+    fn scale_down_drains_without_failures_and_costs_until_drained() {
+        let trace = steady(20.0, 10.0, 500, 200);
+        let mut lab = PlannerLab::new(trace.clone(), config(4)).unwrap();
+        let w = lab.advance(10.0).unwrap();
+        assert!(w.inflight > 8, "requests in flight when scaling down ({})", w.inflight);
+        lab.set_replicas(1).unwrap();
+        assert_eq!(lab.counts().1, 1);
+        let draining = lab.counts().2;
+        assert!(draining >= 1, "busy replicas drain");
+        let windows = run_to_end(&mut lab, 0.5);
+        let all: Vec<&FinishedRequest> = std::iter::once(&w).chain(&windows).flat_map(|w| &w.finished).collect();
+        assert_eq!(all.len(), trace.len());
+        assert!(all.iter().all(|f| f.ttft_ms.is_some()), "every request produced tokens");
+        assert_eq!(windows.iter().map(|w| w.failed_at_scale_down + w.rejected).sum::<usize>(), 0);
+        // After the drain only one replica remains, and drained ones took nothing new.
+        assert_eq!(lab.counts(), (0, 1, 0));
+        let kept = windows.last().unwrap().replicas[0].id;
+        assert!(windows.iter().flat_map(|w| &w.finished).filter(|f| f.arrival_s > 10.0).all(|f| f.replica == kept));
+    }
+
+    #[test]
+    fn gpu_seconds_count_from_the_request_until_gone() {
+        let mut lab = PlannerLab::new(Vec::new(), config(2)).unwrap();
+        lab.advance(10.0).unwrap();
+        assert!((lab.replica_seconds() - 20.0).abs() < 1e-9);
+        lab.set_replicas(3).unwrap(); // starting at 10 s, ready at 15 s
+        lab.advance(12.0).unwrap();
+        lab.set_replicas(2).unwrap(); // the starting one goes first: it cost 2 s
+        assert_eq!(lab.counts(), (0, 2, 0));
+        lab.set_replicas(1).unwrap(); // an idle ready one goes at once
+        let w = lab.advance(20.0).unwrap();
+        // The one kept: 20 s; the one removed at 12 s: 12 s; the one that never started: 2 s.
+        assert!((w.replica_seconds - (20.0 + 12.0 + 2.0)).abs() < 1e-9, "{}", w.replica_seconds);
+        assert_eq!(w.replicas.len(), 1);
+    }
+
+    #[test]
+    fn a_closed_loop_point_grows_latency_with_concurrency() {
+        let engine = MockerArgs { block_size: 16, num_gpu_blocks: 8192, ..Default::default() };
+        let one = closed_loop_point(&engine, 1000, 50, 1, 20, 0.9).unwrap();
+        let many = closed_loop_point(&engine, 1000, 50, 16, 100, 0.9).unwrap();
+        assert!(many.itl_ms > one.itl_ms && many.ttft_ms > one.ttft_ms);
+        assert!(many.throughput_rps > one.throughput_rps);
+        assert_eq!(closed_loop_point(&engine, 1000, 50, 16, 100, 0.9).unwrap(), many);
+        assert!(closed_loop_point(&engine, 1000, 50, 4, 4, 0.9).is_err());
+    }
+
+    #[test]
+    fn bad_settings_are_clear_errors() {
+        let err = PlannerLab::new(Vec::new(), PlannerLabConfig { warmup_factor: 0.5, ..config(1) }).unwrap_err();
+        assert!(err.to_string().contains("warm-up factor"), "{err}");
+        let err = PlannerLab::new(Vec::new(), PlannerLabConfig { time_scale: 0.0, ..config(1) }).unwrap_err();
+        assert!(err.to_string().contains("time scale"), "{err}");
+    }
+}

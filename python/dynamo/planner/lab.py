@@ -1,0 +1,523 @@
+"""``python -m dynamo.planner.lab TRACE``: the planner lab. Replays an open-loop trace (a
+Mooncake-format file, or ``ramp``: 2 → 20 → 2 req/s) through a simulated mocker fleet on
+a virtual clock (``dynamo._core.PlannerLab``), with the planner's own steps
+(``dynamo.planner.step``: the same predictors, performance model and ``Decider`` as
+``python -m dynamo.planner``) resizing it every load and throughput interval, and
+compares four configurations, one row each:
+
+* ``static-peak``: the smallest fixed fleet whose p90 TTFT and ITL over the whole trace
+  meet the targets (found by bisection over 1..``max_replicas``);
+* ``static-mean``: a fixed fleet sized for the mean rate by the performance model;
+* ``load-only``: the planner without a profile (the load loop alone);
+* ``planner``: both loops, with a profile of the simulated engine.
+
+The profile is measured on the simulated engine itself (``planner_lab_point``: one
+replica at a fixed concurrency, per input length) and cached, so no file is needed.
+Each request counts as *good* when its TTFT and its mean inter-token latency are within
+the targets; figures per row are described in docs/planner.md ("The lab").
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import random
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dynamo._core import PlannerLab, planner_lab_point
+from dynamo.planner.config import PlannerConfig, PlannerConfigError, load_config
+from dynamo.planner.decide import Decider, Decision, RoleState, count_reversals
+from dynamo.planner.observe import FrontendWindow
+from dynamo.planner.profile import PerformanceModel, Profile, ProfilePoint
+from dynamo.planner.step import PlanningState
+
+CONFIGS = ("static-peak", "static-mean", "load-only", "planner")
+#: The synthetic ramp: (seconds, requests/s) phases; prompt and output tokens.
+RAMP_PHASES = ((300.0, 2.0), (300.0, 20.0), (300.0, 2.0))
+RAMP_ISL, RAMP_OSL = 3072, 256
+#: Concurrencies of the profile sweep.
+PROFILE_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64)
+#: A rise of the arrival rate by this factor from one throughput interval to the next
+#: is a load step (for ``recovery_s``).
+STEP_FACTOR = 1.5
+
+COLUMNS = (
+    ("config", "config", "{}"),
+    ("replicas", "replicas", "{}"),
+    ("SLA", "sla_attainment", "{:.3f}"),
+    ("GPU h", "gpu_hours", "{:.3f}"),
+    ("goodput/GPU h", "goodput_per_gpu", "{:.0f}"),
+    ("vs peak", "vs_static_peak", "{:.2f}x"),
+    ("TTFT p90 ms", "ttft_p90_ms", "{:.0f}"),
+    ("ITL p90 ms", "itl_p90_ms", "{:.1f}"),
+    ("scale events", "scale_events", "{}"),
+    ("reversals", "reversals", "{}"),
+    ("failed at down", "failed_at_scale_down", "{}"),
+    ("recovery s", "recovery_s", "{:.0f}"),
+    ("to min s", "to_min_s", "{:.0f}"),
+)
+
+
+@dataclass
+class Workload:
+    """What the fleet replays: a trace file or a list of (ms, input, output) requests."""
+
+    name: str
+    trace: Path | None = None
+    requests: list[tuple[float, int, int]] | None = None
+    #: Timestamps divided by this.
+    time_scale: float = 1.0
+
+    def lab(self, replicas: int, settings: Settings) -> PlannerLab:
+        """A fresh simulated fleet of ``replicas`` warm replicas."""
+        return PlannerLab(
+            str(self.trace) if self.trace else None, self.requests, replicas=replicas,
+            trace_block_size=settings.trace_block_size, time_scale=self.time_scale,
+            startup_s=settings.startup_s, warmup_s=settings.warmup_s, warmup_factor=settings.warmup_factor,
+            seed=settings.seed, engine_args=settings.engine_args,
+        )
+
+    def shape(self) -> tuple[float, float, float, list[int]]:
+        """(duration s, mean input length, mean output length, input lengths)."""
+        if self.requests is not None:
+            rows = [(t, i, o) for t, i, o in self.requests]
+        else:
+            assert self.trace is not None
+            rows = []
+            with self.trace.open() as lines:
+                for line in lines:
+                    if line.strip():
+                        r = json.loads(line)
+                        rows.append((float(r["timestamp"]), int(r["input_length"]), int(r["output_length"])))
+        if not rows:
+            raise ValueError(f"{self.name}: no requests")
+        duration = max(t for t, _, _ in rows) / self.time_scale / 1000.0
+        isls = [i for _, i, _ in rows]
+        return duration, sum(isls) / len(isls), sum(o for _, _, o in rows) / len(rows), isls
+
+
+def ramp(seed: int, phases: Sequence[tuple[float, float]] = RAMP_PHASES) -> list[tuple[float, int, int]]:
+    """Open-loop Poisson arrivals at each phase's rate, seeded: (ms, input, output)."""
+    rng = random.Random(seed)
+    requests, start = [], 0.0
+    for seconds, rate in phases:
+        t = start + rng.expovariate(rate)
+        while t < start + seconds:
+            requests.append((t * 1000.0, RAMP_ISL, RAMP_OSL))
+            t += rng.expovariate(rate)
+        start += seconds
+    return requests
+
+
+@dataclass
+class Settings:
+    """The lab's knobs (its command line)."""
+
+    config: PlannerConfig
+    startup_s: float = 30.0
+    warmup_s: float = 10.0
+    warmup_factor: float = 2.0
+    seed: int = 0
+    trace_block_size: int = 512
+    engine_args: str | None = None
+    cache_dir: Path | None = None
+    #: Replicas ``load-only`` and ``planner`` start with (default: ``min_replicas``, at least 1).
+    initial_replicas: int | None = None
+
+    @property
+    def ttft_ms(self) -> float:
+        return self.config.targets.ttft.ms
+
+    @property
+    def itl_ms(self) -> float:
+        return self.config.targets.itl.ms
+
+    @property
+    def max_replicas(self) -> int:
+        return self.config.roles["agg"].max_replicas
+
+
+def _quantile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)] if q > 0 else ordered[0]
+
+
+def profile_for(workload: Workload, settings: Settings) -> Profile:
+    """The performance profile of one simulated replica over the workload's input lengths
+    (its 10th, 50th and 90th percentiles) and mean output length, cached on disk."""
+    _, _, osl, isls = workload.shape()
+    ordered = sorted(isls)
+    lengths = sorted({max(16, ordered[int(q * (len(ordered) - 1))]) for q in (0.1, 0.5, 0.9)})
+    osl_i = max(2, round(osl))
+    q = settings.config.targets.ttft.quantile
+    key = json.dumps([1, settings.engine_args, lengths, osl_i, q, PROFILE_CONCURRENCY], sort_keys=True)
+    cache = settings.cache_dir / f"profile-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json" \
+        if settings.cache_dir else None
+    if cache is not None and cache.exists():
+        try:
+            return Profile.model_validate_json(cache.read_text())
+        except ValueError:
+            pass  # a stale or broken cache entry: measure again
+    points = []
+    for isl in lengths:
+        for c in PROFILE_CONCURRENCY:
+            p = planner_lab_point(isl, osl_i, c, max(4 * c, 24), quantile=q, engine_args=settings.engine_args)
+            points.append(ProfilePoint(isl=isl, concurrency=c, ttft_ms=p["ttft_ms"], itl_ms=p["itl_ms"],
+                                       throughput_rps=p["throughput_rps"]))
+    profile = Profile(engine="planner-lab mocker", quantile=q, osl=osl_i, points=points)
+    if cache is not None:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        profile.save(cache)
+    return profile
+
+
+@dataclass
+class Run:
+    """One configuration's replay: per-request outcomes and the timeline."""
+
+    config: str
+    ttft: dict[int, float | None] = field(default_factory=dict)
+    itl: dict[int, float | None] = field(default_factory=dict)
+    rejected: int = 0
+    failed_at_scale_down: int = 0
+    replica_seconds: float = 0.0
+    changes: list[int] = field(default_factory=list)
+    #: Per load interval: (end s, replicas starting + ready, arrivals/s, p90 TTFT, p90 ITL, targets met).
+    timeline: list[tuple[float, int, float, float | None, float | None, bool]] = field(default_factory=list)
+    last_arrival_s: float = 0.0
+    wall_s: float = 0.0
+    #: Load windows the live correction left out because a replica was warming up.
+    excluded_warmup: int = 0
+
+
+def _replay(
+    workload: Workload, settings: Settings, replicas: int, state: PlanningState | None, name: str,
+) -> Run:
+    """Replay ``workload`` from ``replicas`` replicas; with ``state``, its load and
+    throughput steps resize the fleet at every interval, as the live planner would."""
+    started = time.perf_counter()
+    config = settings.config
+    targets = config.targets
+    load_s, throughput_s = config.intervals.load_s, config.intervals.throughput_s
+    lab = workload.lab(replicas, settings)
+    run = Run(name, last_arrival_s=lab.last_arrival_s)
+    t, next_throughput = 0.0, throughput_s
+
+    def act(decisions: list[Decision]) -> None:
+        for d in decisions:
+            if d.change and not config.advisory:
+                lab.set_replicas(d.target)
+                run.changes.append(d.change)
+
+    while not lab.done or t < lab.last_arrival_s:
+        t += load_s
+        w = lab.advance(t)
+        run.rejected += w["rejected"]
+        run.failed_at_scale_down += w["failed_at_scale_down"]
+        f = w["finished"]
+        run.ttft.update(zip(f["index"], f["ttft_ms"], strict=True))
+        run.itl.update(zip(f["index"], f["itl_ms"], strict=True))
+        ttfts = [x for x in f["ttft_ms"] if x is not None]
+        itls = [x for x in f["itl_ms"] if x is not None]
+        ttft_q, itl_q = _quantile(ttfts, targets.ttft.quantile), _quantile(itls, targets.itl.quantile)
+        starting, ready, _ = lab.counts()
+        # A window in which nothing ended while requests wait meets nothing.
+        met = (ttft_q is not None or w["inflight"] == 0) and (ttft_q is None or ttft_q <= targets.ttft.ms) \
+            and (itl_q is None or itl_q <= targets.itl.ms)
+        run.timeline.append((t, starting + ready, w["arrivals"] / load_s, ttft_q, itl_q, met))
+        if state is None:
+            continue
+        window = FrontendWindow(
+            seconds=load_s, request_rate=w["arrivals"] / load_s, inflight=w["inflight"],
+            isl=w["arrival_input_tokens"] / w["arrivals"] if w["arrivals"] else None, osl=None,
+            ttft_ms=ttft_q, itl_ms=itl_q,
+        )
+        waiting = w["frontend_queue"] + sum(r["waiting"] for r in w["replicas"])
+        fleet = {"agg": RoleState(ready=ready, pending=starting)}
+        state.note_fleet(fleet, t)
+        act(state.load_step(window, fleet, {"agg": waiting}, (), t))
+        if t >= next_throughput - 1e-9:
+            next_throughput += throughput_s
+            starting, ready, _ = lab.counts()
+            fleet = {"agg": RoleState(ready=ready, pending=starting)}
+            state.note_fleet(fleet, t)
+            act(state.throughput_step(fleet))
+        if t > lab.last_arrival_s + 24 * 3600:
+            raise RuntimeError(f"{name}: the replay does not end")
+    run.replica_seconds = lab.replica_seconds
+    run.wall_s = time.perf_counter() - started
+    return run
+
+
+def _recovery_s(run: Run, throughput_s: float, load_s: float) -> float:
+    """The longest time from a load step (the arrival rate over a throughput interval
+    rising by ``STEP_FACTOR`` or more) to the first load interval meeting the targets after it."""
+    per = max(1, round(throughput_s / load_s))
+    rates = [sum(r for _, _, r, _, _, _ in run.timeline[i:i + per]) / per for i in range(0, len(run.timeline), per)]
+    worst = 0.0
+    for k in range(1, len(rates)):
+        if (rates[k - 1] > 0 and rates[k] >= STEP_FACTOR * rates[k - 1]) or rates[k - 1] == 0 < rates[k]:
+            step_at = k * per * load_s
+            met = next((end for end, _, _, _, _, ok in run.timeline[k * per:] if ok), None)
+            worst = max(worst, (met if met is not None else run.timeline[-1][0]) - step_at)
+    return worst
+
+
+def _row(run: Run, settings: Settings) -> dict[str, Any]:
+    targets = settings.config.targets
+    total = len(run.ttft) + run.rejected
+    good = sum(
+        1 for i, ttft in run.ttft.items()
+        if ttft is not None and ttft <= targets.ttft.ms and (run.itl[i] is None or run.itl[i] <= targets.itl.ms)
+    )
+    gpu_hours = run.replica_seconds * settings.config.roles["agg"].gpus_per_replica / 3600.0
+    minimum = settings.config.roles["agg"].min_replicas
+    back = next((end for end, n, *_ in run.timeline if end >= run.last_arrival_s and n <= minimum), None)
+    return {
+        "config": run.config,
+        "replicas": max(n for _, n, *_ in run.timeline) if run.timeline else 0,
+        "requests": total,
+        "good": good,
+        "sla_attainment": good / total if total else 0.0,
+        "gpu_hours": gpu_hours,
+        "goodput_per_gpu": good / gpu_hours if gpu_hours else 0.0,
+        "ttft_p90_ms": _quantile([x for x in run.ttft.values() if x is not None], targets.ttft.quantile),
+        "itl_p90_ms": _quantile([x for x in run.itl.values() if x is not None], targets.itl.quantile),
+        "scale_events": len(run.changes),
+        "reversals": count_reversals(run.changes),
+        "failed_at_scale_down": run.failed_at_scale_down,
+        "rejected": run.rejected,
+        "recovery_s": _recovery_s(run, settings.config.intervals.throughput_s, settings.config.intervals.load_s),
+        "to_min_s": None if back is None else max(0.0, back - run.last_arrival_s),
+        "excluded_warmup": run.excluded_warmup,
+        "wall_s": run.wall_s,
+    }
+
+
+def _meets(run: Run, settings: Settings) -> bool:
+    t = settings.config.targets
+    ttft = _quantile([x for x in run.ttft.values() if x is not None], t.ttft.quantile)
+    itl = _quantile([x for x in run.itl.values() if x is not None], t.itl.quantile)
+    failed = run.rejected + sum(1 for x in run.ttft.values() if x is None)
+    return failed == 0 and ttft is not None and ttft <= t.ttft.ms and (itl is None or itl <= t.itl.ms)
+
+
+def static_peak(workload: Workload, settings: Settings, log: Callable[[str], None]) -> Run:
+    """The smallest fixed fleet meeting the targets over the whole workload (bisection;
+    ``max_replicas`` when none does)."""
+    low, high = 1, settings.max_replicas
+    runs: dict[int, Run] = {}
+    while low < high:
+        mid = (low + high) // 2
+        runs[mid] = _replay(workload, settings, mid, None, "static-peak")
+        log(f"static-peak: {mid} replica(s) {'meet' if _meets(runs[mid], settings) else 'miss'} the targets")
+        if _meets(runs[mid], settings):
+            high = mid
+        else:
+            low = mid + 1
+    return runs.get(low) or _replay(workload, settings, low, None, "static-peak")
+
+
+def planning_state(settings: Settings, model: PerformanceModel | None) -> PlanningState:
+    """The planner's state for one configuration (``model`` None: the load loop alone)."""
+    return PlanningState(settings.config, Decider(settings.config, model))
+
+
+def compare(
+    workload: Workload, settings: Settings, configs: Sequence[str] = CONFIGS, log: Callable[[str], None] = print,
+) -> tuple[list[dict[str, Any]], dict[str, Run]]:
+    """Replay ``workload`` under each of ``configs``; the rows and the runs."""
+    runs: dict[str, Run] = {}
+    profile = profile_for(workload, settings) if {"static-mean", "planner"} & set(configs) else None
+    minimum = settings.initial_replicas or max(1, settings.config.roles["agg"].min_replicas)
+    for name in configs:
+        if name == "static-peak":
+            runs[name] = static_peak(workload, settings, log)
+        elif name == "static-mean":
+            assert profile is not None
+            duration, isl, _, isls = workload.shape()
+            model = PerformanceModel(profile)
+            capacity = model.capacity(isl, settings.ttft_ms, settings.itl_ms)
+            rate = len(isls) / duration if duration > 0 else 0.0
+            n = settings.max_replicas if capacity <= 0 else max(1, math.ceil(rate / capacity))
+            runs[name] = _replay(workload, settings, min(n, settings.max_replicas), None, name)
+        elif name == "load-only":
+            runs[name] = _replay(workload, settings, minimum, planning_state(settings, None), name)
+        elif name == "planner":
+            assert profile is not None
+            model = PerformanceModel(profile)
+            model.correction.warmup_s = settings.config.warmup_s
+            runs[name] = _replay(workload, settings, minimum, planning_state(settings, model), name)
+            runs[name].excluded_warmup = model.correction.excluded_warmup
+        else:
+            raise ValueError(f"unknown configuration '{name}' ({', '.join(CONFIGS)})")
+        log(f"{name}: replayed in {runs[name].wall_s:.1f} s")
+    rows = [_row(run, settings) for run in runs.values()]
+    peak = next((r for r in rows if r["config"] == "static-peak"), None)
+    for r in rows:
+        base = peak["goodput_per_gpu"] if peak else 0.0
+        r["vs_static_peak"] = r["goodput_per_gpu"] / base if base else None
+    return rows, runs
+
+
+def format_table(rows: Sequence[dict[str, Any]]) -> str:
+    """The rows as an aligned text table."""
+    table = [[title for title, _, _ in COLUMNS]]
+    table += [["-" if r.get(key) is None else fmt.format(r[key]) for _, key, fmt in COLUMNS] for r in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(COLUMNS))]
+    return "\n".join(
+        "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True)))
+        for row in table
+    )
+
+
+def plot(runs: dict[str, Run], settings: Settings, path: Path, title: str) -> bool:
+    """Replicas, arrival rate and p90 latencies over time, per configuration, as a PNG;
+    False (with a message) without matplotlib."""
+    try:
+        import matplotlib  # type: ignore[import-not-found]
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt  # type: ignore[import-not-found]
+    except ImportError:
+        print("matplotlib is not installed: no plot written (pip install matplotlib)", file=sys.stderr)
+        return False
+    fig, axes = plt.subplots(3, 1, figsize=(9, 8), sharex=True)
+    for name, run in runs.items():
+        ts = [p[0] / 60 for p in run.timeline]
+        axes[0].step(ts, [p[1] for p in run.timeline], where="post", label=name)
+        axes[1].plot(ts, [p[3] if p[3] is not None else float("nan") for p in run.timeline], label=name, lw=0.8)
+        axes[2].plot(ts, [p[4] if p[4] is not None else float("nan") for p in run.timeline], label=name, lw=0.8)
+    first = next(iter(runs.values()), None)
+    if first is not None:
+        rate = axes[0].twinx()
+        rate.plot([p[0] / 60 for p in first.timeline], [p[2] for p in first.timeline], color="grey", lw=0.6, alpha=0.6)
+        rate.set_ylabel("arrivals/s (grey)")
+    axes[1].axhline(settings.ttft_ms, color="black", ls="--", lw=0.8)
+    axes[2].axhline(settings.itl_ms, color="black", ls="--", lw=0.8)
+    axes[0].set_ylabel("replicas")
+    axes[1].set_ylabel("p90 TTFT ms")
+    axes[1].set_yscale("log")
+    axes[2].set_ylabel("p90 ITL ms")
+    axes[2].set_xlabel("simulated minutes")
+    axes[0].set_title(title)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """The command line of ``python -m dynamo.planner.lab``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m dynamo.planner.lab",
+        description="Replay a trace through a simulated fleet with the planner in the loop; compare fleets.",
+    )
+    parser.add_argument("trace", help="a Mooncake-format JSON-lines trace, or 'ramp' (2 -> 20 -> 2 req/s)")
+    parser.add_argument("--config", type=Path, help="planner.yaml (targets, intervals, predictor, roles.agg)")
+    parser.add_argument("--ttft-ms", type=float, help="p90 TTFT target (overrides the config)")
+    parser.add_argument("--itl-ms", type=float, help="p90 ITL target (overrides the config)")
+    parser.add_argument("--max-replicas", type=int, help="most replicas (overrides roles.agg.max_replicas)")
+    parser.add_argument("--startup-seconds", type=float, default=30.0, help="replica start-up delay (default 30)")
+    parser.add_argument("--warmup-seconds", type=float, default=10.0,
+                        help="a new replica's slow first seconds (default 10)")
+    parser.add_argument("--time-scale", type=float, default=1.0, help="arrival-rate multiplier (default 1)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the ramp and the engines (default 0)")
+    parser.add_argument("--limit", type=int, help="replay only the first N requests of the trace")
+    parser.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated rows (default: all)")
+    parser.add_argument("--engine-args", type=Path, help="JSON file of mocker settings (see docs/mocker.md)")
+    parser.add_argument("--json", type=Path, help="write the rows as JSON here")
+    parser.add_argument("--plot", type=Path, help="write a PNG of replicas and latency over time here")
+    args = parser.parse_args(argv)
+    args.configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    if not args.configs or any(c not in CONFIGS for c in args.configs):
+        parser.error(f"--configs: choose from {', '.join(CONFIGS)}")
+    if args.time_scale <= 0:
+        parser.error("--time-scale must be > 0")
+    if args.limit is not None and args.limit < 1:
+        parser.error("--limit must be at least 1")
+    return args
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "dynamo" / "planner-lab"
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    """The lab's settings from its command line.
+
+    Raises:
+        PlannerConfigError: the configuration or an override is invalid.
+    """
+    overrides: dict[str, Any] = {}
+    if args.ttft_ms is not None:
+        overrides["targets.ttft.ms"] = args.ttft_ms
+    if args.itl_ms is not None:
+        overrides["targets.itl.ms"] = args.itl_ms
+    if args.max_replicas is not None:
+        overrides["roles.agg.max_replicas"] = args.max_replicas
+    if args.config is None:
+        overrides.setdefault("model", "planner-lab")
+    config = load_config(args.config, overrides)
+    if set(config.roles) != {"agg"}:
+        raise PlannerConfigError("the lab simulates aggregated workers: roles must be 'agg'")
+    return Settings(
+        config=config, startup_s=args.startup_seconds, warmup_s=args.warmup_seconds, seed=args.seed,
+        engine_args=args.engine_args.read_text() if args.engine_args else None, cache_dir=_cache_dir(),
+    )
+
+
+def workload_from(trace: str, time_scale: float, seed: int, limit: int | None) -> Workload:
+    """``ramp`` or a trace file (its first ``limit`` requests)."""
+    if trace == "ramp":
+        return Workload("ramp", requests=ramp(seed), time_scale=time_scale)
+    path = Path(trace)
+    if limit is None:
+        return Workload(path.name, trace=path, time_scale=time_scale)
+    requests = []
+    with path.open() as lines:
+        for line in lines:
+            if len(requests) >= limit:
+                break
+            if line.strip():
+                r = json.loads(line)
+                requests.append((float(r["timestamp"]), int(r["input_length"]), int(r["output_length"])))
+    return Workload(path.name, requests=requests, time_scale=time_scale)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        settings = settings_from(args)
+        workload = workload_from(args.trace, args.time_scale, args.seed, args.limit)
+    except (PlannerConfigError, OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    started = time.perf_counter()
+    rows, runs = compare(workload, settings, args.configs, log=lambda m: print(m, file=sys.stderr, flush=True))
+    print(format_table(rows))
+    print(f"({workload.name}, time scale {args.time_scale:g}: {time.perf_counter() - started:.1f} s)", file=sys.stderr)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+    if args.plot:
+        t = settings.config.targets
+        title = f"{workload.name} x{args.time_scale:g}: p90 TTFT <= {t.ttft.ms:g} ms, p90 ITL <= {t.itl.ms:g} ms"
+        if plot(runs, settings, args.plot, title):
+            print(f"wrote {args.plot}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

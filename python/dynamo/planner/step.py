@@ -1,0 +1,102 @@
+"""The planning step: from one window of observations to the decisions, with no I/O and
+no clock of its own. The live planner (``dynamo.planner.loop``) feeds it what it scraped
+on wall-clock time; the planner lab (``dynamo.planner.lab``) what the simulated fleet did
+on simulated time. One planner, two sources of time and signals.
+
+``PlanningState.load_step`` is the load loop's pass (fold the window into the live
+correction unless a replica is warming up, then ±1 per role); ``throughput_step`` the
+throughput loop's (the windows' mean rate and input length into the predictors, then
+each role's floor).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from dynamo.planner.config import PlannerConfig
+from dynamo.planner.decide import Decider, Decision, RoleState
+from dynamo.planner.observe import FrontendWindow, observation
+from dynamo.planner.predict import Predictor, make_predictor, trace_rates
+from dynamo.planner.profile import Sample
+
+
+class PlanningState:
+    """The predictors, the windows since the last throughput pass and the fleet's history
+    that the two loops share."""
+
+    def __init__(self, config: PlannerConfig, decider: Decider) -> None:
+        """Raises:
+            OSError, ValueError: ``predictor.warm_start_trace`` cannot be read.
+        """
+        self.config = config
+        self.decider = decider
+        p = config.predictor
+        warm = trace_rates(p.warm_start_trace, config.intervals.throughput_s) if p.warm_start_trace else []
+        self.rate_predictor: Predictor = make_predictor(
+            p.kind, window=p.window, alpha=p.alpha, beta=p.beta, gamma=p.gamma, season=p.season,
+            warm_start=[*warm, *p.warm_start],
+        )
+        self.isl_predictor: Predictor = make_predictor(
+            p.kind, window=p.window, alpha=p.alpha, beta=p.beta, gamma=p.gamma, season=p.season,
+        )
+        self.windows: list[FrontendWindow] = []
+        self.fleet: dict[str, RoleState] = {}
+        #: When each role's ready count last rose (its youngest replica became ready).
+        self.ready_rose_at: dict[str, float] = {}
+
+    def note_fleet(self, fleet: Mapping[str, RoleState], now: float) -> None:
+        """Record the fleet read at ``now`` (seconds, any monotonic clock)."""
+        for role, state in fleet.items():
+            before = self.fleet.get(role)
+            if before is not None and state.ready > before.ready:
+                self.ready_rose_at[role] = now
+        self.fleet = dict(fleet)
+
+    def youngest_age(self, now: float) -> float:
+        """Seconds since the youngest ready replica became ready (infinite: none started)."""
+        if not self.ready_rose_at:
+            return float("inf")
+        return now - max(self.ready_rose_at.values())
+
+    def _correct(self, window: FrontendWindow, fleet: Mapping[str, RoleState], now: float) -> None:
+        model = self.decider.model
+        ready = sum(s.ready for s in fleet.values())
+        if model is None or ready == 0 or window.isl is None or window.request_rate == 0:
+            return
+        sample = Sample(window.isl, window.inflight / ready, window.ttft_ms, window.itl_ms, self.youngest_age(now))
+        model.correct(sample)
+
+    def load_step(
+        self,
+        window: FrontendWindow | None,
+        fleet: Mapping[str, RoleState],
+        waiting: Mapping[str, int],
+        missing: tuple[str, ...],
+        now: float,
+    ) -> list[Decision]:
+        """The load loop's decisions (one per role) for ``window`` (``None``: nothing
+        scraped), the fleet, each role's waiting requests and the missing signals."""
+        if window is not None:
+            self.windows.append(window)
+            self._correct(window, fleet, now)
+        return [
+            self.decider.load(role, fleet, observation(window, waiting.get(role, 0), missing))
+            for role in self.config.roles
+        ]
+
+    def throughput_step(self, fleet: Mapping[str, RoleState]) -> list[Decision]:
+        """The throughput loop's decisions (one per role) from the windows since the last one."""
+        windows, self.windows = self.windows, []
+        seconds = sum(w.seconds for w in windows)
+        missing: tuple[str, ...] = ()
+        if seconds > 0:
+            self.rate_predictor.observe(sum(w.request_rate * w.seconds for w in windows) / seconds)
+            isls = [w.isl for w in windows if w.isl is not None]
+            if isls:
+                self.isl_predictor.observe(sum(isls) / len(isls))
+        else:
+            missing = ("frontend_metrics",)
+        rate, isl = self.rate_predictor.predict(), self.isl_predictor.predict()
+        if rate is not None and isl is None and rate == 0:
+            isl = 1.0  # no traffic yet: no input length, and none needed
+        return [self.decider.throughput(role, fleet, rate, isl, missing) for role in self.config.roles]

@@ -1,0 +1,90 @@
+"""The planner lab (`python -m dynamo.planner.lab`): the planner in the loop beats a fleet
+sized for the peak on goodput per GPU, constant load gives no reversals, the JSON rows
+carry their keys, and a seed makes a replay repeat exactly.
+
+tests/data/mooncake_slice.jsonl is the first 400 requests (141 s) of the Mooncake
+conversation trace (kvcache-ai/Mooncake, Apache-2.0; /work/shared/traces/README.md).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from dynamo.planner.config import build_config
+from dynamo.planner.lab import CONFIGS, Settings, Workload, compare, main, ramp
+
+SLICE = Path(__file__).parent / "data" / "mooncake_slice.jsonl"
+
+
+def settings(tmp_path: Path, **config: Any) -> Settings:
+    data: dict[str, Any] = {
+        "model": "lab",
+        "targets": {"ttft": {"ms": 1000}, "itl": {"ms": 60}},
+        "roles": {"agg": {"min_replicas": 1, "max_replicas": 16}},
+        "intervals": {"load_s": 10, "throughput_s": 20},
+    }
+    data.update(config)
+    return Settings(config=build_config(data), startup_s=10.0, warmup_s=5.0, cache_dir=tmp_path)
+
+
+def quiet(message: str) -> None:
+    pass
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="not met yet: on this slice (x0.25, p90 TTFT <= 15 s, ITL <= 60 ms) the planner reaches 0.86x "
+    "static-peak's goodput per GPU and flaps (20 reversals): 10 s windows of a heavy-tailed prompt mix "
+    "give noisy p90s that the load loop chases (docs/performance.md, 'Planner lab')",
+)
+def test_the_planner_beats_static_peak_on_goodput_per_gpu_on_a_trace_slice(tmp_path: Path) -> None:
+    workload = Workload(SLICE.name, trace=SLICE, time_scale=0.25)
+    config = settings(tmp_path, targets={"ttft": {"ms": 15000}, "itl": {"ms": 60}})
+    rows, _ = compare(workload, config, ("static-peak", "planner"), log=quiet)
+    peak, planner = rows
+    assert (peak["config"], planner["config"]) == ("static-peak", "planner")
+    assert planner["goodput_per_gpu"] > peak["goodput_per_gpu"], rows
+    assert planner["failed_at_scale_down"] == 0 and planner["rejected"] == 0
+    assert planner["scale_events"] > 0
+
+
+def constant(rate: float, seconds: float) -> list[tuple[float, int, int]]:
+    return [(i * 1000.0 / rate, 3072, 256) for i in range(int(rate * seconds))]
+
+
+def test_constant_load_gives_no_reversals(tmp_path: Path) -> None:
+    workload = Workload("constant", requests=constant(8.0, 600.0))
+    lab = settings(tmp_path)
+    [peak], _ = compare(workload, lab, ("static-peak",), log=quiet)
+    assert peak["replicas"] > 1
+    # Starting where constant load needs it (from one replica it is a step, not constant).
+    lab.initial_replicas = peak["replicas"]
+    rows, _ = compare(workload, lab, ("load-only", "planner"), log=quiet)
+    for row in rows:
+        assert row["reversals"] == 0, row
+        assert row["failed_at_scale_down"] == 0
+        assert row["sla_attainment"] > 0.9, row
+
+
+def test_json_rows_carry_every_key_and_a_seed_repeats_the_replay(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    out = [tmp_path / "a.json", tmp_path / "b.json"]
+    argv = [str(SLICE), "--limit", "150", "--time-scale", "0.5", "--max-replicas", "8", "--startup-seconds", "5",
+            "--ttft-ms", "15000", "--itl-ms", "60", "--seed", "3"]
+    for path in out:
+        assert main([*argv, "--json", str(path)]) == 0
+    rows = [json.loads(p.read_text()) for p in out]
+    assert [r["config"] for r in rows[0]] == list(CONFIGS)
+    keys = {"config", "sla_attainment", "gpu_hours", "goodput_per_gpu", "scale_events", "reversals",
+            "failed_at_scale_down", "recovery_s"}
+    assert all(keys <= set(r) for r in rows[0])
+    strip = [[{k: v for k, v in r.items() if k != "wall_s"} for r in rs] for rs in rows]
+    assert strip[0] == strip[1]
+    # The planner grew the fleet, and left the new replicas' warm-up out of its model.
+    planner = rows[0][-1]
+    assert planner["scale_events"] > 0 and planner["excluded_warmup"] > 0, planner
+    # Another seed, other arrivals.
+    assert ramp(3) != ramp(4) and ramp(3) == ramp(3)
