@@ -105,6 +105,20 @@ def test_back_to_the_minimum_when_load_stops() -> None:
     assert counts[30 + peak - 2] == 1, counts
 
 
+def test_a_serving_replica_goes_only_after_several_quiet_passes_in_a_row() -> None:
+    decider = Decider(config(scale_down_windows=3), PerformanceModel(profile()))
+    fleet = {"agg": RoleState(ready=4)}
+    quiet, busy = seen(2.0, 4), seen(14.0, 4)  # one replica fewer fits / does not
+    # Two quiet passes, a busy one between: the count starts again.
+    for obs in (quiet, quiet, busy, quiet, quiet):
+        assert decider.load("agg", fleet, obs).action == "hold"
+    third = decider.load("agg", fleet, quiet)
+    assert (third.action, third.target) == ("down", 3), third
+    # A starting replica is not held back by the count.
+    starting = decider.load("agg", {"agg": RoleState(ready=4, pending=1)}, quiet)
+    assert (starting.action, starting.target) == ("down", 4), starting
+
+
 def test_a_missing_signal_is_a_visible_hold() -> None:
     decider = Decider(config(), PerformanceModel(profile()))
     fleet = {"agg": RoleState(ready=2)}

@@ -106,6 +106,8 @@ class Decider:
         self.model = model
         #: Each role's floor from the last throughput pass.
         self.floors: dict[str, int] = {name: role.min_replicas for name, role in config.roles.items()}
+        #: Each role's consecutive load passes in which one replica fewer fitted.
+        self.fits_in_a_row: dict[str, int] = {name: 0 for name in config.roles}
 
     def _limits(self, role: str) -> tuple[float | None, float | None]:
         """The (TTFT, ITL) targets a role answers for: prefill the first, decode the second."""
@@ -218,18 +220,30 @@ class Decider:
             if limit is not None and observed is not None and observed > limit
         ]
         if over:
+            self.fits_in_a_row[role] = 0
             if state.pending:
                 return Decision(role, "load", current, current, f"hold: {over[0]}; {state.pending} replica(s) starting")
             target, capped = self._constrain(role, current + 1, fleet)
             return Decision(role, "load", current, target, f"{'; '.join(over)}{capped}")
         floor = max(self.floors[role], self.config.roles[role].min_replicas)
         if current - 1 < floor:
+            self.fits_in_a_row[role] = 0
             return Decision(role, "load", current, current, f"hold: at the floor ({floor})")
         # One fewer: a pending replica goes first, so the serving fleet shrinks only
         # when none is pending.
         serving = min(state.ready, current - 1)
         fits, why = self._fits_with(role, state.ready, serving, obs)
         if not fits:
+            self.fits_in_a_row[role] = 0
             return Decision(role, "load", current, current, f"hold: {current - 1} replica(s) would not do ({why})")
+        self.fits_in_a_row[role] += 1
+        needed = self.config.scale_down_windows
+        if not state.pending and self.fits_in_a_row[role] < needed:
+            return Decision(
+                role, "load", current, current,
+                f"hold: {current - 1} replica(s) would do ({why}), "
+                f"{self.fits_in_a_row[role]} of {needed} passes in a row",
+            )
+        self.fits_in_a_row[role] = 0
         target, capped = self._constrain(role, current - 1, fleet)
         return Decision(role, "load", current, target, f"{current - 1} replica(s) suffice ({why}){capped}")
