@@ -24,7 +24,7 @@ pub(crate) enum Read {
     /// Nothing new yet; wait for a change.
     Pending,
     /// Nothing more will come.
-    Ended(Outcome),
+    Ended,
 }
 
 /// The bounded buffer of one stream.
@@ -86,7 +86,7 @@ impl ReplayBuffer {
         }
         if wanted == self.next_id {
             return Ok(match self.outcome {
-                Some(outcome) => Read::Ended(outcome),
+                Some(_) => Read::Ended,
                 None => Read::Pending,
             });
         }
@@ -122,7 +122,7 @@ mod tests {
         assert!(matches!(buffer.read_after(Some(2), 10), Ok(Read::Pending)));
         buffer.finish(Outcome::Completed);
         buffer.finish(Outcome::Cancelled);
-        assert!(matches!(buffer.read_after(Some(2), 10), Ok(Read::Ended(Outcome::Completed))));
+        assert!(matches!(buffer.read_after(Some(2), 10), Ok(Read::Ended)));
         let err = buffer.read_after(Some(3), 10).unwrap_err();
         assert!(matches!(err, StreamError::BeyondEnd { after: 3, last: Some(2), .. }), "{err:?}");
     }

@@ -65,7 +65,7 @@ impl Subscription {
         changed.borrow_and_update();
         let ready = match detached.buffer.lock().read_after(after, BATCH)? {
             Read::Events(events) => events.into(),
-            Read::Pending | Read::Ended(_) => VecDeque::new(),
+            Read::Pending | Read::Ended => VecDeque::new(),
         };
         let request_id = detached.request_id.clone();
         let cursor = Cursor { count: SubscriberCount::new(detached), after, ready, changed, done: false };
@@ -98,7 +98,7 @@ impl Cursor {
             let read = self.count.0.buffer.lock().read_after(self.after, BATCH);
             match read {
                 Ok(Read::Events(events)) => self.ready = events.into(),
-                Ok(Read::Ended(_)) => self.done = true,
+                Ok(Read::Ended) => self.done = true,
                 Ok(Read::Pending) => {
                     if self.changed.changed().await.is_err() {
                         self.done = true;
