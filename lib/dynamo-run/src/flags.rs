@@ -131,7 +131,7 @@ pub struct Flags {
     /// Times a stream broken mid-way (its worker died, stalled or was cut off) is
     /// continued on another worker with the prompt plus the tokens generated so far.
     /// With `in=dyn://…` it is registered with the model; with `out=dyn` it is the
-    /// default for models that register none (default 0: no migration).
+    /// default for models that register none (default 3; 0 turns migration off).
     #[arg(long, value_name = "N")]
     pub migration_limit: Option<u32>,
 

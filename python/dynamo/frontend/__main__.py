@@ -39,7 +39,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         help="how a request picks a worker instance (default round-robin)")
     parser.add_argument("--namespace", help="serve only the models registered in this namespace")
     parser.add_argument("--endpoint", help="serve only the models registered on this namespace.component.endpoint")
-    parser.add_argument("--migration-limit", type=int, help="times a broken stream is continued on another worker")
+    parser.add_argument("--migration-limit", type=int, help="times a broken stream is continued on another worker "
+                             "(default 3 unless the worker registers its own; 0: off)")
     parser.add_argument("--resend-limit", type=int,
                         help="times a request no worker started is sent to another instance "
                              "(default DYN_RESEND_LIMIT, else 3)")
