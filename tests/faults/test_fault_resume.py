@@ -35,6 +35,7 @@ async def test_dropped_client_and_killed_worker_still_complete_byte_identical(fl
     async def lose_the_worker() -> None:
         # A second worker to migrate to, then the one serving the stream dies.
         await fleet.start_workers(1, *SLOW)
+        await asyncio.sleep(2.0)  # the frontend's watch sees the new worker
         first.kill()
         await asyncio.sleep(1.0)
 
