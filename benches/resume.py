@@ -35,7 +35,8 @@ from resume_client import content, read_all, request, resumable_run  # noqa: E40
 from serving_load import Processes, free_port, percentile, wait_for_models  # noqa: E402
 
 ENDPOINT = "bench.mocker.generate"
-PROMPT = "resumable streams survive a dropped client and a killed worker"
+#: Words of the test model's vocabulary (w3, w4, …); generated tokens are drawn from them.
+PROMPT = " ".join(f"w{i}" for i in range(3, 40))
 
 
 def body(model: str, seed: int, max_tokens: int) -> dict:

@@ -21,7 +21,9 @@ MAX_TOKENS = 120
 
 
 def completion(model: str) -> dict:
-    return {"model": model, "prompt": "the resumable stream survives a worker that dies", "stream": True,
+    # Words of the test model's vocabulary (w3, w4, …): generated tokens are drawn from them.
+    prompt = " ".join(f"w{i}" for i in range(3, 40))
+    return {"model": model, "prompt": prompt, "stream": True,
             "max_tokens": MAX_TOKENS, "seed": 1234}
 
 
