@@ -63,10 +63,17 @@ class Fleet:
         self.workers.append(self.processes.start(f"mocker-{self.started}", argv, self.env))
 
     def kill_one(self, rng: random.Random) -> None:
+        """SIGKILL a random worker, start a replacement, and return once it serves."""
         victim = self.workers.pop(rng.randrange(len(self.workers)))
         victim.kill()
         victim.wait(timeout=10)
         self.start_worker()
+        log = self.processes.log_dir / f"mocker-{self.started}.log"
+        deadline = time.monotonic() + 60
+        while "serving model" not in log.read_text(errors="replace"):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the replacement worker did not start:\n{self.processes.log_tail(log.stem)}")
+            time.sleep(0.1)
 
 
 async def main(args: argparse.Namespace) -> dict:
@@ -102,8 +109,12 @@ async def run_trials(args: argparse.Namespace, rng: random.Random, port: int, fl
     latencies: list[float] = []
     failures: list[str] = []
     stream_bytes: list[int] = []
-    kills = 0
-    kill_lock = asyncio.Lock()
+    kills = skipped = 0
+    # One kill at a time, and only while the fleet is whole: the next kill waits until the
+    # replacement of the last one serves (kills faster than workers start would take
+    # the whole fleet down, a different fault). A trial never waits for it.
+    recovering = asyncio.Lock()
+    kill_tasks: list[asyncio.Task] = []
     migrations_before = migrations(port)
     queue = list(range(args.trials))
     started = time.monotonic()
@@ -115,12 +126,18 @@ async def run_trials(args: argparse.Namespace, rng: random.Random, port: int, fl
         delay = rng.uniform(0, args.max_reconnect_s)
         kill = rng.random() < args.kill_fraction
 
+        async def kill_and_replace() -> None:
+            async with recovering:
+                await asyncio.to_thread(fleet.kill_one, rng)
+
         async def away() -> None:
-            nonlocal kills
-            if kill:
-                async with kill_lock:
-                    await asyncio.to_thread(fleet.kill_one, rng)
-                    kills += 1
+            nonlocal kills, skipped
+            if kill and recovering.locked():
+                skipped += 1
+            elif kill:
+                kills += 1
+                kill_tasks.append(asyncio.create_task(kill_and_replace()))
+                await asyncio.sleep(0)  # the kill lands while the client is away
             await asyncio.sleep(delay)
 
         try:
@@ -146,12 +163,14 @@ async def run_trials(args: argparse.Namespace, rng: random.Random, port: int, fl
 
     await asyncio.gather(*(client() for _ in range(args.concurrency)))
     seconds = time.monotonic() - started
+    await asyncio.gather(*kill_tasks)
     return {
         "trials": args.trials,
         "ok": len(latencies),
         "failed": len(failures),
         "first_failures": failures[:5],
         "worker_kills": kills,
+        "kills_skipped_while_recovering": skipped,
         "migrations": migrations(port) - migrations_before,
         "resume_latency_p50_ms": percentile(latencies, 50) * 1000 if latencies else None,
         "resume_latency_p99_ms": percentile(latencies, 99) * 1000 if latencies else None,
