@@ -243,6 +243,10 @@ def test_python_m_dynamo_frontend_flags() -> None:
     limits = dynamo_run_argv(parse_args(["--migration-limit", "2", "--resend-limit", "0"]))
     assert limits[limits.index("--resend-limit") + 1] == "0" and limits[limits.index("--migration-limit") + 1] == "2"
     assert "--resend-limit" not in dynamo_run_argv(parse_args([])), "default: dynamo-run's (DYN_RESEND_LIMIT, else 3)"
+    streams = dynamo_run_argv(parse_args(["--stream-grace-s", "5", "--stream-buffer-bytes", "4096"]))
+    assert streams[streams.index("--stream-grace-s") + 1] == "5.0"
+    assert streams[streams.index("--stream-buffer-bytes") + 1] == "4096"
+    assert "--stream-retention-s" not in streams and "--migration-limit" not in dynamo_run_argv(parse_args([]))
     for bad in (["--endpoint", "a.b"], ["--http-port", "70000"], ["--router-mode", "nope"],
                 ["--resend-limit", "-1"], ["--resend-limit", "x"]):
         with pytest.raises(SystemExit) as exit_info:
