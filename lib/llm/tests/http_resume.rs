@@ -80,7 +80,8 @@ impl Open {
 async fn open(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: Option<&Value>) -> Open {
     bounded("a response head", async {
         let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp)).await.unwrap();
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp)).await.unwrap();
         let connection = tokio::spawn(async move {
             let _ = conn.await;
         });
@@ -230,7 +231,8 @@ async fn another_frontend_forwards_a_resume_to_the_owner() {
 
     // Cancel through the other frontend too.
     let headers = [RESUMABLE, ("x-request-id", "roaming-2")];
-    let mut second = open(owner.local_addr(), "POST", "/v1/chat/completions", &headers, Some(&chat(&"v".repeat(500)))).await;
+    let mut second =
+        open(owner.local_addr(), "POST", "/v1/chat/completions", &headers, Some(&chat(&"v".repeat(500)))).await;
     second.next().await.unwrap();
     assert_eq!(open(other.local_addr(), "DELETE", "/v1/streams/roaming-2", &[], None).await.status, 200);
     assert_ne!(second.rest().await.last().map(|e| e.data.clone()), Some("[DONE]".to_string()));

@@ -29,13 +29,7 @@ pub(crate) struct Detached {
 impl Detached {
     pub(crate) fn new(request_id: String, buffer_bytes: usize, cancel: CancellationToken) -> Self {
         let buffer = Mutex::new(ReplayBuffer::new(request_id.clone(), buffer_bytes));
-        Detached {
-            request_id,
-            buffer,
-            changed: watch::Sender::new(()),
-            subscribers: watch::Sender::new(0),
-            cancel,
-        }
+        Detached { request_id, buffer, changed: watch::Sender::new(()), subscribers: watch::Sender::new(0), cancel }
     }
 
     fn push(&self, body: EventBody) {

@@ -64,7 +64,10 @@ impl StreamDirectory for DiscoveryDirectory {
     async fn locate(&self, request_id: &str) -> Result<Option<String>, DirectoryError> {
         let value = self.discovery.get(&key(request_id)).await.map_err(|e| DirectoryError(e.to_string()))?;
         value
-            .map(|v| String::from_utf8(v.to_vec()).map_err(|_| DirectoryError(format!("owner of {request_id:?} is not UTF-8"))))
+            .map(|v| {
+                String::from_utf8(v.to_vec())
+                    .map_err(|_| DirectoryError(format!("owner of {request_id:?} is not UTF-8")))
+            })
             .transpose()
     }
 }

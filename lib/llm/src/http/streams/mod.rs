@@ -14,8 +14,8 @@ mod detached;
 mod directory;
 mod error;
 mod event;
-mod registry;
 mod proxy;
+mod registry;
 mod routes;
 mod subscription;
 
@@ -24,6 +24,6 @@ pub use directory::{DirectoryError, DiscoveryDirectory, StreamDirectory, STREAMS
 pub use error::StreamError;
 pub use event::{EventBody, StreamEvent};
 pub use registry::{StreamRegistry, StreamStats};
-pub use routes::{RESUMABLE_HEADER, STREAM_FORWARDED_HEADER};
 pub(crate) use routes::{cancel_stream, detach, resume_stream, wants_resume};
+pub use routes::{RESUMABLE_HEADER, STREAM_FORWARDED_HEADER};
 pub use subscription::Subscription;

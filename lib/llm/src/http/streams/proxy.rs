@@ -63,11 +63,8 @@ pub(crate) async fn forward(
             _ = shutdown.cancelled() => {}
         }
     });
-    let mut request = Request::builder()
-        .method(method)
-        .uri(path)
-        .header(header::HOST, owner)
-        .header(STREAM_FORWARDED_HEADER, "1");
+    let mut request =
+        Request::builder().method(method).uri(path).header(header::HOST, owner).header(STREAM_FORWARDED_HEADER, "1");
     if let Some(value) = authorization {
         request = request.header(header::AUTHORIZATION, value);
     }

@@ -134,7 +134,8 @@ impl StreamRegistry {
             if streams.contains_key(&request_id) {
                 return Err(StreamError::AlreadyExists(request_id));
             }
-            let detached = Arc::new(Detached::new(request_id.clone(), inner.config.buffer_bytes, inner.cancel.child_token()));
+            let detached =
+                Arc::new(Detached::new(request_id.clone(), inner.config.buffer_bytes, inner.cancel.child_token()));
             streams.insert(request_id, detached.clone());
             detached
         };
@@ -216,7 +217,10 @@ impl Inner {
                 false
             }
             Err(_) => {
-                tracing::warn!(request = request_id, "announcing the stream timed out; only this frontend can resume it");
+                tracing::warn!(
+                    request = request_id,
+                    "announcing the stream timed out; only this frontend can resume it"
+                );
                 false
             }
         }

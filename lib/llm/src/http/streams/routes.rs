@@ -39,10 +39,16 @@ impl StreamError {
     pub(crate) fn to_api_error(&self) -> ApiError {
         let message = self.to_string();
         match self {
-            StreamError::NotFound(_) => ApiError::new(StatusCode::NOT_FOUND, message, "not_found_error", Some("stream_not_found")),
-            StreamError::Gone { .. } => ApiError::new(StatusCode::GONE, message, "invalid_request_error", Some("stream_gone")),
+            StreamError::NotFound(_) => {
+                ApiError::new(StatusCode::NOT_FOUND, message, "not_found_error", Some("stream_not_found"))
+            }
+            StreamError::Gone { .. } => {
+                ApiError::new(StatusCode::GONE, message, "invalid_request_error", Some("stream_gone"))
+            }
             StreamError::BeyondEnd { .. } => ApiError::bad_request(message),
-            StreamError::AlreadyExists(_) => ApiError::new(StatusCode::CONFLICT, message, "invalid_request_error", Some("stream_exists")),
+            StreamError::AlreadyExists(_) => {
+                ApiError::new(StatusCode::CONFLICT, message, "invalid_request_error", Some("stream_exists"))
+            }
             StreamError::ShutDown => ApiError::unavailable(message),
         }
     }
@@ -92,7 +98,10 @@ fn cursor(headers: &HeaderMap, query: &ResumeQuery) -> Result<Option<u64>, ApiEr
         Some(value) => {
             let text = value.to_str().unwrap_or("").trim();
             text.parse().map(Some).map_err(|_| {
-                ApiError::bad_field(format!("Last-Event-ID must be an event id (an integer), got {text:?}"), Some("Last-Event-ID".into()))
+                ApiError::bad_field(
+                    format!("Last-Event-ID must be an event id (an integer), got {text:?}"),
+                    Some("Last-Event-ID".into()),
+                )
             })
         }
     }
@@ -139,7 +148,13 @@ pub(crate) async fn cancel_stream(
 
 /// Send a resume or cancel of a stream not held here to its owner, if the directory
 /// knows one; 404 otherwise.
-async fn forward(state: &AppState, method: Method, request_id: &str, after: Option<u64>, headers: &HeaderMap) -> Response {
+async fn forward(
+    state: &AppState,
+    method: Method,
+    request_id: &str,
+    after: Option<u64>,
+    headers: &HeaderMap,
+) -> Response {
     let owner = match state.streams.owner_of(request_id).await {
         Ok(Some(owner)) => owner,
         Ok(None) => return StreamError::NotFound(request_id.to_string()).to_api_error().into_response(),
@@ -152,7 +167,10 @@ async fn forward(state: &AppState, method: Method, request_id: &str, after: Opti
     let authorization = headers.get(axum::http::header::AUTHORIZATION).cloned();
     match proxy::forward(&state.streams, &owner, method, &path, authorization).await {
         Ok(response) => response,
-        Err(e) => ApiError::unavailable(format!("the frontend {owner} that owns stream {request_id:?} cannot be reached: {e}")).into_response(),
+        Err(e) => ApiError::unavailable(format!(
+            "the frontend {owner} that owns stream {request_id:?} cannot be reached: {e}"
+        ))
+        .into_response(),
     }
 }
 
