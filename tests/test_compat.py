@@ -246,6 +246,10 @@ def test_python_m_dynamo_frontend_flags() -> None:
     zero = dynamo_run_argv(parse_args(["--keep-models", "--zero-wait-s", "5"]))
     assert "--keep-models" in zero and zero[zero.index("--zero-wait-s") + 1] == "5.0"
     assert "--keep-models" not in dynamo_run_argv(parse_args([])), "models leave with their last worker by default"
+    streams = dynamo_run_argv(parse_args(["--stream-grace-s", "5", "--stream-buffer-bytes", "4096"]))
+    assert streams[streams.index("--stream-grace-s") + 1] == "5.0"
+    assert streams[streams.index("--stream-buffer-bytes") + 1] == "4096"
+    assert "--stream-retention-s" not in streams and "--migration-limit" not in dynamo_run_argv(parse_args([]))
     for bad in (["--endpoint", "a.b"], ["--http-port", "70000"], ["--router-mode", "nope"],
                 ["--resend-limit", "-1"], ["--resend-limit", "x"]):
         with pytest.raises(SystemExit) as exit_info:

@@ -39,7 +39,9 @@ async def test_misbehaving_handler_is_an_explicit_bounded_error(
     worker = fleet.pool.command(argv, name=f"bad-{mode}")
     await worker.wait_ready(30)
     bounds = {"DYN_STREAM_FIRST_ITEM_TIMEOUT": str(BOUND), "DYN_STREAM_ITEM_TIMEOUT": str(BOUND)}
-    frontend = await fleet.start_frontend(env=bounds)
+    # One stream's bounds, without migration (on by default: a stalled stream would be
+    # continued, on this single worker, up to 3 more times, each after its own bound).
+    frontend = await fleet.start_frontend("--migration-limit", "0", env=bounds)
 
     streamed = await stream_chat(frontend.port, chat_body(fleet.model, 1), max_tokens=8)
     assert streamed.kind == "error", streamed

@@ -301,7 +301,7 @@ mod tests {
         let names: Vec<String> = prometheus::core::Collector::collect(&m.arrivals)
             .iter()
             .chain(prometheus::core::Collector::collect(&m.waiting).iter())
-            .map(|f| f.get_name().to_string())
+            .map(|f| f.name().to_string())
             .collect();
         assert_eq!(names, ["dynamo_frontend_requests_without_workers_total", "dynamo_frontend_requests_waiting_for_workers"]);
     }

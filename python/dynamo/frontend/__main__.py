@@ -39,7 +39,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         help="how a request picks a worker instance (default round-robin)")
     parser.add_argument("--namespace", help="serve only the models registered in this namespace")
     parser.add_argument("--endpoint", help="serve only the models registered on this namespace.component.endpoint")
-    parser.add_argument("--migration-limit", type=int, help="times a broken stream is continued on another worker")
+    parser.add_argument("--migration-limit", type=int, help="times a broken stream is continued on another worker "
+                             "(default 3 unless the worker registers its own; 0: off)")
     parser.add_argument("--resend-limit", type=int,
                         help="times a request no worker started is sent to another instance "
                              "(default DYN_RESEND_LIMIT, else 3)")
@@ -48,6 +49,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                       help="keep a model listed after its last worker leaves; its requests wait for a worker")
     zero.add_argument("--zero-wait-s", type=float,
                       help="with --keep-models: seconds a request waits for a worker, then 503 (default 30)")
+    streams = parser.add_argument_group("resumable streams (X-Dynamo-Resumable: true; docs/reliability.md)")
+    streams.add_argument("--stream-grace-s", type=float,
+                         help="seconds a stream goes on after its last reader left (default 60)")
+    streams.add_argument("--stream-retention-s", type=float,
+                         help="seconds a finished stream stays replayable (default 30)")
+    streams.add_argument("--stream-buffer-bytes", type=int,
+                         help="bytes of events one stream's replay buffer keeps (default 65536)")
     kv = parser.add_argument_group("--router-mode kv (docs/kv-routing.md)")
     kv.add_argument("--kv-overlap-weight", type=float, help="weight of a KV block still to prefill (default 8)")
     kv.add_argument("--router-temperature", type=float, help="softmax temperature over the workers' cost (default 0)")
@@ -87,7 +95,8 @@ def dynamo_run_argv(args: argparse.Namespace) -> list[str]:
         argv.append("--keep-models")
     if args.zero_wait_s is not None:
         argv += ["--zero-wait-s", str(args.zero_wait_s)]
-    for flag in ("kv_overlap_weight", "router_temperature", "busy_threshold"):
+    for flag in ("kv_overlap_weight", "router_temperature", "busy_threshold", "stream_grace_s", "stream_retention_s",
+                 "stream_buffer_bytes"):
         if getattr(args, flag) is not None:
             argv += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     for flag in ("kv_events", "router_replica_sync"):

@@ -88,6 +88,7 @@ mod tests {
             health_check: None,
             limits: HttpLimits::default(),
             api_key: None,
+            streams: crate::http::streams::StreamRegistry::new(Default::default(), &CancellationToken::new()),
         })
     }
 

@@ -15,6 +15,7 @@ mod request;
 mod service;
 mod sse;
 mod state;
+pub mod streams;
 
 pub use error::ApiError;
 pub use layers::REQUEST_ID;

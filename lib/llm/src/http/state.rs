@@ -8,6 +8,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::limits::HttpLimits;
 use super::metrics::HttpMetrics;
+use super::streams::StreamRegistry;
 use crate::model_manager::ModelManager;
 
 /// A check of what the service depends on besides its models (discovery, the planes):
@@ -30,4 +31,6 @@ pub(crate) struct AppState {
     pub limits: HttpLimits,
     /// The key clients must send as `Authorization: Bearer KEY`, when set.
     pub api_key: Option<String>,
+    /// The resumable streams this frontend owns.
+    pub streams: StreamRegistry,
 }
