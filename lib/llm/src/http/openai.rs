@@ -15,6 +15,8 @@ use futures::StreamExt;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use super::admission::{hold_until_done, refusal_response, with_ticket, Ticket};
+use super::connections::overloaded;
 use super::error::ApiError;
 use super::guard::CancelOnDrop;
 use super::layers::{EngineLogged, RequestId};
@@ -63,6 +65,14 @@ struct Plan {
     streaming: bool,
     include_usage: bool,
     ctx: RequestContext,
+    /// The request's admission share, held until its response ends.
+    ticket: Arc<Ticket>,
+}
+
+/// Admit a request to `model`, or the refusal to answer with (429, or 503 when no
+/// worker serves the model).
+fn admit(state: &AppState, model: &str) -> Result<Arc<Ticket>, Response> {
+    state.admission.admit(model).map_err(|refusal| refusal_response(refusal, state.manager.is_routable(model)))
 }
 
 /// Read and parse a request body of type `T`.
@@ -118,7 +128,12 @@ pub(crate) async fn chat_completions(
         Ok(e) => e,
         Err(e) => return ApiError::from(e).into_response(),
     };
-    let plan = Plan::new(id, &request.model, EngineKind::Chat, request.stream, include_usage(&request.stream_options));
+    let ticket = match admit(&state, &request.model) {
+        Ok(t) => t,
+        Err(refused) => return refused,
+    };
+    let plan =
+        Plan::new(id, &request.model, EngineKind::Chat, request.stream, include_usage(&request.stream_options), ticket);
     let fold = ChatAggregator::new(&format!("chatcmpl-{}", plan.ctx.id()), &plan.model);
     let n = request.sampling.n.unwrap_or(1);
     if n == 1 {
@@ -159,8 +174,18 @@ pub(crate) async fn completions(
         Ok(e) => e,
         Err(e) => return ApiError::from(e).into_response(),
     };
-    let plan =
-        Plan::new(id, &request.model, EngineKind::Completions, request.stream, include_usage(&request.stream_options));
+    let ticket = match admit(&state, &request.model) {
+        Ok(t) => t,
+        Err(refused) => return refused,
+    };
+    let plan = Plan::new(
+        id,
+        &request.model,
+        EngineKind::Completions,
+        request.stream,
+        include_usage(&request.stream_options),
+        ticket,
+    );
     let fold = CompletionAggregator::new(&format!("cmpl-{}", plan.ctx.id()), &plan.model);
     let n = request.sampling.n.unwrap_or(1);
     if n == 1 {
@@ -199,9 +224,16 @@ pub(crate) async fn embeddings(State(state): State<Arc<AppState>>, body: Body) -
 }
 
 impl Plan {
-    fn new(id: RequestId, model: &str, route: EngineKind, streaming: bool, include_usage: bool) -> Self {
+    fn new(
+        id: RequestId,
+        model: &str,
+        route: EngineKind,
+        streaming: bool,
+        include_usage: bool,
+        ticket: Arc<Ticket>,
+    ) -> Self {
         let ctx = RequestContext::new(uuid::Uuid::new_v4().to_string());
-        Plan { request_id: id.0, model: model.to_string(), route, streaming, include_usage, ctx }
+        Plan { request_id: id.0, model: model.to_string(), route, streaming, include_usage, ctx, ticket }
     }
 }
 
@@ -217,8 +249,10 @@ where
     C: StreamChunk,
     F: Fold<C> + Send,
 {
+    let ticket = plan.ticket.clone();
     let response = respond_inner(state, plan, call, fold).await;
-    let mut response = response;
+    // A stream keeps its share of the model's limits until its last event.
+    let mut response = hold_until_done(response, ticket);
     response.extensions_mut().insert(EngineLogged);
     response
 }
@@ -237,20 +271,26 @@ where
     let mut metrics = state.metrics.start(&plan.request_id, &plan.model, plan.route, plan.streaming);
     let shutdown = state.shutdown.clone();
     let shutting_down = || EngineError::Unavailable("the server is shutting down".to_string());
+    let ticket = plan.ticket.clone();
     let started = tokio::select! {
-        r = call => r,
+        r = with_ticket(ticket.clone(), call) => r,
         _ = shutdown.cancelled() => Err(shutting_down()),
     };
     let mut stream = match started {
         Ok(s) => s,
+        Err(EngineError::Overloaded(message)) if !state.manager.is_routable(&plan.model) => {
+            return overloaded(&format!("{message}; no worker serves the model now"));
+        }
         Err(e) => return ApiError::from(e).into_response(),
     };
+    state.admission.admitted(&ticket);
     if plan.streaming {
         // Await the first item so that an immediate failure gets its HTTP status.
         let first = tokio::select! {
             item = stream.next() => item,
             _ = shutdown.cancelled() => Some(Err(shutting_down())),
         };
+        ticket.first_token();
         if let Some(Err(e)) = first {
             return ApiError::from(e).into_response();
         }
@@ -265,6 +305,7 @@ where
         };
         match item {
             Some(Ok(item)) => {
+                ticket.first_token();
                 metrics.item(item.prompt_tokens, item.completion_tokens);
                 fold.push(item);
             }

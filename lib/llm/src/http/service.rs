@@ -21,6 +21,7 @@ use super::error::ApiError;
 use super::limits::HttpLimits;
 use super::metrics::HttpMetrics;
 use super::state::{AppState, HealthCheck};
+use super::admission::{self, Admission, GlobalCap};
 use super::{connections, health, layers, openai};
 use crate::model_manager::ModelManager;
 
@@ -165,6 +166,7 @@ impl HttpServiceBuilder {
         let manager = self.manager.unwrap_or_default();
         let metrics = Arc::new(HttpMetrics::new()?);
         metrics.registry().register(Box::new(manager.migrations().clone()))?;
+        let admission = Arc::new(Admission::new(self.limits.admission.clone(), metrics.registry())?);
         let state = Arc::new(AppState {
             manager,
             metrics,
@@ -174,8 +176,9 @@ impl HttpServiceBuilder {
             health_check: self.health_check,
             limits: self.limits.clone(),
             api_key: self.api_key,
+            admission: admission.clone(),
         });
-        let inflight = Arc::new(Semaphore::new(self.limits.max_inflight));
+        let inflight = GlobalCap { slots: Arc::new(Semaphore::new(self.limits.max_inflight)), admission };
         Ok(HttpService {
             host: self.host,
             port: self.port,
@@ -219,8 +222,8 @@ pub struct HttpService {
     body_limit: usize,
     drain_timeout: Duration,
     state: Arc<AppState>,
-    /// Slots of generation requests in flight.
-    inflight: Arc<Semaphore>,
+    /// The global cap on generation requests in flight.
+    inflight: GlobalCap,
     cors: Option<CorsLayer>,
 }
 
@@ -254,7 +257,7 @@ impl HttpService {
             .route("/v1/chat/completions", post(openai::chat_completions))
             .route("/v1/completions", post(openai::completions))
             .route("/v1/embeddings", post(openai::embeddings))
-            .route_layer(from_fn_with_state(self.inflight.clone(), layers::limit_inflight));
+            .route_layer(from_fn_with_state(self.inflight.clone(), admission::limit_inflight));
         let router = Router::new()
             .route("/v1/models", get(health::list_models))
             .route("/health", get(health::health))

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
+use super::admission::Admission;
 use super::limits::HttpLimits;
 use super::metrics::HttpMetrics;
 use crate::model_manager::ModelManager;
@@ -30,4 +31,6 @@ pub(crate) struct AppState {
     pub limits: HttpLimits,
     /// The key clients must send as `Authorization: Bearer KEY`, when set.
     pub api_key: Option<String>,
+    /// Each model's admission limits and counts.
+    pub admission: Arc<Admission>,
 }
