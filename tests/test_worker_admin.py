@@ -31,7 +31,8 @@ MAX_TOKENS = 30
 def start_worker(workers: WorkerPool, model_dir: Path, endpoint: str, settings: Path, name: str) -> int:
     """A mocker worker with its system server; returns the system port."""
     port = free_port()
-    argv = [*MOCKER, "--model-path", str(model_dir), "--endpoint", endpoint, "--extra-engine-args", str(settings)]
+    argv = [*MOCKER, "--model-path", str(model_dir), "--model-name", "m", "--endpoint", endpoint,
+            "--extra-engine-args", str(settings)]
     workers.command(argv, name=name, env={
         **workers.env, "DYN_SYSTEM_ENABLED": "true", "DYN_SYSTEM_HOST": "127.0.0.1", "DYN_SYSTEM_PORT": str(port),
     })
@@ -41,7 +42,7 @@ def start_worker(workers: WorkerPool, model_dir: Path, endpoint: str, settings: 
 def served(port: int) -> float:
     """Requests the worker on system port `port` has received (its endpoint counter)."""
     text = http_request(port, "GET", "/metrics", timeout=2).body.decode()
-    found = re.search(r"^dynamo_endpoint_requests_total\{[^}]*\} (\S+)$", text, re.MULTILINE)
+    found = re.search(r'^dynamo_endpoint_requests_total\{[^}]*endpoint="generate"[^}]*\} (\S+)$', text, re.MULTILINE)
     return float(found.group(1)) if found else 0.0
 
 
@@ -68,10 +69,11 @@ async def test_drain_under_load_then_resume(workers: WorkerPool, namespace: str,
     b = start_worker(workers, model_dir, endpoint, settings, "worker-b")
     client = await runtime.namespace(namespace).component("mocker").endpoint("generate").client()
     await wait_for_instances(client, 2)
-    frontend = await start_frontend(workers, "dyn", "--model-name", "m")
+    frontend = await start_frontend(workers, "dyn")
     await frontend.wait_models(["m"])
     for port in (a, b):
-        await wait_until(lambda p=port: http_request(p, "GET", "/ready", timeout=2).status == 200, 30, "ready")
+        await wait_until(lambda p=port: http_request(p, "GET", "/ready", timeout=2).status == 200, 30, "ready",
+                         ignore=(OSError,))
     assert admin.call(f"127.0.0.1:{a}", "state") == {"state": "serving", "inflight": 0}
 
     load = send(frontend, 6)  # round-robin: three on each worker
