@@ -575,12 +575,11 @@ mod tests {
         let c = config(&["in=http", "--http-max-inflight", "3", "--http-header-timeout", "0.5", "--cors-origin", "a", "--cors-origin", "b"]).unwrap();
         assert_eq!(c.http_limits.max_inflight, 3);
         assert_eq!(c.http_limits.admission, dynamo_llm::http::AdmissionLimits::default());
-        let c = config(&["in=http", "--max-inflight-requests", "4", "--max-queued-tokens", "900"])
-            .unwrap();
-        assert_eq!(c.http_limits.admission.max_inflight_requests, Some(4));
-        assert_eq!(c.http_limits.admission.max_queued_tokens, Some(900));
         assert_eq!(c.http_limits.header_timeout, std::time::Duration::from_millis(500));
         assert_eq!(c.cors_origins, vec!["a".to_string(), "b".to_string()]);
+        let limited = config(&["in=http", "--max-inflight-requests", "4", "--max-queued-tokens", "900"]).unwrap();
+        assert_eq!(limited.http_limits.admission.max_inflight_requests, Some(4));
+        assert_eq!(limited.http_limits.admission.max_queued_tokens, Some(900));
         assert_eq!(c.router_mode, RouterMode::RoundRobin);
         let argv = ["dynamo-run"];
         assert_eq!(Flags::try_parse_from(argv).unwrap().into_config(true).unwrap().input, Input::Text);
