@@ -69,12 +69,6 @@ struct Plan {
     ticket: Arc<Ticket>,
 }
 
-/// Admit a request to `model`, or the refusal to answer with (429, or 503 when no
-/// worker serves the model).
-fn admit(state: &AppState, model: &str) -> Result<Arc<Ticket>, Response> {
-    state.admission.admit(model).map_err(|refusal| refusal_response(refusal, state.manager.is_routable(model)))
-}
-
 /// Read and parse a request body of type `T`.
 async fn read_request<T: DeserializeOwned>(state: &AppState, body: Body) -> Result<T, ApiError> {
     let bytes = read_body(body, state.body_limit, state.limits.body_timeout).await?;
@@ -128,9 +122,9 @@ pub(crate) async fn chat_completions(
         Ok(e) => e,
         Err(e) => return ApiError::from(e).into_response(),
     };
-    let ticket = match admit(&state, &request.model) {
+    let ticket = match state.admission.admit(&request.model) {
         Ok(t) => t,
-        Err(refused) => return refused,
+        Err(refusal) => return refusal_response(refusal, state.manager.is_routable(&request.model)),
     };
     let plan =
         Plan::new(id, &request.model, EngineKind::Chat, request.stream, include_usage(&request.stream_options), ticket);
@@ -174,9 +168,9 @@ pub(crate) async fn completions(
         Ok(e) => e,
         Err(e) => return ApiError::from(e).into_response(),
     };
-    let ticket = match admit(&state, &request.model) {
+    let ticket = match state.admission.admit(&request.model) {
         Ok(t) => t,
-        Err(refused) => return refused,
+        Err(refusal) => return refusal_response(refusal, state.manager.is_routable(&request.model)),
     };
     let plan = Plan::new(
         id,
