@@ -35,7 +35,8 @@ fn engine_error(e: EngineError) -> PyErr {
         EngineError::BadRequest(m) | EngineError::NotFound(m) => PyValueError::new_err(m),
         EngineError::Unavailable(m) => NoInstancesError::new_err(m),
         EngineError::Timeout(m) => DynamoTimeoutError::new_err(m),
-        EngineError::Internal(m) => DynamoError::new_err(m),
+        // Overloaded: an admission refusal, which only the HTTP frontend makes.
+        EngineError::Internal(m) | EngineError::Overloaded(m) => DynamoError::new_err(m),
     }
 }
 

@@ -3,7 +3,8 @@ service) bound to the Processor's endpoint, run as a child process of this servi
 stopped with it.
 
 Configuration keys: ``port`` (default 8000), ``host`` (default 0.0.0.0), ``endpoint``
-(default ``{Processor's namespace}.Processor.chat/completions``), ``router-mode``.
+(default ``{Processor's namespace}.Processor.chat/completions``), ``router-mode``, and the
+admission limits ``max-inflight-requests`` and ``max-queued-tokens``.
 
     python -m components.frontend -f configs/agg.yaml   # alone (from examples/llm)
 """
@@ -24,6 +25,8 @@ from components.processor import ENDPOINT, Processor
 logger = logging.getLogger("frontend")
 
 DEFAULT_PORT = 8000
+#: Admission limits, passed to the HTTP frontend as flags (docs/reliability.md).
+ADMISSION_KEYS = ("max-inflight-requests", "max-queued-tokens")
 #: Seconds the HTTP frontend gets to drain after SIGTERM before SIGKILL.
 STOP_GRACE = 20.0
 
@@ -52,8 +55,9 @@ class Frontend:
             "--http-port", str(config.get("port", DEFAULT_PORT)),
             "--endpoint", self.endpoint,
         ]
-        if "router-mode" in config:
-            self.argv += ["--router-mode", str(config["router-mode"])]
+        for key in ("router-mode", *ADMISSION_KEYS):
+            if key in config:
+                self.argv += [f"--{key}", str(config[key])]
         self.process: asyncio.subprocess.Process | None = None
         self.stopping = False
 

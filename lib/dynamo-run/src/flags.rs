@@ -57,6 +57,16 @@ pub struct Flags {
     #[arg(long, value_name = "N", default_value_t = dynamo_llm::http::DEFAULT_MAX_INFLIGHT, value_parser = positive_usize)]
     pub http_max_inflight: usize,
 
+    /// Most generation requests of one model in flight (each model has its own); more
+    /// are answered 429 with Retry-After (admission, docs/reliability.md).
+    #[arg(long, value_name = "N", value_parser = positive_usize)]
+    pub max_inflight_requests: Option<usize>,
+
+    /// Most prompt tokens of one model's admitted requests without a first token yet;
+    /// past it requests are answered 429 with Retry-After.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_queued_tokens: Option<u64>,
+
     /// Seconds a connection gets to send a request's headers, counted from when the
     /// server starts waiting for them (closes slowloris and idle keep-alive connections).
     #[arg(long, value_name = "SECONDS", default_value_t = dynamo_llm::http::DEFAULT_HEADER_TIMEOUT.as_secs_f64(), value_parser = positive_seconds)]
@@ -528,6 +538,10 @@ impl Flags {
             header_timeout: std::time::Duration::from_secs_f64(self.http_header_timeout),
             body_timeout: std::time::Duration::from_secs_f64(self.http_body_timeout),
             default_max_tokens: self.default_max_tokens,
+            admission: dynamo_llm::http::AdmissionLimits {
+                max_inflight_requests: self.max_inflight_requests,
+                max_queued_tokens: self.max_queued_tokens,
+            },
         };
         if let Some(name) = &self.model_name {
             if name.trim().is_empty() {
@@ -618,8 +632,12 @@ mod tests {
         assert_eq!((c.streams.grace, c.streams.buffer_bytes), (std::time::Duration::from_millis(2500), 1024));
         let c = config(&["in=http", "--http-max-inflight", "3", "--http-header-timeout", "0.5", "--cors-origin", "a", "--cors-origin", "b"]).unwrap();
         assert_eq!(c.http_limits.max_inflight, 3);
+        assert_eq!(c.http_limits.admission, dynamo_llm::http::AdmissionLimits::default());
         assert_eq!(c.http_limits.header_timeout, std::time::Duration::from_millis(500));
         assert_eq!(c.cors_origins, vec!["a".to_string(), "b".to_string()]);
+        let limited = config(&["in=http", "--max-inflight-requests", "4", "--max-queued-tokens", "900"]).unwrap();
+        assert_eq!(limited.http_limits.admission.max_inflight_requests, Some(4));
+        assert_eq!(limited.http_limits.admission.max_queued_tokens, Some(900));
         assert_eq!(c.router_mode, RouterMode::RoundRobin);
         let argv = ["dynamo-run"];
         assert_eq!(Flags::try_parse_from(argv).unwrap().into_config(true).unwrap().input, Input::Text);
@@ -708,6 +726,8 @@ mod tests {
         assert!(usage_error(&["in=http", "--max-tokens", "3"]).contains("--max-tokens"));
         assert!(usage_error(&["--http-port", "nope"]).contains("--http-port"));
         assert!(usage_error(&["--http-max-inflight", "0"]).contains("--http-max-inflight"));
+        assert!(usage_error(&["--max-inflight-requests", "0"]).contains("--max-inflight-requests"));
+        assert!(usage_error(&["--max-queued-tokens", "0"]).contains("--max-queued-tokens"));
         assert!(usage_error(&["--http-header-timeout", "0"]).contains("--http-header-timeout"));
         assert!(usage_error(&["in=http", "--api-key", " "]).contains("--api-key"));
         assert!(usage_error(&["--context-length", "0"]).contains("--context-length"));

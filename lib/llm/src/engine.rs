@@ -32,6 +32,9 @@ pub enum EngineError {
     /// No worker can take the request now (503).
     #[error("{0}")]
     Unavailable(String),
+    /// Refused by an admission limit of the model: too much load now (429).
+    #[error("{0}")]
+    Overloaded(String),
     /// A bounded wait on the worker ran out: no first item, or too long between items (504).
     #[error("{0}")]
     Timeout(String),
@@ -47,6 +50,7 @@ impl EngineError {
             EngineError::BadRequest(_) => 400,
             EngineError::NotFound(_) => 404,
             EngineError::Unavailable(_) => 503,
+            EngineError::Overloaded(_) => 429,
             EngineError::Timeout(_) => 504,
             EngineError::Internal(_) => 500,
         }

@@ -232,6 +232,13 @@ impl ModelManager {
         self.models.read().keys().cloned().collect()
     }
 
+    /// Whether `name` can take a request now (one of its engines is ready).
+    pub fn is_routable(&self, name: &str) -> bool {
+        // Clone the model out so that no readiness check runs under the lock.
+        let model = self.models.read().get(name).cloned();
+        model.is_some_and(|m| m.is_routable())
+    }
+
     /// The models that can take a request now, sorted (what `/v1/models` lists and
     /// `/health` counts).
     pub fn routable_models(&self) -> Vec<String> {

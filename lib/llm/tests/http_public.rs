@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use common::*;
 use dynamo_llm::engines::echo::{EchoCore, EchoFull};
-use dynamo_llm::http::{HttpLimits, HttpService, HttpServiceBuilder, RunningHttpService};
+use dynamo_llm::http::{AdmissionLimits, HttpLimits, HttpService, HttpServiceBuilder, RunningHttpService};
 use dynamo_llm::model_card::ModelDeploymentCard;
 use dynamo_llm::model_manager::ModelManager;
 use dynamo_llm::pipeline::Pipeline;
@@ -187,6 +187,79 @@ async fn requests_past_the_inflight_cap_get_503_with_retry_after() {
     })
     .await;
     service.shutdown().await.unwrap();
+}
+
+/// The value of the metric line starting with `series` in `/metrics` (0 without one).
+async fn metric(addr: SocketAddr, series: &str) -> f64 {
+    let text = raw(addr, "GET /metrics HTTP/1.1", "").await.body;
+    text.lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse().ok()))
+        .unwrap_or(0.0)
+}
+
+#[tokio::test]
+async fn a_model_past_its_inflight_limit_gets_429_and_other_models_are_served() {
+    let limits = HttpLimits {
+        admission: AdmissionLimits { max_inflight_requests: Some(1), ..Default::default() },
+        ..limits()
+    };
+    let service = start(HttpService::builder().limits(limits), Duration::from_millis(200)).await;
+    let addr = service.local_addr();
+    let body = serde_json::to_vec(&json!({"model": "echo", "messages": [{"role": "user", "content": "a long answer"}], "stream": true})).unwrap();
+    let mut first = bounded("first stream", open(addr, "POST", "/v1/chat/completions", Some(body))).await;
+    assert_eq!(first.status, 200);
+    bounded("first event", first.next_event()).await.unwrap();
+
+    let refused = post_json(addr, "/v1/chat/completions", &chat("echo", "x"), "").await;
+    assert_eq!(refused.status, 429, "{refused:?}");
+    assert_eq!(refused.headers.get("retry-after").map(String::as_str), Some("1"));
+    assert_eq!(refused.json()["error"]["type"], "rate_limit_error");
+    assert_eq!(refused.json()["error"]["code"], "rate_limit_exceeded");
+    // Another model has its own limit.
+    let other = post_json(addr, "/v1/completions", &json!({"model": "bytes", "prompt": "ok", "max_tokens": 2}), "").await;
+    assert_eq!(other.status, 200, "{other:?}");
+    let rejected = r#"dynamo_frontend_admission_rejected_total{model="echo",reason="inflight_requests"}"#;
+    assert_eq!(metric(addr, rejected).await, 1.0);
+
+    drop(first); // the client leaves: its share frees
+    poll::eventually("the share is released (a request gets 200)", WAIT, async || {
+        (post_json(addr, "/v1/chat/completions", &chat("echo", "y"), "").await.status == 200).then_some(())
+    })
+    .await;
+    assert_eq!(metric(addr, r#"dynamo_frontend_admission_inflight_requests{model="echo"}"#).await, 0.0);
+    assert!(metric(addr, r#"dynamo_frontend_admission_admitted_total{model="echo"}"#).await >= 2.0);
+    service.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn queued_prompt_tokens_are_limited_and_a_cancelled_request_releases_them() {
+    let manager = Arc::new(ModelManager::new());
+    let card = ModelDeploymentCard::builtin("bytes").with_context_length(2048).unwrap();
+    // A first token 30 s away: the prompt stays queued until the client leaves.
+    let pipeline = Pipeline::new(Arc::new(card), Arc::new(EchoCore::new(Duration::from_secs(30)))).unwrap();
+    manager.add_full_model("slow", Arc::new(pipeline));
+    let limits = HttpLimits {
+        admission: AdmissionLimits { max_queued_tokens: Some(40), ..Default::default() },
+        ..limits()
+    };
+    let builder = HttpService::builder().limits(limits).host("127.0.0.1").port(0).manager(manager);
+    let service = builder.build().unwrap().spawn(CancellationToken::new()).await.unwrap();
+    let addr = service.local_addr();
+    let queued = r#"dynamo_frontend_admission_queued_tokens{model="slow"}"#;
+
+    let prompt = json!({"model": "slow", "prompt": "thirty bytes of prompt, queued", "max_tokens": 1});
+    let waiting = tokio::spawn(async move { post_json(addr, "/v1/completions", &prompt, "").await });
+    poll::eventually("the first prompt is queued", WAIT, async || (metric(addr, queued).await == 30.0).then_some(())).await;
+    let refused = post_json(addr, "/v1/completions", &json!({"model": "slow", "prompt": "twenty more bytes...", "max_tokens": 1}), "").await;
+    assert_eq!(refused.status, 429, "{refused:?}");
+    assert!(refused.json()["error"]["message"].as_str().unwrap().contains("prompt tokens queued"));
+    assert_eq!(refused.headers.get("retry-after").map(String::as_str), Some("1"));
+    // Nothing leaks: the refused request holds nothing, the cancelled one lets go.
+    assert_eq!(metric(addr, queued).await, 30.0);
+    waiting.abort();
+    poll::eventually("the cancelled prompt is released", WAIT, async || (metric(addr, queued).await == 0.0).then_some(())).await;
+    assert_eq!(metric(addr, r#"dynamo_frontend_admission_inflight_requests{model="slow"}"#).await, 0.0);
+    drop(service);
 }
 
 #[tokio::test]

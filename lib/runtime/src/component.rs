@@ -192,13 +192,13 @@ impl Endpoint {
             transport: instance_transport,
         };
         let key = format!("{}{instance_id:x}", self.id.instances_prefix());
-        let value = serde_json::to_vec_pretty(&instance)?;
-        if let Err(e) = rt.discovery().create_leased(&key, value.into()).await {
+        let value = bytes::Bytes::from(serde_json::to_vec_pretty(&instance)?);
+        if let Err(e) = rt.discovery().create_leased(&key, value.clone()).await {
             cancel.cancel();
             transport.remove_endpoint(&path);
             return Err(e);
         }
-        rt.register(Registration { path, key, endpoint: served, cancel })?;
+        rt.register(Registration { path, key, value, endpoint: served, cancel })?;
         tracing::info!(endpoint = %self.id, instance = %format_args!("{instance_id:x}"), "serving");
         Ok(())
     }

@@ -14,6 +14,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::{RequestPlane, RuntimeConfig};
 use crate::discovery::{Discovery, DiscoveryHealth};
+use crate::drain::DrainGate;
 use crate::error::{Error, ErrorKind, Result};
 use crate::events::EventPlane;
 use crate::instance::EndpointId;
@@ -22,12 +23,15 @@ use crate::metrics::MetricsRegistry;
 use crate::readiness::{NotReady, Readiness};
 use crate::transport::{nats_connection, ServedEndpoint, Transport};
 
-/// An endpoint this process serves, as shutdown needs it.
+/// An endpoint this process serves, as shutdown and drain need it.
+#[derive(Clone)]
 pub(crate) struct Registration {
     /// `ns/comp/ep`.
     pub path: String,
     /// Its instance key in discovery.
     pub key: String,
+    /// The instance record under `key` (written again on resume).
+    pub value: bytes::Bytes,
     pub endpoint: Arc<ServedEndpoint>,
     pub cancel: CancellationToken,
 }
@@ -46,6 +50,7 @@ struct Inner {
     watchers: Mutex<HashMap<String, Arc<InstanceWatcher>>>,
     drained: watch::Sender<bool>,
     readiness: Readiness,
+    drain: DrainGate,
 }
 
 /// The planes of one runtime, shared by everything that talks over them. Cheap to clone.
@@ -95,6 +100,7 @@ impl Planes {
                 watchers: Mutex::new(HashMap::new()),
                 drained: watch::channel(false).0,
                 readiness: Readiness::default(),
+                drain: DrainGate::default(),
             }),
         }
     }
@@ -182,7 +188,8 @@ impl Planes {
     /// an endpoint is registered in discovery.
     pub fn readiness(&self) -> std::result::Result<(), NotReady> {
         let registered = !self.inner.registrations.lock().is_empty();
-        self.inner.readiness.check(self.is_shutting_down() || self.inner.cancel.is_cancelled(), registered)
+        let draining = self.is_shutting_down() || self.inner.cancel.is_cancelled() || self.inner.drain.is_draining();
+        self.inner.readiness.check(draining, registered)
     }
 
     pub(crate) fn register(&self, registration: Registration) -> Result<()> {
@@ -191,6 +198,16 @@ impl Planes {
         }
         self.inner.registrations.lock().push(registration);
         Ok(())
+    }
+
+    /// Every registration now (clones), for drain and its status.
+    pub(crate) fn registrations(&self) -> Vec<Registration> {
+        self.inner.registrations.lock().clone()
+    }
+
+    /// The drain flag (see `drain.rs`).
+    pub(crate) fn drain_gate(&self) -> &DrainGate {
+        &self.inner.drain
     }
 
     /// Every registration, for shutdown to unregister and drain.

@@ -44,7 +44,7 @@ impl NotReady {
     /// A sentence for logs and the `/ready` body.
     pub fn reason(self) -> &'static str {
         match self {
-            NotReady::Draining => "the process is draining (shutting down)",
+            NotReady::Draining => "the process is draining (an operator's drain, or shutting down)",
             NotReady::NotRegistered => "no endpoint of this process is registered in discovery",
             NotReady::EngineNotReady => "the engine has not answered yet",
         }

@@ -2,7 +2,6 @@
 //! cancellation-token tree and graceful shutdown.
 
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -13,6 +12,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::RuntimeConfig;
 use crate::discovery::{self, MemStore};
+use crate::drain;
 use crate::error::Result;
 use crate::events::EventPlane;
 use crate::metrics::MetricsRegistry;
@@ -155,19 +155,15 @@ impl DistributedRuntime {
             self.closed().await;
             return;
         }
-        let registrations = planes.take_registrations();
-        // 1. Stop taking requests: unregister first so clients route elsewhere, then refuse.
-        for r in &registrations {
-            if let Err(e) = planes.discovery().delete(&r.key).await {
-                tracing::warn!(key = r.key, error = %e, "could not remove registration");
-            }
-            r.endpoint.draining.store(true, Ordering::Release);
-        }
+        let registrations = planes.registrations();
+        // 1. Stop taking requests: unregister first so clients route elsewhere, then refuse
+        // (the one drain path, `drain.rs`, which `POST /drain` takes too).
+        drain::unregister(planes, &registrations).await;
         // 2. Drain in-flight streams, bounded.
         let shutdown_timeout = planes.config().shutdown_timeout;
         let deadline = Instant::now() + shutdown_timeout;
         loop {
-            let inflight: u64 = registrations.iter().map(|r| r.endpoint.metrics.inflight()).sum();
+            let inflight = drain::inflight(&registrations);
             if inflight == 0 {
                 break;
             }
@@ -177,7 +173,7 @@ impl DistributedRuntime {
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        for r in &registrations {
+        for r in &planes.take_registrations() {
             r.cancel.cancel();
             transport.remove_endpoint(&r.path);
         }

@@ -1,6 +1,8 @@
 //! End-to-end tests of the request/response planes on the embedded backends, with
 //! several runtimes in one process sharing an in-memory discovery store.
 
+mod poll;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -164,4 +166,48 @@ async fn events_on_the_embedded_plane() {
     assert!(extra.is_err(), "unexpected extra event {extra:?}");
     publisher.shutdown().await;
     subscriber.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_takes_the_instance_out_of_routing_and_resume_brings_it_back() {
+    use dynamo_runtime::{NotReady, ServingState};
+    let store = Arc::new(MemStore::default());
+    let worker = runtime(&store).await;
+    serve_counter(&worker).await;
+    let caller = runtime(&store).await;
+    let client = caller.namespace("t").unwrap().component("counter").unwrap().endpoint("generate").unwrap().client().await.unwrap();
+    client.wait_for_instances(Some(Duration::from_secs(5))).await.unwrap();
+    assert_eq!(worker.planes().drain_status().state, ServingState::Serving);
+
+    // A slow stream (1 ms or more per item past 10,000 items) is in flight when the drain
+    // begins, and finishes.
+    let mut stream = client.round_robin(Bytes::from_static(b"10500")).await.unwrap();
+    stream.next().await.unwrap().unwrap();
+    let status = worker.planes().drain().await.unwrap();
+    assert_eq!(status.state, ServingState::Draining);
+    assert_eq!(status.inflight, 1);
+    assert_eq!(worker.planes().readiness(), Err(NotReady::Draining));
+    assert_eq!(worker.planes().drain().await.unwrap().state, ServingState::Draining, "idempotent");
+    poll::wait_until("the instance left discovery", Duration::from_secs(5), || client.instance_ids().is_empty()).await;
+    let mut items = 1;
+    while let Some(item) = stream.next().await {
+        item.unwrap();
+        items += 1;
+    }
+    assert_eq!(items, 10500, "the in-flight stream finished whole");
+    assert_eq!(worker.planes().drain_status().state, ServingState::Drained);
+
+    assert_eq!(worker.planes().resume().await.unwrap().state, ServingState::Serving);
+    assert_eq!(worker.planes().resume().await.unwrap().state, ServingState::Serving, "idempotent");
+    assert_eq!(worker.planes().readiness(), Ok(()));
+    poll::wait_until("the instance is back in discovery", Duration::from_secs(5), || client.instance_ids().len() == 1).await;
+    let mut again = client.round_robin(Bytes::from_static(b"3")).await.unwrap();
+    let mut n = 0;
+    while let Some(item) = again.next().await {
+        item.unwrap();
+        n += 1;
+    }
+    assert_eq!(n, 3);
+    worker.shutdown().await;
+    caller.shutdown().await;
 }

@@ -25,6 +25,9 @@ PLANE_FLAGS = {
     "event_plane": ("DYN_EVENT_PLANE", ("nats", "tcp")),
 }
 
+#: The admission flags, passed through to ``dynamo-run`` as they are.
+ADMISSION_FLAGS = ("max_inflight_requests", "max_queued_tokens")
+
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     """The command line of ``python -m dynamo.frontend``."""
@@ -56,6 +59,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                          help="seconds a finished stream stays replayable (default 30)")
     streams.add_argument("--stream-buffer-bytes", type=int,
                          help="bytes of events one stream's replay buffer keeps (default 65536)")
+    admission = parser.add_argument_group("admission, per model (docs/reliability.md)")
+    admission.add_argument("--max-inflight-requests", type=int,
+                           help="most requests of one model in flight; more get 429 + Retry-After")
+    admission.add_argument("--max-queued-tokens", type=int,
+                           help="most prompt tokens of one model waiting for their first token; more get 429")
     kv = parser.add_argument_group("--router-mode kv (docs/kv-routing.md)")
     kv.add_argument("--kv-overlap-weight", type=float, help="weight of a KV block still to prefill (default 8)")
     kv.add_argument("--router-temperature", type=float, help="softmax temperature over the workers' cost (default 0)")
@@ -71,6 +79,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if not 0 <= args.http_port <= 65535:
         parser.error(f"--http-port must be a port number, got {args.http_port}")
+    for flag in ADMISSION_FLAGS:
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            parser.error(f"--{flag.replace('_', '-')} must be at least 1, got {value}")
     if args.resend_limit is not None and args.resend_limit < 0:
         parser.error(f"--resend-limit must be at least 0, got {args.resend_limit}")
     if args.endpoint is not None:
@@ -96,7 +108,7 @@ def dynamo_run_argv(args: argparse.Namespace) -> list[str]:
     if args.zero_wait_s is not None:
         argv += ["--zero-wait-s", str(args.zero_wait_s)]
     for flag in ("kv_overlap_weight", "router_temperature", "busy_threshold", "stream_grace_s", "stream_retention_s",
-                 "stream_buffer_bytes"):
+                 "stream_buffer_bytes", *ADMISSION_FLAGS):
         if getattr(args, flag) is not None:
             argv += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     for flag in ("kv_events", "router_replica_sync"):

@@ -45,6 +45,12 @@ impl ApiError {
         Self::new(StatusCode::SERVICE_UNAVAILABLE, message, "service_unavailable", None)
     }
 
+    /// 429 `rate_limit_error` with code `rate_limit_exceeded`: an admission limit of
+    /// the model refused the request.
+    pub fn rate_limited(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::TOO_MANY_REQUESTS, message, "rate_limit_error", Some("rate_limit_exceeded"))
+    }
+
     /// 504 `timeout`: the worker did not answer within a bound.
     pub fn timeout(message: impl Into<String>) -> Self {
         Self::new(StatusCode::GATEWAY_TIMEOUT, message, "timeout", None)
@@ -62,6 +68,7 @@ impl From<EngineError> for ApiError {
             EngineError::BadRequest(m) => ApiError::bad_request(m),
             EngineError::NotFound(m) => ApiError::model_not_found(m),
             EngineError::Unavailable(m) => ApiError::unavailable(m),
+            EngineError::Overloaded(m) => ApiError::rate_limited(m),
             EngineError::Timeout(m) => ApiError::timeout(m),
             EngineError::Internal(m) => ApiError::internal(m),
         }
@@ -69,10 +76,11 @@ impl From<EngineError> for ApiError {
 }
 
 impl IntoResponse for ApiError {
-    /// A 503 says when to come back (`Retry-After`): no worker can take the request now.
+    /// A 503 or 429 says when to come back (`Retry-After`): no worker can take the
+    /// request now, or the model is at a limit.
     fn into_response(self) -> Response {
         let mut response = (self.status, Json(self.body)).into_response();
-        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+        if matches!(self.status, StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS) {
             response.headers_mut().insert(
                 axum::http::header::RETRY_AFTER,
                 axum::http::HeaderValue::from(super::limits::RETRY_AFTER_SECONDS),
@@ -92,6 +100,7 @@ mod tests {
             EngineError::BadRequest("b".into()),
             EngineError::NotFound("n".into()),
             EngineError::Unavailable("u".into()),
+            EngineError::Overloaded("o".into()),
             EngineError::Timeout("t".into()),
             EngineError::Internal("i".into()),
         ] {

@@ -72,6 +72,7 @@ mod tests {
 
     use tokio_util::sync::CancellationToken;
 
+    use super::super::admission::Admission;
     use super::super::limits::HttpLimits;
     use super::super::metrics::HttpMetrics;
     use super::*;
@@ -79,9 +80,12 @@ mod tests {
     use crate::model_manager::ModelManager;
 
     fn state(manager: Arc<ModelManager>) -> Arc<AppState> {
+        let metrics = Arc::new(HttpMetrics::new().unwrap());
+        let admission = Arc::new(Admission::new(Default::default(), metrics.registry()).unwrap());
         Arc::new(AppState {
             manager,
-            metrics: Arc::new(HttpMetrics::new().unwrap()),
+            metrics,
+            admission,
             shutdown: CancellationToken::new(),
             draining: CancellationToken::new(),
             body_limit: 1024,

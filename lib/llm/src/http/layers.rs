@@ -1,21 +1,16 @@
 //! Middleware of the service: the request id (`x-request-id`, the client's or a new
 //! one), the response count by status and the log line of requests that never
-//! reached an engine, the API key check, and the cap on generation requests in flight.
+//! reached an engine, and the API key check. The cap on generation requests in flight
+//! is admission's (`admission.rs`).
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use axum::body::Body;
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::{header, HeaderName, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use bytes::Bytes;
-use std::pin::Pin;
-use std::task::{Context, Poll};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::connections::overloaded;
 use super::error::ApiError;
 use super::state::AppState;
 
@@ -102,43 +97,6 @@ pub(crate) async fn require_api_key(State(state): State<Arc<AppState>>, request:
 
 fn unauthorized(message: &str) -> Response {
     ApiError::new(StatusCode::UNAUTHORIZED, message, "invalid_request_error", Some("invalid_api_key")).into_response()
-}
-
-/// Cap generation requests in flight: past `max_inflight`, 503 with `Retry-After`.
-/// The slot is held until the response body (a stream, too) is done or dropped.
-pub(crate) async fn limit_inflight(State(slots): State<Arc<Semaphore>>, request: Request, next: Next) -> Response {
-    let Ok(slot) = slots.try_acquire_owned() else {
-        return overloaded("too many requests in flight; retry later");
-    };
-    let (parts, body) = next.run(request).await.into_parts();
-    Response::from_parts(parts, Body::new(Holding { inner: body, _slot: slot }))
-}
-
-/// A response body that holds an in-flight slot until it is done or dropped; sizes
-/// pass through (a whole response keeps its `Content-Length`).
-struct Holding {
-    inner: Body,
-    _slot: OwnedSemaphorePermit,
-}
-
-impl hyper::body::Body for Holding {
-    type Data = Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
-        Pin::new(&mut self.get_mut().inner).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> hyper::body::SizeHint {
-        self.inner.size_hint()
-    }
 }
 
 #[cfg(test)]

@@ -1,5 +1,5 @@
 //! The limits that keep a public server standing: connections, requests in flight,
-//! and how long a client may take to send a request.
+//! how long a client may take to send a request, and each model's admission limits.
 
 use std::time::Duration;
 
@@ -36,6 +36,20 @@ pub struct HttpLimits {
     /// `max_tokens` of a request that sets none (the model's remaining context is
     /// the ceiling either way).
     pub default_max_tokens: u32,
+    /// Each model's admission limits (none by default).
+    pub admission: AdmissionLimits,
+}
+
+/// Limits applied to each model separately (docs/reliability.md, "Admission"): a
+/// request beyond one is answered 429 with `Retry-After` at once, never queued.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AdmissionLimits {
+    /// Most generation requests of one model in flight (a stream until its end).
+    pub max_inflight_requests: Option<usize>,
+    /// Most prompt tokens of one model's admitted requests that have no first token
+    /// yet (counted after tokenization, so only models the frontend tokenizes for).
+    /// A prompt longer than the limit is admitted only when nothing else is queued.
+    pub max_queued_tokens: Option<u64>,
 }
 
 impl Default for HttpLimits {
@@ -46,6 +60,7 @@ impl Default for HttpLimits {
             header_timeout: DEFAULT_HEADER_TIMEOUT,
             body_timeout: DEFAULT_BODY_TIMEOUT,
             default_max_tokens: DEFAULT_MAX_TOKENS,
+            admission: AdmissionLimits::default(),
         }
     }
 }

@@ -2,6 +2,7 @@
 //! `/v1/completions` (SSE or whole responses), `/health`, `/live`, `/metrics`.
 //! Models come from a [`crate::model_manager::ModelManager`].
 
+pub(crate) mod admission;
 mod choices;
 mod connections;
 mod error;
@@ -21,7 +22,7 @@ pub use error::ApiError;
 pub use layers::REQUEST_ID;
 pub use state::HealthCheck;
 pub use limits::{
-    HttpLimits, DEFAULT_BODY_TIMEOUT, DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_INFLIGHT,
+    AdmissionLimits, HttpLimits, DEFAULT_BODY_TIMEOUT, DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_INFLIGHT,
     DEFAULT_MAX_TOKENS, RETRY_AFTER_SECONDS,
 };
 pub use service::{BoundHttpService, HttpError, HttpService, HttpServiceBuilder, RunningHttpService, DEFAULT_BODY_LIMIT, DEFAULT_DRAIN_TIMEOUT};

@@ -16,6 +16,8 @@ use futures::StreamExt;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use super::admission::{hold_until_done, refusal_response, with_ticket, Ticket};
+use super::connections::overloaded;
 use super::error::ApiError;
 use super::guard::CancelOnDrop;
 use super::layers::{EngineLogged, RequestId};
@@ -66,6 +68,8 @@ struct Plan {
     /// Detach the stream into the registry (`X-Dynamo-Resumable: true`).
     resumable: bool,
     ctx: RequestContext,
+    /// The request's admission share, held until its response ends.
+    ticket: Arc<Ticket>,
 }
 
 /// Read and parse a request body of type `T`.
@@ -122,8 +126,13 @@ pub(crate) async fn chat_completions(
         Ok(e) => e,
         Err(e) => return ApiError::from(e).into_response(),
     };
-    let plan = Plan::new(id, &request.model, EngineKind::Chat, request.stream, include_usage(&request.stream_options))
-        .resumable(&headers);
+    let ticket = match state.admission.admit(&request.model) {
+        Ok(t) => t,
+        Err(refusal) => return refusal_response(refusal, state.manager.is_routable(&request.model)),
+    };
+    let plan =
+        Plan::new(id, &request.model, EngineKind::Chat, request.stream, include_usage(&request.stream_options), ticket)
+            .resumable(&headers);
     let fold = ChatAggregator::new(&format!("chatcmpl-{}", plan.ctx.id()), &plan.model);
     let n = request.sampling.n.unwrap_or(1);
     if n == 1 {
@@ -165,9 +174,19 @@ pub(crate) async fn completions(
         Ok(e) => e,
         Err(e) => return ApiError::from(e).into_response(),
     };
-    let plan =
-        Plan::new(id, &request.model, EngineKind::Completions, request.stream, include_usage(&request.stream_options))
-            .resumable(&headers);
+    let ticket = match state.admission.admit(&request.model) {
+        Ok(t) => t,
+        Err(refusal) => return refusal_response(refusal, state.manager.is_routable(&request.model)),
+    };
+    let plan = Plan::new(
+        id,
+        &request.model,
+        EngineKind::Completions,
+        request.stream,
+        include_usage(&request.stream_options),
+        ticket,
+    )
+    .resumable(&headers);
     let fold = CompletionAggregator::new(&format!("cmpl-{}", plan.ctx.id()), &plan.model);
     let n = request.sampling.n.unwrap_or(1);
     if n == 1 {
@@ -206,9 +225,16 @@ pub(crate) async fn embeddings(State(state): State<Arc<AppState>>, body: Body) -
 }
 
 impl Plan {
-    fn new(id: RequestId, model: &str, route: EngineKind, streaming: bool, include_usage: bool) -> Self {
+    fn new(
+        id: RequestId,
+        model: &str,
+        route: EngineKind,
+        streaming: bool,
+        include_usage: bool,
+        ticket: Arc<Ticket>,
+    ) -> Self {
         let ctx = RequestContext::new(uuid::Uuid::new_v4().to_string());
-        Plan { request_id: id.0, model: model.to_string(), route, streaming, include_usage, resumable: false, ctx }
+        Plan { request_id: id.0, model: model.to_string(), route, streaming, include_usage, resumable: false, ctx, ticket }
     }
 
     /// Mark a streamed request resumable when its headers ask for it.
@@ -230,8 +256,10 @@ where
     C: StreamChunk,
     F: Fold<C> + Send,
 {
+    let ticket = plan.ticket.clone();
     let response = respond_inner(state, plan, call, fold).await;
-    let mut response = response;
+    // A stream keeps its share of the model's limits until its last event.
+    let mut response = hold_until_done(response, ticket);
     response.extensions_mut().insert(EngineLogged);
     response
 }
@@ -250,20 +278,26 @@ where
     let mut metrics = state.metrics.start(&plan.request_id, &plan.model, plan.route, plan.streaming);
     let shutdown = state.shutdown.clone();
     let shutting_down = || EngineError::Unavailable("the server is shutting down".to_string());
+    let ticket = plan.ticket.clone();
     let started = tokio::select! {
-        r = call => r,
+        r = with_ticket(ticket.clone(), call) => r,
         _ = shutdown.cancelled() => Err(shutting_down()),
     };
     let mut stream = match started {
         Ok(s) => s,
+        Err(EngineError::Overloaded(message)) if !state.manager.is_routable(&plan.model) => {
+            return overloaded(&format!("{message}; no worker serves the model now"));
+        }
         Err(e) => return ApiError::from(e).into_response(),
     };
+    state.admission.admitted(&ticket);
     if plan.streaming {
         // Await the first item so that an immediate failure gets its HTTP status.
         let first = tokio::select! {
             item = stream.next() => item,
             _ = shutdown.cancelled() => Some(Err(shutting_down())),
         };
+        ticket.first_token();
         if let Some(Err(e)) = first {
             return ApiError::from(e).into_response();
         }
@@ -282,6 +316,7 @@ where
         };
         match item {
             Some(Ok(item)) => {
+                ticket.first_token();
                 metrics.item(item.prompt_tokens, item.completion_tokens);
                 fold.push(item);
             }

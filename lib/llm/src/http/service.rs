@@ -22,6 +22,7 @@ use super::limits::HttpLimits;
 use super::metrics::HttpMetrics;
 use super::state::{AppState, HealthCheck};
 use super::streams::{StreamDirectory, StreamRegistry, StreamsConfig};
+use super::admission::{self, Admission, GlobalCap};
 use super::{connections, health, layers, openai, streams};
 use crate::model_manager::ModelManager;
 
@@ -202,6 +203,7 @@ impl HttpServiceBuilder {
             "0.0.0.0" | "::" | "[::]" => "127.0.0.1".to_string(),
             host => host.to_string(),
         });
+        let admission = Arc::new(Admission::new(self.limits.admission.clone(), metrics.registry())?);
         let state = Arc::new(AppState {
             manager,
             metrics,
@@ -212,8 +214,9 @@ impl HttpServiceBuilder {
             limits: self.limits.clone(),
             api_key: self.api_key,
             streams,
+            admission: admission.clone(),
         });
-        let inflight = Arc::new(Semaphore::new(self.limits.max_inflight));
+        let inflight = GlobalCap { slots: Arc::new(Semaphore::new(self.limits.max_inflight)), admission };
         Ok(HttpService {
             host: self.host,
             port: self.port,
@@ -265,8 +268,8 @@ pub struct HttpService {
     drain_timeout: Duration,
     advertise_host: String,
     state: Arc<AppState>,
-    /// Slots of generation requests in flight.
-    inflight: Arc<Semaphore>,
+    /// The global cap on generation requests in flight.
+    inflight: GlobalCap,
     cors: Option<CorsLayer>,
 }
 
@@ -300,7 +303,7 @@ impl HttpService {
             .route("/v1/chat/completions", post(openai::chat_completions))
             .route("/v1/completions", post(openai::completions))
             .route("/v1/embeddings", post(openai::embeddings))
-            .route_layer(from_fn_with_state(self.inflight.clone(), layers::limit_inflight));
+            .route_layer(from_fn_with_state(self.inflight.clone(), admission::limit_inflight));
         let router = Router::new()
             .route("/v1/models", get(health::list_models))
             .route("/health", get(health::health))

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
+use super::admission::Admission;
 use super::limits::HttpLimits;
 use super::metrics::HttpMetrics;
 use super::streams::StreamRegistry;
@@ -33,4 +34,6 @@ pub(crate) struct AppState {
     pub api_key: Option<String>,
     /// The resumable streams this frontend owns.
     pub streams: StreamRegistry,
+    /// Each model's admission limits and counts.
+    pub admission: Arc<Admission>,
 }

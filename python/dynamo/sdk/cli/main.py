@@ -1,5 +1,5 @@
 """``dynamo``: the command-line entry point (``dynamo serve``, ``dynamo build``,
-``dynamo deploy``, ``dynamo run``)."""
+``dynamo deploy``, ``dynamo run``, ``dynamo worker``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import shutil
 import sys
 from collections.abc import Sequence
 
-from dynamo.sdk.cli import build, deploy, serve
+from dynamo.sdk.cli import build, deploy, serve, worker
 
 
 def _run(args: argparse.Namespace, extra: Sequence[str]) -> int:
@@ -31,6 +31,7 @@ def parser() -> argparse.ArgumentParser:
     serve.add_parser(sub)
     build.add_parser(sub)
     deploy.add_parser(sub)
+    worker.add_parser(sub)
     run = sub.add_parser("run", help="run dynamo-run with the remaining arguments", add_help=False)
     run.add_argument("args", nargs=argparse.REMAINDER)
     run.set_defaults(handler=_run, accepts_overrides=True)

@@ -1,0 +1,110 @@
+"""The worker admin API in real processes, on both backends (docs/reliability.md, "Drain
+and resume"): two mocker workers behind a frontend under load; `POST /drain` to one
+(through `dynamo worker drain`) takes it out of routing while its in-flight streams
+finish: 0 failed requests, it serves nothing new after the call returned, its `/ready`
+says `draining` and `GET /state` goes draining → drained; `POST /resume` brings it back
+into routing; both calls are idempotent."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from dynamo.sdk.cli import worker as admin
+from helpers import WorkerPool, free_port, wait_for_instances, wait_until
+from llm_helpers import MOCKER, Frontend, chat_body, http_request, post_json, start_frontend, write_json
+
+pytestmark = pytest.mark.timeout(150)
+
+#: A stream of 30 tokens at this speed lasts a second or more: in flight at the drain.
+SLOW_MOCKER = {"speedup_ratio": 0.1}
+MAX_TOKENS = 30
+
+
+def start_worker(workers: WorkerPool, model_dir: Path, endpoint: str, settings: Path, name: str) -> int:
+    """A mocker worker with its system server; returns the system port."""
+    port = free_port()
+    argv = [*MOCKER, "--model-path", str(model_dir), "--model-name", "m", "--endpoint", endpoint,
+            "--extra-engine-args", str(settings)]
+    workers.command(argv, name=name, env={
+        **workers.env, "DYN_SYSTEM_ENABLED": "true", "DYN_SYSTEM_HOST": "127.0.0.1", "DYN_SYSTEM_PORT": str(port),
+    })
+    return port
+
+
+def served(port: int) -> float:
+    """Requests the worker on system port `port` has received (its endpoint counter)."""
+    text = http_request(port, "GET", "/metrics", timeout=2).body.decode()
+    found = re.search(r'^dynamo_endpoint_requests_total\{[^}]*endpoint="generate"[^}]*\} (\S+)$', text, re.MULTILINE)
+    return float(found.group(1)) if found else 0.0
+
+
+def cli(verb: str, port: int, *extra: str) -> dict[str, Any]:
+    """`dynamo worker VERB 127.0.0.1:PORT`, as an operator runs it; its JSON answer."""
+    done = subprocess.run([sys.executable, "-m", "dynamo.sdk.cli.main", "worker", verb, f"127.0.0.1:{port}", *extra],
+                          capture_output=True, text=True, timeout=30, check=False)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def send(frontend: Frontend, count: int) -> list[Any]:
+    """`count` streaming requests at once through `frontend`, as running tasks."""
+    body = chat_body("m", "w5 w6 w7", max_tokens=MAX_TOKENS, stream=True)
+    return [asyncio.ensure_future(asyncio.to_thread(post_json, frontend.port, "/v1/chat/completions", body, 60))
+            for _ in range(count)]
+
+
+async def test_drain_under_load_then_resume(workers: WorkerPool, namespace: str, model_dir: Path,
+                                            tmp_path: Path, runtime: Any) -> None:
+    settings = write_json(tmp_path / "slow.json", SLOW_MOCKER)
+    endpoint = f"{namespace}.mocker.generate"
+    a = start_worker(workers, model_dir, endpoint, settings, "worker-a")
+    b = start_worker(workers, model_dir, endpoint, settings, "worker-b")
+    client = await runtime.namespace(namespace).component("mocker").endpoint("generate").client()
+    await wait_for_instances(client, 2)
+    frontend = await start_frontend(workers, "dyn")
+    await frontend.wait_models(["m"])
+    for port in (a, b):
+        await wait_until(lambda p=port: http_request(p, "GET", "/ready", timeout=2).status == 200, 30, "ready",
+                         ignore=(OSError,))
+    assert admin.call(f"127.0.0.1:{a}", "state") == {"state": "serving", "inflight": 0}
+
+    load = send(frontend, 6)  # round-robin: three on each worker
+    await wait_until(lambda: admin.call(f"127.0.0.1:{a}", "state")["inflight"] >= 1, 20, "a stream in flight on A")
+    drained = await asyncio.to_thread(cli, "drain", a)
+    drain_returned = time.monotonic()
+    assert drained["state"] in ("draining", "drained"), drained
+    served_at_drain = served(a)
+    assert http_request(a, "GET", "/ready", timeout=2).status == 503
+    assert json.loads(http_request(a, "GET", "/ready", timeout=2).body)["status"] == "draining"
+    # Leaving routing is measured here (a log line for the report), not asserted as a time.
+    await wait_until(lambda: len(client.instance_ids()) == 1, 10, "A out of discovery")
+    print(f"worker left discovery {1000 * (time.monotonic() - drain_returned):.0f} ms after /drain returned")
+
+    more = send(frontend, 6)  # all to B now: A serves nothing new
+    answers = await asyncio.gather(*load, *more)
+    assert [r.status for r in answers] == [200] * 12, [r.body[:200] for r in answers if r.status != 200]
+    assert all(b"[DONE]" in r.body for r in answers)
+    assert served(a) == served_at_drain, "a request reached the drained worker"
+    await wait_until(lambda: admin.call(f"127.0.0.1:{a}", "state")["state"] == "drained", 30, "A drained")
+    assert cli("drain", a) == {"state": "drained", "inflight": 0}, "a second drain changes nothing"
+
+    resumed = cli("resume", a)
+    assert resumed["state"] == "serving", resumed
+    assert admin.call(f"127.0.0.1:{a}", "resume")["state"] == "serving", "a second resume changes nothing"
+    await wait_until(lambda: len(client.instance_ids()) == 2, 10, "A back in discovery")
+    assert http_request(a, "GET", "/ready", timeout=2).status == 200
+    body = chat_body("m", "w8", max_tokens=2)
+
+    def a_serves_again() -> bool:
+        assert frontend.post("/v1/chat/completions", body).status == 200
+        return served(a) > served_at_drain
+
+    await wait_until(a_serves_again, 20, "A to serve a request again")
