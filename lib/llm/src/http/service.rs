@@ -21,6 +21,7 @@ use super::error::ApiError;
 use super::limits::HttpLimits;
 use super::metrics::HttpMetrics;
 use super::state::{AppState, HealthCheck};
+use super::responses::{self, SharedResponseStore};
 use super::{connections, health, layers, openai};
 use crate::model_manager::ModelManager;
 
@@ -68,6 +69,7 @@ pub struct HttpServiceBuilder {
     limits: HttpLimits,
     api_key: Option<String>,
     cors_origins: Vec<String>,
+    responses: Option<SharedResponseStore>,
 }
 
 impl std::fmt::Debug for HttpServiceBuilder {
@@ -97,6 +99,7 @@ impl Default for HttpServiceBuilder {
             limits: HttpLimits::default(),
             api_key: None,
             cors_origins: Vec::new(),
+            responses: None,
         }
     }
 }
@@ -159,6 +162,13 @@ impl HttpServiceBuilder {
         self
     }
 
+    /// Where `/v1/responses` keeps responses (default: in memory,
+    /// [`responses::DEFAULT_RESPONSES_MAX`] for [`responses::DEFAULT_RESPONSES_TTL`]).
+    pub fn responses_store(mut self, store: SharedResponseStore) -> Self {
+        self.responses = Some(store);
+        self
+    }
+
     /// Build the service; fails on a CORS origin that is not a valid header value.
     pub fn build(self) -> Result<HttpService, HttpError> {
         let cors = cors_layer(&self.cors_origins)?;
@@ -174,6 +184,10 @@ impl HttpServiceBuilder {
             health_check: self.health_check,
             limits: self.limits.clone(),
             api_key: self.api_key,
+            responses: self.responses.unwrap_or_else(|| {
+                responses::memory_store(responses::DEFAULT_RESPONSES_MAX, responses::DEFAULT_RESPONSES_TTL)
+            }),
+            background: Default::default(),
         });
         let inflight = Arc::new(Semaphore::new(self.limits.max_inflight));
         Ok(HttpService {
@@ -206,7 +220,7 @@ fn cors_layer(origins: &[String]) -> Result<Option<CorsLayer>, HttpError> {
     Ok(Some(
         CorsLayer::new()
             .allow_origin(allow)
-            .allow_methods([Method::GET, Method::POST, Method::OPTIONS])
+            .allow_methods([Method::GET, Method::POST, Method::DELETE, Method::OPTIONS])
             .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE, request_id.clone()])
             .expose_headers([request_id]),
     ))
@@ -254,6 +268,8 @@ impl HttpService {
             .route("/v1/chat/completions", post(openai::chat_completions))
             .route("/v1/completions", post(openai::completions))
             .route("/v1/embeddings", post(openai::embeddings))
+            // The Responses API (docs/responses.md).
+            .route("/v1/responses", post(responses::handlers::create))
             .route_layer(from_fn_with_state(self.inflight.clone(), layers::limit_inflight));
         let router = Router::new()
             .route("/v1/models", get(health::list_models))
@@ -261,6 +277,8 @@ impl HttpService {
             .route("/live", get(health::live))
             .route("/ready", get(health::ready))
             .route("/metrics", get(health::metrics))
+            .route("/v1/responses/{id}", get(responses::handlers::retrieve).delete(responses::handlers::delete))
+            .route("/v1/responses/{id}/cancel", post(responses::handlers::cancel))
             .merge(generation)
             .fallback(|| async { ApiError::new(axum::http::StatusCode::NOT_FOUND, "no such route", "not_found_error", None) })
             .layer(DefaultBodyLimit::max(self.body_limit))

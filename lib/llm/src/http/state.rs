@@ -8,6 +8,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::limits::HttpLimits;
 use super::metrics::HttpMetrics;
+use super::responses::background::BackgroundRuns;
+use super::responses::SharedResponseStore;
 use crate::model_manager::ModelManager;
 
 /// A check of what the service depends on besides its models (discovery, the planes):
@@ -30,4 +32,8 @@ pub(crate) struct AppState {
     pub limits: HttpLimits,
     /// The key clients must send as `Authorization: Bearer KEY`, when set.
     pub api_key: Option<String>,
+    /// Where `/v1/responses` keeps responses.
+    pub responses: SharedResponseStore,
+    /// The background responses this frontend generates.
+    pub background: BackgroundRuns,
 }

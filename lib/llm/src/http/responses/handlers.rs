@@ -1,0 +1,179 @@
+//! The routes of `/v1/responses`: create (whole, streamed as SSE, or in the
+//! background), retrieve, delete and cancel.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Extension, Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::sse::{Event, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures::{Stream, StreamExt};
+
+use super::convert;
+use super::events::StreamEvent;
+use super::generation::{Generation, Saver};
+use super::protocol::{CreateRequest, Deleted, ResponseObject};
+use super::store::{StoreError, StoreErrorKind, StoredResponse};
+use crate::engine::{EngineError, RequestContext};
+use crate::http::error::ApiError;
+use crate::http::guard::CancelOnDrop;
+use crate::http::layers::{EngineLogged, RequestId};
+use crate::http::request::{parse_json, read_body};
+use crate::http::state::AppState;
+use crate::model_manager::EngineKind;
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        match e.kind {
+            StoreErrorKind::Backend => ApiError::unavailable(e.to_string()),
+            StoreErrorKind::Corrupt => ApiError::internal(e.to_string()),
+        }
+    }
+}
+
+fn not_found(id: &str) -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, format!("no response with id '{id}'"), "invalid_request_error", None)
+}
+
+/// `POST /v1/responses`.
+pub(crate) async fn create(
+    State(state): State<Arc<AppState>>,
+    Extension(id): Extension<RequestId>,
+    body: Body,
+) -> Response {
+    let mut response = match create_inner(state, id, body).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    };
+    response.extensions_mut().insert(EngineLogged);
+    response
+}
+
+async fn create_inner(state: Arc<AppState>, request_id: RequestId, body: Body) -> Result<Response, ApiError> {
+    let bytes = read_body(body, state.body_limit, state.limits.body_timeout).await?;
+    let request: CreateRequest = parse_json(&bytes)?;
+    convert::check_supported(&request)?;
+    if request.background && request.stream {
+        return Err(ApiError::bad_field(
+            "'stream' together with 'background' is not supported yet: poll GET /v1/responses/{id}",
+            Some("stream".to_string()),
+        ));
+    }
+    let engine = state.manager.chat_engine(&request.model)?;
+    let mut conversation = match &request.previous_response_id {
+        Some(previous) => {
+            let stored = state.responses.get(previous).await?.ok_or_else(|| {
+                let mut e = not_found(previous);
+                e.body.error.param = Some("previous_response_id".to_string());
+                e
+            })?;
+            convert::conversation_after(&stored.input, &stored.response)
+        }
+        None => Vec::new(),
+    };
+    conversation.extend(convert::input_messages(&request.input)?);
+    let chat = convert::chat_request(&request, &conversation, state.limits.default_max_tokens);
+    chat.validate().map_err(ApiError::bad_request)?;
+
+    let id = format!("resp_{}", uuid::Uuid::new_v4().simple());
+    let response = convert::response_for(&request, &id);
+    let ctx = RequestContext::new(id.clone());
+    let guard = CancelOnDrop::new(ctx.clone());
+    let metrics = state.metrics.start(&request_id.0, &request.model, EngineKind::Chat, request.stream);
+    let saver = response.store.then(|| Saver { store: state.responses.clone(), input: conversation });
+    let shutdown = state.shutdown.clone();
+    let stream = tokio::select! {
+        s = engine.chat(chat, ctx) => s?,
+        _ = shutdown.cancelled() => return Err(ApiError::unavailable("the server is shutting down")),
+    };
+    let mut generation = Generation::new(response.clone(), stream, guard, metrics, shutdown, saver);
+    if request.background {
+        // Saved as queued first, so that a GET right after this answer finds it.
+        generation.save().await?;
+        state.background.start(generation);
+        return Ok(Json(response).into_response());
+    }
+    let mut generation = generation.prime().await?;
+    if request.stream {
+        return Ok(Sse::new(sse_events(generation)).into_response());
+    }
+    while generation.next().await.is_some() {}
+    if let Some(e) = generation.error() {
+        return Err(ApiError::from(e.clone()));
+    }
+    Ok(Json(generation.response().clone()).into_response())
+}
+
+fn sse_event(event: &StreamEvent) -> Event {
+    let data = serde_json::to_string(event).unwrap_or_else(|e| {
+        let error = EngineError::Internal(format!("cannot serialize an event: {e}"));
+        format!("{{\"type\":\"error\",\"message\":{:?},\"sequence_number\":{}}}", error.to_string(), event.sequence_number)
+    });
+    Event::default().event(event.name()).data(data)
+}
+
+/// The response's events as SSE; dropping the body (the client left) stops the engine.
+fn sse_events(generation: Generation) -> impl Stream<Item = Result<Event, Infallible>> + Send {
+    futures::stream::unfold(generation, |mut g| async move {
+        let events = g.next().await?;
+        Some((futures::stream::iter(events.iter().map(sse_event).map(Ok).collect::<Vec<_>>()), g))
+    })
+    .flatten()
+}
+
+/// Query of `GET /v1/responses/{id}`.
+#[derive(Debug, serde::Deserialize)]
+pub(crate) struct RetrieveQuery {
+    #[serde(default)]
+    stream: Option<bool>,
+}
+
+/// `GET /v1/responses/{id}`.
+pub(crate) async fn retrieve(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    Query(query): Query<RetrieveQuery>,
+) -> Result<Json<ResponseObject>, ApiError> {
+    if query.stream == Some(true) {
+        return Err(ApiError::bad_field(
+            "streaming a stored response (stream=true, starting_after) is not supported yet",
+            Some("stream".to_string()),
+        ));
+    }
+    let stored = state.responses.get(&id).await?.ok_or_else(|| not_found(&id))?;
+    Ok(Json(stored.response))
+}
+
+/// `DELETE /v1/responses/{id}`.
+pub(crate) async fn delete(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Json<Deleted>, ApiError> {
+    state.background.cancel(&id).await;
+    if !state.responses.delete(&id).await? {
+        return Err(not_found(&id));
+    }
+    Ok(Json(Deleted { id, object: "response.deleted", deleted: true }))
+}
+
+/// `POST /v1/responses/{id}/cancel`: only a background response can be cancelled; one
+/// that already ended is returned as it is.
+pub(crate) async fn cancel(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Json<ResponseObject>, ApiError> {
+    let stored = state.responses.get(&id).await?.ok_or_else(|| not_found(&id))?;
+    if !stored.response.background {
+        return Err(ApiError::bad_request(format!("response '{id}' is not a background response: only those can be cancelled")));
+    }
+    if stored.response.status.is_terminal() {
+        return Ok(Json(stored.response));
+    }
+    if !state.background.cancel(&id).await {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            format!("response '{id}' is generated by another frontend; cancel it there"),
+            "invalid_request_error",
+            None,
+        ));
+    }
+    let stored: StoredResponse = state.responses.get(&id).await?.ok_or_else(|| not_found(&id))?;
+    Ok(Json(stored.response))
+}
