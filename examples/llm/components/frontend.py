@@ -3,7 +3,9 @@ service) bound to the Processor's endpoint, run as a child process of this servi
 stopped with it.
 
 Configuration keys: ``port`` (default 8000), ``host`` (default 0.0.0.0), ``endpoint``
-(default ``{Processor's namespace}.Processor.chat/completions``), ``router-mode``.
+(default ``{Processor's namespace}.Processor.chat/completions``), ``router-mode``, and the
+``/v1/responses`` store: ``responses-store``, ``responses-ttl-s``, ``responses-max``
+(docs/responses.md).
 
     python -m components.frontend -f configs/agg.yaml   # alone (from examples/llm)
 """
@@ -54,6 +56,9 @@ class Frontend:
         ]
         if "router-mode" in config:
             self.argv += ["--router-mode", str(config["router-mode"])]
+        for key in ("responses-store", "responses-ttl-s", "responses-max"):
+            if key in config:
+                self.argv += [f"--{key}", str(config[key])]
         self.process: asyncio.subprocess.Process | None = None
         self.stopping = False
 

@@ -43,6 +43,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--resend-limit", type=int,
                         help="times a request no worker started is sent to another instance "
                              "(default DYN_RESEND_LIMIT, else 3)")
+    responses = parser.add_argument_group("/v1/responses (docs/responses.md)")
+    responses.add_argument("--responses-store", choices=("memory", "discovery"),
+                           help="keep responses in this process (default) or in discovery, shared by the frontends")
+    responses.add_argument("--responses-ttl-s", type=float, help="seconds a stored response is kept (default 3600)")
+    responses.add_argument("--responses-max", type=int, help="most responses kept in memory (default 10000)")
     kv = parser.add_argument_group("--router-mode kv (docs/kv-routing.md)")
     kv.add_argument("--kv-overlap-weight", type=float, help="weight of a KV block still to prefill (default 8)")
     kv.add_argument("--router-temperature", type=float, help="softmax temperature over the workers' cost (default 0)")
@@ -78,7 +83,8 @@ def dynamo_run_argv(args: argparse.Namespace) -> list[str]:
         argv += ["--migration-limit", str(args.migration_limit)]
     if args.resend_limit is not None:
         argv += ["--resend-limit", str(args.resend_limit)]
-    for flag in ("kv_overlap_weight", "router_temperature", "busy_threshold"):
+    for flag in ("kv_overlap_weight", "router_temperature", "busy_threshold",
+                 "responses_store", "responses_ttl_s", "responses_max"):
         if getattr(args, flag) is not None:
             argv += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     for flag in ("kv_events", "router_replica_sync"):
