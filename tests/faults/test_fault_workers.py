@@ -53,19 +53,22 @@ async def steady(fleet: Fleet, *frontend_args: str, workers: int = 3, worker_arg
     return load
 
 
-@pytest.mark.parametrize("migration", [0, 3], ids=["no-migration", "migration"])
-async def test_kill_one_of_three_workers(fleet: Fleet, migration: int, record) -> None:
-    load = await steady(fleet, "--migration-limit", str(migration))
+@pytest.mark.parametrize("migration", [0, 3, None], ids=["no-migration", "migration", "default"])
+async def test_kill_one_of_three_workers(fleet: Fleet, migration: int | None, record) -> None:
+    """The default (no flag) is migration with a limit of 3."""
+    flags = () if migration is None else ("--migration-limit", str(migration))
+    load = await steady(fleet, *flags)
     victim = fleet.workers[0]
     fault = time.monotonic()
     victim.kill()
     await asyncio.sleep(LEASE_TTL + 6)
     await load.stop()
-    record(summarize(f"kill -9 1 of 3 workers (migration limit {migration})", fleet.backend, load, fault))
+    limit = "default, 3" if migration is None else migration
+    record(summarize(f"kill -9 1 of 3 workers (migration limit {limit})", fleet.backend, load, fault))
 
     assert_clean(load.outcomes, "kill -9")
     failed = [o for o in load.outcomes if o.kind == "error"]
-    if migration:
+    if migration != 0:
         assert not failed, f"with migration every stream completes: {[o.detail for o in failed[:5]]}"
         assert migrations(fleet) >= 1, "the streams on the killed worker were continued elsewhere"
     else:

@@ -76,6 +76,20 @@ pub struct Flags {
     #[arg(long, value_name = "KEY")]
     pub api_key: Option<String>,
 
+    /// Seconds a resumable stream (`X-Dynamo-Resumable: true`) goes on generating after
+    /// its last reader disconnected, before it is cancelled.
+    #[arg(long, value_name = "SECONDS", default_value_t = dynamo_llm::http::streams::DEFAULT_GRACE.as_secs_f64(), value_parser = positive_seconds)]
+    pub stream_grace_s: f64,
+
+    /// Seconds a finished resumable stream stays replayable.
+    #[arg(long, value_name = "SECONDS", default_value_t = dynamo_llm::http::streams::DEFAULT_RETENTION.as_secs_f64(), value_parser = positive_seconds)]
+    pub stream_retention_s: f64,
+
+    /// Bytes of events one resumable stream's replay buffer keeps (the oldest are
+    /// dropped beyond; resuming before them is a 410).
+    #[arg(long, value_name = "BYTES", default_value_t = dynamo_llm::http::streams::DEFAULT_BUFFER_BYTES, value_parser = positive_usize)]
+    pub stream_buffer_bytes: usize,
+
     /// Answer CORS requests from this origin (repeatable; `*` for any).
     #[arg(long = "cors-origin", value_name = "ORIGIN")]
     pub cors_origins: Vec<String>,
@@ -144,7 +158,7 @@ pub struct Flags {
     /// Times a stream broken mid-way (its worker died, stalled or was cut off) is
     /// continued on another worker with the prompt plus the tokens generated so far.
     /// With `in=dyn://…` it is registered with the model; with `out=dyn` it is the
-    /// default for models that register none (default 0: no migration).
+    /// default for models that register none (default 3; 0 turns migration off).
     #[arg(long, value_name = "N")]
     pub migration_limit: Option<u32>,
 
@@ -349,6 +363,8 @@ pub struct RunConfig {
     pub cors_origins: Vec<String>,
     /// `--responses-store`, `--responses-ttl-s`, `--responses-max`.
     pub responses: ResponsesConfig,
+    /// `--stream-grace-s`, `--stream-retention-s`, `--stream-buffer-bytes`.
+    pub streams: dynamo_llm::http::streams::StreamsConfig,
     pub router_mode: RouterMode,
     /// `out=dyn://ns.comp.ep`: serve only the models registered on this endpoint.
     pub dyn_endpoint: Option<EndpointId>,
@@ -550,6 +566,11 @@ impl Flags {
             api_key: self.api_key,
             cors_origins: self.cors_origins,
             responses,
+            streams: dynamo_llm::http::streams::StreamsConfig {
+                buffer_bytes: self.stream_buffer_bytes,
+                grace: std::time::Duration::from_secs_f64(self.stream_grace_s),
+                retention: std::time::Duration::from_secs_f64(self.stream_retention_s),
+            },
             router_mode,
             dyn_endpoint,
             namespace: self.namespace,
@@ -593,6 +614,9 @@ mod tests {
         assert_eq!(c.http_port, 8080);
         assert_eq!(c.http_host, "0.0.0.0");
         assert_eq!(c.http_limits, dynamo_llm::http::HttpLimits::default());
+        assert_eq!(c.streams, dynamo_llm::http::streams::StreamsConfig::default());
+        let c = config(&["in=http", "--stream-grace-s", "2.5", "--stream-buffer-bytes", "1024"]).unwrap();
+        assert_eq!((c.streams.grace, c.streams.buffer_bytes), (std::time::Duration::from_millis(2500), 1024));
         let c = config(&["in=http", "--http-max-inflight", "3", "--http-header-timeout", "0.5", "--cors-origin", "a", "--cors-origin", "b"]).unwrap();
         assert_eq!(c.http_limits.max_inflight, 3);
         assert_eq!(c.http_limits.header_timeout, std::time::Duration::from_millis(500));

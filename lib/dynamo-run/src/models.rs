@@ -40,7 +40,7 @@ impl Models {
         let source = if config.output == Output::Dyn {
             let runtime = DistributedRuntime::from_env().await?;
             let mut watcher = ModelWatcher::new(runtime.clone(), manager.clone(), config.router_mode, Pipeline::factory())
-                .with_migration_limit(config.migration_limit.unwrap_or(0))
+                .with_migration_limit(config.migration_limit.unwrap_or(dynamo_llm::remote::DEFAULT_MIGRATION_LIMIT))
                 .with_resend_limit(config.resend_limit.unwrap_or(dynamo_llm::remote::DEFAULT_RESEND_LIMIT))
                 .with_kv_config(config.kv_router);
             if let Some(endpoint) = &config.dyn_endpoint {

@@ -39,7 +39,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         help="how a request picks a worker instance (default round-robin)")
     parser.add_argument("--namespace", help="serve only the models registered in this namespace")
     parser.add_argument("--endpoint", help="serve only the models registered on this namespace.component.endpoint")
-    parser.add_argument("--migration-limit", type=int, help="times a broken stream is continued on another worker")
+    parser.add_argument("--migration-limit", type=int, help="times a broken stream is continued on another worker "
+                             "(default 3 unless the worker registers its own; 0: off)")
     parser.add_argument("--resend-limit", type=int,
                         help="times a request no worker started is sent to another instance "
                              "(default DYN_RESEND_LIMIT, else 3)")
@@ -48,6 +49,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                            help="keep responses in this process (default) or in discovery, shared by the frontends")
     responses.add_argument("--responses-ttl-s", type=float, help="seconds a stored response is kept (default 3600)")
     responses.add_argument("--responses-max", type=int, help="most responses kept in memory (default 10000)")
+    streams = parser.add_argument_group("resumable streams (X-Dynamo-Resumable: true; docs/reliability.md)")
+    streams.add_argument("--stream-grace-s", type=float,
+                         help="seconds a stream goes on after its last reader left (default 60)")
+    streams.add_argument("--stream-retention-s", type=float,
+                         help="seconds a finished stream stays replayable (default 30)")
+    streams.add_argument("--stream-buffer-bytes", type=int,
+                         help="bytes of events one stream's replay buffer keeps (default 65536)")
     kv = parser.add_argument_group("--router-mode kv (docs/kv-routing.md)")
     kv.add_argument("--kv-overlap-weight", type=float, help="weight of a KV block still to prefill (default 8)")
     kv.add_argument("--router-temperature", type=float, help="softmax temperature over the workers' cost (default 0)")
@@ -83,8 +91,8 @@ def dynamo_run_argv(args: argparse.Namespace) -> list[str]:
         argv += ["--migration-limit", str(args.migration_limit)]
     if args.resend_limit is not None:
         argv += ["--resend-limit", str(args.resend_limit)]
-    for flag in ("kv_overlap_weight", "router_temperature", "busy_threshold",
-                 "responses_store", "responses_ttl_s", "responses_max"):
+    for flag in ("kv_overlap_weight", "router_temperature", "busy_threshold", "stream_grace_s", "stream_retention_s",
+                 "stream_buffer_bytes", "responses_store", "responses_ttl_s", "responses_max"):
         if getattr(args, flag) is not None:
             argv += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     for flag in ("kv_events", "router_replica_sync"):

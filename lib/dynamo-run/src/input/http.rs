@@ -29,7 +29,8 @@ async fn serve(config: &RunConfig, models: &Models, cancel: CancellationToken) -
         .port(config.http_port)
         .manager(models.manager.clone())
         .limits(config.http_limits.clone())
-        .cors_origins(config.cors_origins.clone());
+        .cors_origins(config.cors_origins.clone())
+        .streams(config.streams.clone());
     let responses = &config.responses;
     let store = match models.runtime() {
         Some(runtime) if responses.in_discovery => {
@@ -43,6 +44,13 @@ async fn serve(config: &RunConfig, models: &Models, cancel: CancellationToken) -
     }
     if let Some(runtime) = models.runtime() {
         // Discovery, the planes, and the runtime itself: /health is 503 when any is down.
+        // Resumable streams are announced in discovery, so any frontend can resume them;
+        // other frontends reach this one at the runtime's advertised host.
+        let directory = dynamo_llm::http::streams::DiscoveryDirectory::new(runtime.planes().discovery().clone());
+        builder = builder.stream_directory(Arc::new(directory));
+        if matches!(config.http_host.as_str(), "0.0.0.0" | "::") {
+            builder = builder.advertise_host(runtime.planes().config().resolved_tcp_host());
+        }
         let runtime = runtime.clone();
         builder = builder.health_check(Arc::new(move || runtime.health()));
     }

@@ -14,7 +14,7 @@ use dynamo_runtime::discovery::{KeyValue, WatchEvent};
 use dynamo_runtime::{Client, DistributedRuntime, EndpointId};
 
 use crate::discovery::{fetch_card, ModelDiscoveryError, ModelEntry, MODELS_PREFIX};
-use crate::remote::{MigrationPolicy, RemoteOpenAIEngine, RemoteTokenEngine, DEFAULT_RESEND_LIMIT};
+use crate::remote::{MigrationPolicy, RemoteOpenAIEngine, RemoteTokenEngine, DEFAULT_MIGRATION_LIMIT, DEFAULT_RESEND_LIMIT};
 use crate::routing::RouterMode;
 use crate::engine::{EngineFactory, OpenAIEngine, TokenEngine};
 use crate::kv_router::{KvRouter, KvRouterConfig};
@@ -78,7 +78,7 @@ impl ModelWatcher {
             router_mode,
             factory,
             card_timeout: DEFAULT_CARD_TIMEOUT,
-            migration_limit: 0,
+            migration_limit: DEFAULT_MIGRATION_LIMIT,
             resend_limit: DEFAULT_RESEND_LIMIT,
             endpoint: None,
             namespace: None,
@@ -95,7 +95,7 @@ impl ModelWatcher {
     }
 
     /// Times a broken stream of a `backend` model is continued on another worker when
-    /// the model's entry does not say (default 0).
+    /// the model's entry does not say (default [`DEFAULT_MIGRATION_LIMIT`], 3; 0: never).
     pub fn with_migration_limit(mut self, limit: u32) -> Self {
         self.migration_limit = limit;
         self

@@ -16,6 +16,7 @@ pub mod responses;
 mod service;
 mod sse;
 mod state;
+pub mod streams;
 
 pub use error::ApiError;
 pub use layers::REQUEST_ID;

@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::{Extension, State};
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures::StreamExt;
@@ -20,7 +21,7 @@ use super::guard::CancelOnDrop;
 use super::layers::{EngineLogged, RequestId};
 use super::request::{parse_json, read_body};
 use super::state::AppState;
-use super::sse::{sse_response, ChunkMeta, SseOptions, StreamChunk};
+use super::sse::{sse_bodies, sse_response, ChunkMeta, SseOptions, StreamChunk};
 use crate::aggregate::{ChatAggregator, CompletionAggregator};
 use crate::engine::{EngineError, OpenAIStream, RequestContext, StreamItem};
 use crate::model_manager::EngineKind;
@@ -62,6 +63,8 @@ struct Plan {
     route: EngineKind,
     streaming: bool,
     include_usage: bool,
+    /// Detach the stream into the registry (`X-Dynamo-Resumable: true`).
+    resumable: bool,
     ctx: RequestContext,
 }
 
@@ -102,6 +105,7 @@ fn include_usage(options: &Option<StreamOptions>) -> bool {
 pub(crate) async fn chat_completions(
     State(state): State<Arc<AppState>>,
     Extension(id): Extension<RequestId>,
+    headers: HeaderMap,
     body: Body,
 ) -> Response {
     let mut request: ChatCompletionRequest = match read_request(&state, body).await {
@@ -118,7 +122,8 @@ pub(crate) async fn chat_completions(
         Ok(e) => e,
         Err(e) => return ApiError::from(e).into_response(),
     };
-    let plan = Plan::new(id, &request.model, EngineKind::Chat, request.stream, include_usage(&request.stream_options));
+    let plan = Plan::new(id, &request.model, EngineKind::Chat, request.stream, include_usage(&request.stream_options))
+        .resumable(&headers);
     let fold = ChatAggregator::new(&format!("chatcmpl-{}", plan.ctx.id()), &plan.model);
     let n = request.sampling.n.unwrap_or(1);
     if n == 1 {
@@ -143,6 +148,7 @@ pub(crate) async fn chat_completions(
 pub(crate) async fn completions(
     State(state): State<Arc<AppState>>,
     Extension(id): Extension<RequestId>,
+    headers: HeaderMap,
     body: Body,
 ) -> Response {
     let mut request: CompletionRequest = match read_request(&state, body).await {
@@ -160,7 +166,8 @@ pub(crate) async fn completions(
         Err(e) => return ApiError::from(e).into_response(),
     };
     let plan =
-        Plan::new(id, &request.model, EngineKind::Completions, request.stream, include_usage(&request.stream_options));
+        Plan::new(id, &request.model, EngineKind::Completions, request.stream, include_usage(&request.stream_options))
+            .resumable(&headers);
     let fold = CompletionAggregator::new(&format!("cmpl-{}", plan.ctx.id()), &plan.model);
     let n = request.sampling.n.unwrap_or(1);
     if n == 1 {
@@ -201,7 +208,13 @@ pub(crate) async fn embeddings(State(state): State<Arc<AppState>>, body: Body) -
 impl Plan {
     fn new(id: RequestId, model: &str, route: EngineKind, streaming: bool, include_usage: bool) -> Self {
         let ctx = RequestContext::new(uuid::Uuid::new_v4().to_string());
-        Plan { request_id: id.0, model: model.to_string(), route, streaming, include_usage, ctx }
+        Plan { request_id: id.0, model: model.to_string(), route, streaming, include_usage, resumable: false, ctx }
+    }
+
+    /// Mark a streamed request resumable when its headers ask for it.
+    fn resumable(mut self, headers: &HeaderMap) -> Self {
+        self.resumable = self.streaming && super::streams::wants_resume(headers);
+        self
     }
 }
 
@@ -256,6 +269,10 @@ where
         }
         let fallback_meta = ChunkMeta::fallback(plan.ctx.id(), &plan.model);
         let options = SseOptions { include_usage: plan.include_usage, fallback_meta, shutdown };
+        if plan.resumable {
+            let events = sse_bodies(first, stream, guard, metrics, options);
+            return super::streams::detach(&state, &plan.request_id, events);
+        }
         return sse_response(first, stream, guard, metrics, options);
     }
     loop {

@@ -22,7 +22,8 @@ use super::limits::HttpLimits;
 use super::metrics::HttpMetrics;
 use super::state::{AppState, HealthCheck};
 use super::responses::{self, SharedResponseStore};
-use super::{connections, health, layers, openai};
+use super::streams::{StreamDirectory, StreamRegistry, StreamsConfig};
+use super::{connections, health, layers, openai, streams};
 use crate::model_manager::ModelManager;
 
 /// Default largest request body: 32 MiB.
@@ -70,6 +71,9 @@ pub struct HttpServiceBuilder {
     api_key: Option<String>,
     cors_origins: Vec<String>,
     responses: Option<SharedResponseStore>,
+    streams: StreamsConfig,
+    stream_directory: Option<Arc<dyn StreamDirectory>>,
+    advertise_host: Option<String>,
 }
 
 impl std::fmt::Debug for HttpServiceBuilder {
@@ -83,6 +87,8 @@ impl std::fmt::Debug for HttpServiceBuilder {
             .field("limits", &self.limits)
             .field("api_key", &self.api_key.is_some())
             .field("cors_origins", &self.cors_origins)
+            .field("streams", &self.streams)
+            .field("stream_directory", &self.stream_directory.is_some())
             .finish()
     }
 }
@@ -100,6 +106,9 @@ impl Default for HttpServiceBuilder {
             api_key: None,
             cors_origins: Vec::new(),
             responses: None,
+            streams: StreamsConfig::default(),
+            stream_directory: None,
+            advertise_host: None,
         }
     }
 }
@@ -169,16 +178,42 @@ impl HttpServiceBuilder {
         self
     }
 
+    /// Bounds of resumable streams: buffer bytes, grace period, retention.
+    pub fn streams(mut self, config: StreamsConfig) -> Self {
+        self.streams = config;
+        self
+    }
+
+    /// Announce resumable streams in `directory`, and forward resumes of streams other
+    /// frontends own to them (see [`StreamDirectory`]).
+    pub fn stream_directory(mut self, directory: Arc<dyn StreamDirectory>) -> Self {
+        self.stream_directory = Some(directory);
+        self
+    }
+
+    /// The host other frontends reach this one at (default: the listening host, or
+    /// 127.0.0.1 when that is unspecified, `0.0.0.0` or `::`).
+    pub fn advertise_host(mut self, host: impl Into<String>) -> Self {
+        self.advertise_host = Some(host.into());
+        self
+    }
+
     /// Build the service; fails on a CORS origin that is not a valid header value.
     pub fn build(self) -> Result<HttpService, HttpError> {
         let cors = cors_layer(&self.cors_origins)?;
         let manager = self.manager.unwrap_or_default();
         let metrics = Arc::new(HttpMetrics::new()?);
         metrics.registry().register(Box::new(manager.migrations().clone()))?;
+        let shutdown = CancellationToken::new();
+        let streams = StreamRegistry::with_directory(self.streams, &shutdown, self.stream_directory);
+        let advertise_host = self.advertise_host.unwrap_or_else(|| match self.host.as_str() {
+            "0.0.0.0" | "::" | "[::]" => "127.0.0.1".to_string(),
+            host => host.to_string(),
+        });
         let state = Arc::new(AppState {
             manager,
             metrics,
-            shutdown: CancellationToken::new(),
+            shutdown,
             draining: CancellationToken::new(),
             body_limit: self.body_limit,
             health_check: self.health_check,
@@ -188,6 +223,7 @@ impl HttpServiceBuilder {
                 responses::memory_store(responses::DEFAULT_RESPONSES_MAX, responses::DEFAULT_RESPONSES_TTL)
             }),
             background: Default::default(),
+            streams,
         });
         let inflight = Arc::new(Semaphore::new(self.limits.max_inflight));
         Ok(HttpService {
@@ -195,6 +231,7 @@ impl HttpServiceBuilder {
             port: self.port,
             body_limit: self.body_limit,
             drain_timeout: self.drain_timeout,
+            advertise_host,
             state,
             inflight,
             cors,
@@ -221,7 +258,13 @@ fn cors_layer(origins: &[String]) -> Result<Option<CorsLayer>, HttpError> {
         CorsLayer::new()
             .allow_origin(allow)
             .allow_methods([Method::GET, Method::POST, Method::DELETE, Method::OPTIONS])
-            .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE, request_id.clone()])
+            .allow_headers([
+                header::AUTHORIZATION,
+                header::CONTENT_TYPE,
+                request_id.clone(),
+                streams::RESUMABLE_HEADER,
+                HeaderName::from_static("last-event-id"),
+            ])
             .expose_headers([request_id]),
     ))
 }
@@ -232,6 +275,7 @@ pub struct HttpService {
     port: u16,
     body_limit: usize,
     drain_timeout: Duration,
+    advertise_host: String,
     state: Arc<AppState>,
     /// Slots of generation requests in flight.
     inflight: Arc<Semaphore>,
@@ -279,6 +323,8 @@ impl HttpService {
             .route("/metrics", get(health::metrics))
             .route("/v1/responses/{id}", get(responses::handlers::retrieve).delete(responses::handlers::delete))
             .route("/v1/responses/{id}/cancel", post(responses::handlers::cancel))
+            .route("/v1/streams/{request_id}", get(streams::resume_stream).delete(streams::cancel_stream))
+            .route("/v1/streams/{request_id}/cancel", post(streams::cancel_stream))
             .merge(generation)
             .fallback(|| async { ApiError::new(axum::http::StatusCode::NOT_FOUND, "no such route", "not_found_error", None) })
             .layer(DefaultBodyLimit::max(self.body_limit))
@@ -298,6 +344,7 @@ impl HttpService {
             .await
             .map_err(|source| HttpError::Bind { address: address.clone(), source })?;
         let local_addr = listener.local_addr().map_err(|source| HttpError::Bind { address, source })?;
+        self.state.streams.set_address(format!("{}:{}", self.advertise_host, local_addr.port()));
         Ok(BoundHttpService {
             listener,
             local_addr,
@@ -307,7 +354,13 @@ impl HttpService {
             draining: self.state.draining.clone(),
             limits: self.state.limits.clone(),
             api_key: self.state.api_key.is_some(),
+            streams: self.state.streams.clone(),
         })
+    }
+
+    /// The resumable streams this service owns.
+    pub fn streams(&self) -> &StreamRegistry {
+        &self.state.streams
     }
 
     /// Bind and serve until `cancel` fires, then shut down gracefully.
@@ -334,6 +387,7 @@ pub struct BoundHttpService {
     draining: CancellationToken,
     limits: HttpLimits,
     api_key: bool,
+    streams: StreamRegistry,
 }
 
 impl std::fmt::Debug for BoundHttpService {
@@ -352,6 +406,16 @@ impl BoundHttpService {
     /// in-flight responses finish within the drain bound, end the rest with an error,
     /// and return.
     pub async fn serve(self, cancel: CancellationToken) -> Result<(), HttpError> {
+        let streams = self.streams.clone();
+        let result = self.serve_connections(cancel).await;
+        // Detached streams outlive their connections; the server's end is theirs.
+        if tokio::time::timeout(FORCE_STOP_BOUND, streams.shutdown()).await.is_err() {
+            tracing::warn!("some resumable streams outlived the shutdown bound");
+        }
+        result
+    }
+
+    async fn serve_connections(self, cancel: CancellationToken) -> Result<(), HttpError> {
         let limits = &self.limits;
         tracing::info!(
             address = %self.local_addr,

@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use super::error::ApiError;
 use super::guard::CancelOnDrop;
 use super::metrics::RequestMetrics;
+use super::streams::EventBody;
 use crate::engine::{EngineError, OpenAIStream, StreamItem};
 use crate::protocols::openai::{ChatCompletionChunk, CompletionResponse, Usage};
 use crate::protocols::unix_now;
@@ -128,6 +129,20 @@ pub(crate) fn sse_response<C: StreamChunk>(
     metrics: RequestMetrics,
     options: SseOptions,
 ) -> Response {
+    let events = sse_bodies(first, stream, guard, metrics, options)
+        .map(|body| Ok::<_, Infallible>(Event::default().data(body.data)));
+    Sse::new(events).into_response()
+}
+
+/// The events of a streamed response, serialized, for a resumable stream to buffer
+/// (or [`sse_response`] to send). Dropping it before its end stops the engine.
+pub(crate) fn sse_bodies<C: StreamChunk>(
+    first: Option<Result<StreamItem<C>, EngineError>>,
+    stream: OpenAIStream<C>,
+    guard: CancelOnDrop,
+    metrics: RequestMetrics,
+    options: SseOptions,
+) -> impl Stream<Item = EventBody> + Send {
     let state = SseState {
         first: Some(first),
         stream,
@@ -141,23 +156,19 @@ pub(crate) fn sse_response<C: StreamChunk>(
         shutdown: options.shutdown,
         phase: Phase::Streaming,
     };
-    Sse::new(events(state)).into_response()
-}
-
-fn events<C: StreamChunk>(state: SseState<C>) -> impl Stream<Item = Result<Event, Infallible>> + Send {
     futures::stream::unfold(state, |mut st| async move {
         let event = st.next_event().await?;
-        Some((Ok(event), st))
+        Some((event, st))
     })
 }
 
-fn error_event(e: EngineError) -> Event {
+fn error_event(e: EngineError) -> EventBody {
     let body = ApiError::from(e).body;
-    Event::default().data(serde_json::to_string(&body).unwrap_or_else(|_| "{\"error\":{}}".to_string()))
+    EventBody::data(serde_json::to_string(&body).unwrap_or_else(|_| "{\"error\":{}}".to_string()))
 }
 
 impl<C: StreamChunk> SseState<C> {
-    async fn next_event(&mut self) -> Option<Event> {
+    async fn next_event(&mut self) -> Option<EventBody> {
         match self.phase {
             Phase::Done => None,
             Phase::Closing => Some(self.done_event()),
@@ -188,14 +199,14 @@ impl<C: StreamChunk> SseState<C> {
     }
 
     /// `[DONE]`: the response completed.
-    fn done_event(&mut self) -> Event {
+    fn done_event(&mut self) -> EventBody {
         self.phase = Phase::Done;
         self.metrics.succeeded();
         self.guard.completed();
-        Event::default().data("[DONE]")
+        EventBody::data("[DONE]")
     }
 
-    fn chunk_event(&mut self, item: StreamItem<C>) -> Event {
+    fn chunk_event(&mut self, item: StreamItem<C>) -> EventBody {
         self.metrics.item(item.prompt_tokens, item.completion_tokens);
         if let Some(p) = item.prompt_tokens {
             self.prompt_tokens = p;
@@ -208,9 +219,9 @@ impl<C: StreamChunk> SseState<C> {
         self.serialize(&item.data)
     }
 
-    fn serialize(&mut self, chunk: &C) -> Event {
+    fn serialize(&mut self, chunk: &C) -> EventBody {
         match serde_json::to_string(chunk) {
-            Ok(json) => Event::default().data(json),
+            Ok(json) => EventBody::data(json),
             Err(e) => {
                 self.phase = Phase::Done;
                 error_event(EngineError::Internal(format!("cannot serialize a chunk: {e}")))

@@ -10,6 +10,7 @@ use super::limits::HttpLimits;
 use super::metrics::HttpMetrics;
 use super::responses::background::BackgroundRuns;
 use super::responses::SharedResponseStore;
+use super::streams::StreamRegistry;
 use crate::model_manager::ModelManager;
 
 /// A check of what the service depends on besides its models (discovery, the planes):
@@ -36,4 +37,6 @@ pub(crate) struct AppState {
     pub responses: SharedResponseStore,
     /// The background responses this frontend generates.
     pub background: BackgroundRuns,
+    /// The resumable streams this frontend owns.
+    pub streams: StreamRegistry,
 }

@@ -41,6 +41,9 @@ use super::wire::decode_error;
 
 /// Resends of a request no worker started, by default.
 pub const DEFAULT_RESEND_LIMIT: u32 = 3;
+/// Default continuations of a stream lost mid-way at a frontend, for models whose
+/// worker registers no limit of its own (`--migration-limit`; 0 turns migration off).
+pub const DEFAULT_MIGRATION_LIMIT: u32 = 3;
 
 /// The environment variable that sets [`MigrationPolicy::resend_limit`] (a frontend's
 /// `--resend-limit` wins).

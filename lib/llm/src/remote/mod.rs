@@ -15,5 +15,5 @@ mod serve;
 pub mod wire;
 
 pub use engine::{RemoteOpenAIEngine, RemoteTokenEngine};
-pub use migration::{resend_limit_from_env, BadResendLimit, MigrationPolicy, DEFAULT_RESEND_LIMIT, RESEND_LIMIT_ENV};
+pub use migration::{resend_limit_from_env, BadResendLimit, MigrationPolicy, DEFAULT_MIGRATION_LIMIT, DEFAULT_RESEND_LIMIT, RESEND_LIMIT_ENV};
 pub use serve::{openai_engine_handler, serve_openai_engine, serve_token_engine, token_engine_handler};

@@ -26,8 +26,6 @@ pub(crate) struct Sequence {
     /// The engine's id of the request.
     pub(crate) id: u64,
     tokens: Vec<u32>,
-    /// Prompt tokens (generated tokens are drawn from them, so they exist in the model's vocabulary).
-    prompt_len: usize,
     block_size: usize,
     hashes: Vec<BlockHash>,
     /// Blocks held, in token order.
@@ -39,7 +37,7 @@ pub(crate) struct Sequence {
     pub(crate) cached_tokens: Option<u32>,
     generated: usize,
     max_tokens: usize,
-    rng_state: u64,
+    seed: u64,
     /// Receives the generated tokens.
     pub(crate) output: OutputSender,
 }
@@ -50,7 +48,6 @@ impl Sequence {
         let mut seq = Sequence {
             id,
             tokens: Vec::with_capacity(prompt.len() + max_tokens),
-            prompt_len: prompt.len(),
             block_size,
             hashes: Vec::new(),
             held: Vec::new(),
@@ -58,7 +55,7 @@ impl Sequence {
             cached_tokens: None,
             generated: 0,
             max_tokens,
-            rng_state: seed,
+            seed,
             output,
         };
         for t in prompt {
@@ -97,10 +94,15 @@ impl Sequence {
         tokens.div_ceil(self.block_size)
     }
 
-    /// Sample and append the next token: one of the prompt's tokens, picked pseudo-randomly
-    /// (deterministic from the seed). The prompt is never empty (the engine refuses that).
+    /// Sample and append the next token: one of the tokens so far, picked by a hash of
+    /// the seed and the position. The choice depends only on (seed, tokens so far,
+    /// position), so a migrated continuation (the prompt plus the tokens generated so far,
+    /// same seed) goes on exactly as the lost stream would have. The prompt is never
+    /// empty (the engine refuses that).
     pub(crate) fn sample(&mut self) -> u32 {
-        let pick = (splitmix64(&mut self.rng_state) % self.prompt_len.max(1) as u64) as usize;
+        let position = self.tokens.len() as u64;
+        let mut state = self.seed ^ position.wrapping_mul(0xD6E8_FEB8_6659_FD93);
+        let pick = (splitmix64(&mut state) % position.max(1)) as usize;
         let token = self.tokens.get(pick).copied().unwrap_or(0);
         self.push(token);
         self.generated += 1;
@@ -140,7 +142,7 @@ mod tests {
         let mut s = seq((0..6).collect(), 7);
         assert_eq!(s.hashes().len(), 1, "the partial block has no hash");
         let a = s.sample();
-        assert!((0..6).contains(&a), "generated tokens come from the prompt");
+        assert!((0..6).contains(&a), "the first generated token comes from the prompt");
         assert_eq!(s.hashes().len(), 1);
         let b = s.sample();
         assert_eq!(s.hashes().len(), 2, "the block filled during decode is hashed");
@@ -158,5 +160,15 @@ mod tests {
         let tc: Vec<u32> = (0..8).map(|_| c.sample()).collect();
         assert_eq!(ta, tb);
         assert_ne!(ta, tc);
+    }
+
+    #[test]
+    fn a_continuation_goes_on_as_the_lost_stream_would_have() {
+        let prompt: Vec<u32> = (0..20).collect();
+        let mut whole = seq(prompt.clone(), 11);
+        let all: Vec<u32> = (0..10).map(|_| whole.sample()).collect();
+        let mut resumed = seq([prompt, all[..4].to_vec()].concat(), 11);
+        let rest: Vec<u32> = (0..6).map(|_| resumed.sample()).collect();
+        assert_eq!(rest, all[4..]);
     }
 }
