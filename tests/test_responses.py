@@ -231,6 +231,22 @@ def test_background_runs_without_a_client_and_cancels(frontend: Frontend) -> Non
     assert len(cancelled.output_text) < 6100
 
 
+def test_background_stream_and_replay_after_a_sequence_number(frontend: Frontend) -> None:
+    c = client(frontend)
+    stream = c.responses.create(model=MODEL, input="replayed", background=True, stream=True)
+    events = list(stream)
+    assert [e.type for e in events[:2]] == ["response.created", "response.queued"]
+    assert events[-1].type == "response.completed"
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    response_id = events[0].response.id
+    # A reader that saw the first 5 events resumes after sequence number 4.
+    replayed = list(c.responses.retrieve(response_id, stream=True, starting_after=4))
+    assert [e.model_dump() for e in replayed] == [e.model_dump() for e in events[5:]]
+    assert c.responses.retrieve(response_id).output_text == prompt(("user", "replayed"))
+    with pytest.raises(openai.NotFoundError):
+        list(c.responses.retrieve(c.responses.create(model=MODEL, input="x").id, stream=True))
+
+
 # --------------------------------------------------------------------------- bad input
 
 

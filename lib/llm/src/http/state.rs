@@ -8,7 +8,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::limits::HttpLimits;
 use super::metrics::HttpMetrics;
-use super::responses::background::BackgroundRuns;
+use super::responses::background::BackgroundCancels;
 use super::responses::SharedResponseStore;
 use super::streams::StreamRegistry;
 use crate::model_manager::ModelManager;
@@ -36,7 +36,7 @@ pub(crate) struct AppState {
     /// Where `/v1/responses` keeps responses.
     pub responses: SharedResponseStore,
     /// The background responses this frontend generates.
-    pub background: BackgroundRuns,
+    pub background: BackgroundCancels,
     /// The resumable streams this frontend owns.
     pub streams: StreamRegistry,
 }

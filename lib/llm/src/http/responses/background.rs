@@ -1,94 +1,120 @@
-//! Background responses (`background: true`): each generates on a task owned by
-//! [`BackgroundRuns`], without a client, saving its progress to the store as it goes
-//! (at most every [`SAVE_EVERY`]), until it ends or is cancelled.
+//! Background responses (`background: true`): the response's events are a producer
+//! detached into the resumable-stream registry (`http/streams`), so that a client can
+//! read them (`stream: true`, or later `GET /v1/responses/{id}?stream=true&starting_after=N`)
+//! while nobody needs to; a holder on the registry's tracker reads them to the end, so
+//! the stream's grace period never stops a response that has no client. The producer
+//! saves the response's progress to the store as it goes (at most every
+//! [`SAVE_EVERY`]) and ends it as `cancelled` when [`BackgroundCancels::cancel`] asks.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::{Stream, StreamExt};
 use parking_lot::Mutex;
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use super::events::StreamEvent;
 use super::generation::Generation;
+use crate::http::streams::{EventBody, Subscription};
 
 /// How often a background response's progress is written to the store.
 pub(crate) const SAVE_EVERY: Duration = Duration::from_millis(200);
-/// Bound on waiting for a cancelled response to stop and be saved.
-pub(crate) const CANCEL_BOUND: Duration = Duration::from_secs(5);
 
-struct Run {
-    cancel: CancellationToken,
-    task: JoinHandle<()>,
-}
-
-/// The background responses this frontend generates. Dropping it aborts them.
+/// The cancel tokens of the background responses this frontend generates.
 #[derive(Default)]
-pub(crate) struct BackgroundRuns {
-    runs: Arc<Mutex<HashMap<String, Run>>>,
+pub(crate) struct BackgroundCancels {
+    tokens: Arc<Mutex<HashMap<String, CancellationToken>>>,
 }
 
-impl BackgroundRuns {
-    /// Generate `generation` on a task of its own.
-    pub(crate) fn start(&self, generation: Generation) {
-        let id = generation.response().id.clone();
-        let cancel = CancellationToken::new();
-        let runs = self.runs.clone();
-        // The entry is inserted under the lock before the task can remove it.
-        let mut guard = self.runs.lock();
-        let task = tokio::spawn({
-            let cancel = cancel.clone();
-            let id = id.clone();
-            async move {
-                drive(generation, cancel).await;
-                runs.lock().remove(&id);
-            }
-        });
-        guard.insert(id, Run { cancel, task });
-    }
-
-    /// Cancel response `id` if this frontend generates it, and wait (bounded) until it
-    /// is saved as cancelled; whether it was generating here.
-    pub(crate) async fn cancel(&self, id: &str) -> bool {
-        let Some(run) = self.runs.lock().remove(id) else { return false };
-        run.cancel.cancel();
-        let abort = run.task.abort_handle();
-        if tokio::time::timeout(CANCEL_BOUND, run.task).await.is_err() {
-            tracing::warn!(response = id, "a cancelled background response did not stop in time");
-            abort.abort();
-        }
-        true
-    }
+/// Forgets a response's cancel token when its producer ends or is dropped.
+pub(crate) struct Registration {
+    id: String,
+    tokens: Arc<Mutex<HashMap<String, CancellationToken>>>,
 }
 
-impl Drop for BackgroundRuns {
+impl Drop for Registration {
     fn drop(&mut self) {
-        for (_, run) in self.runs.lock().drain() {
-            run.task.abort();
+        self.tokens.lock().remove(&self.id);
+    }
+}
+
+impl BackgroundCancels {
+    /// A cancel token for response `id`, held until the registration is dropped.
+    pub(crate) fn register(&self, id: &str) -> (CancellationToken, Registration) {
+        let token = CancellationToken::new();
+        self.tokens.lock().insert(id.to_string(), token.clone());
+        (token, Registration { id: id.to_string(), tokens: self.tokens.clone() })
+    }
+
+    /// Ask response `id` to stop; whether this frontend generates it.
+    pub(crate) fn cancel(&self, id: &str) -> bool {
+        match self.tokens.lock().get(id) {
+            Some(token) => {
+                token.cancel();
+                true
+            }
+            None => false,
         }
     }
 }
 
-async fn drive(mut generation: Generation, cancel: CancellationToken) {
-    let mut last_save = Instant::now();
-    loop {
-        tokio::select! {
+/// The producer's state.
+struct Producer {
+    generation: Generation,
+    cancel: CancellationToken,
+    last_save: Instant,
+    done: bool,
+    _registration: Registration,
+}
+
+fn body(event: &StreamEvent) -> EventBody {
+    let data = serde_json::to_string(event).unwrap_or_else(|e| {
+        format!("{{\"type\":\"error\",\"message\":{:?},\"sequence_number\":{}}}", e.to_string(), event.sequence_number)
+    });
+    EventBody::named(event.name(), data)
+}
+
+/// The events of a background `generation` as SSE bodies, in sequence order (so the
+/// registry's event ids are their `sequence_number`s); saving progress as they go.
+pub(crate) fn events(
+    generation: Generation,
+    cancel: CancellationToken,
+    registration: Registration,
+) -> impl Stream<Item = EventBody> + Send {
+    let producer = Producer { generation, cancel, last_save: Instant::now(), done: false, _registration: registration };
+    futures::stream::unfold(producer, |mut p| async move {
+        if p.done {
+            return None;
+        }
+        let events = tokio::select! {
             biased;
-            _ = cancel.cancelled() => {
-                generation.cancel().await;
-                return;
+            _ = p.cancel.cancelled() => {
+                p.done = true;
+                p.generation.cancel().await
             }
-            events = generation.next() => {
-                if events.is_none() {
-                    return;
-                }
-                if last_save.elapsed() >= SAVE_EVERY {
-                    last_save = Instant::now();
-                    if let Err(e) = generation.save().await {
-                        tracing::warn!(response = %generation.response().id, error = %e, "cannot save progress");
-                    }
-                }
+            events = p.generation.next() => match events {
+                None => return None,
+                Some(events) => events,
+            },
+        };
+        if !p.done && p.last_save.elapsed() >= SAVE_EVERY {
+            p.last_save = Instant::now();
+            if let Err(e) = p.generation.save().await {
+                tracing::warn!(response = %p.generation.response().id, error = %e, "cannot save progress");
             }
         }
+        let bodies: Vec<EventBody> = events.iter().map(body).collect();
+        Some((futures::stream::iter(bodies), p))
+    })
+    .flatten()
+}
+
+/// Read `subscription` to its end (or until `shutdown`), so that the stream always has
+/// a reader.
+pub(crate) async fn hold(subscription: Subscription, shutdown: CancellationToken) {
+    tokio::select! {
+        () = subscription.for_each(|_| async {}) => {}
+        _ = shutdown.cancelled() => {}
     }
 }

@@ -142,14 +142,15 @@ impl Generation {
         }
     }
 
-    /// Stop generating: the engine is stopped and the response saved as `cancelled`.
-    pub(crate) async fn cancel(&mut self) {
+    /// Stop generating: the engine is stopped and the response saved as `cancelled`;
+    /// the events closing its open item.
+    pub(crate) async fn cancel(&mut self) -> Vec<StreamEvent> {
         if self.done {
-            return;
+            return Vec::new();
         }
         // Dropping the stream with the guard armed stops the engine.
         self.stream = futures::stream::empty().boxed();
-        self.end(Ending::Cancelled).await;
+        self.end(Ending::Cancelled).await
     }
 
     async fn end(&mut self, ending: Ending) -> Vec<StreamEvent> {

@@ -12,7 +12,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures::{Stream, StreamExt};
 
-use super::convert;
+use super::{background, convert};
 use super::events::StreamEvent;
 use super::generation::{Generation, Saver};
 use super::protocol::{CreateRequest, Deleted, ResponseObject};
@@ -23,6 +23,7 @@ use crate::http::guard::CancelOnDrop;
 use crate::http::layers::{EngineLogged, RequestId};
 use crate::http::request::{parse_json, read_body};
 use crate::http::state::AppState;
+use crate::http::streams::{StreamError, Subscription};
 use crate::model_manager::EngineKind;
 
 impl From<StoreError> for ApiError {
@@ -33,6 +34,10 @@ impl From<StoreError> for ApiError {
         }
     }
 }
+
+/// Bound on waiting for a cancelled background response to be saved as ended.
+const CANCEL_BOUND: std::time::Duration = std::time::Duration::from_secs(5);
+const CANCEL_POLL: std::time::Duration = std::time::Duration::from_millis(20);
 
 fn not_found(id: &str) -> ApiError {
     ApiError::new(StatusCode::NOT_FOUND, format!("no response with id '{id}'"), "invalid_request_error", None)
@@ -56,12 +61,6 @@ async fn create_inner(state: Arc<AppState>, request_id: RequestId, body: Body) -
     let bytes = read_body(body, state.body_limit, state.limits.body_timeout).await?;
     let request: CreateRequest = parse_json(&bytes)?;
     convert::check_supported(&request)?;
-    if request.background && request.stream {
-        return Err(ApiError::bad_field(
-            "'stream' together with 'background' is not supported yet: poll GET /v1/responses/{id}",
-            Some("stream".to_string()),
-        ));
-    }
     let engine = state.manager.chat_engine(&request.model)?;
     let mut conversation = match &request.previous_response_id {
         Some(previous) => {
@@ -93,8 +92,15 @@ async fn create_inner(state: Arc<AppState>, request_id: RequestId, body: Body) -
     if request.background {
         // Saved as queued first, so that a GET right after this answer finds it.
         generation.save().await?;
-        state.background.start(generation);
-        return Ok(Json(response).into_response());
+        let (cancel, registration) = state.background.register(&id);
+        let events = background::events(generation, cancel, registration);
+        let holder = state.streams.start(id.clone(), events).map_err(|e| e.to_api_error())?;
+        let client = if request.stream { Some(state.streams.subscribe(&id, None).map_err(|e| e.to_api_error())?) } else { None };
+        state.streams.track(move |shutdown| background::hold(holder, shutdown));
+        return Ok(match client {
+            Some(subscription) => replay(subscription),
+            None => Json(response).into_response(),
+        });
     }
     let mut generation = generation.prime().await?;
     if request.stream {
@@ -129,27 +135,57 @@ fn sse_events(generation: Generation) -> impl Stream<Item = Result<Event, Infall
 pub(crate) struct RetrieveQuery {
     #[serde(default)]
     stream: Option<bool>,
+    /// With `stream=true`: the events after this `sequence_number`.
+    #[serde(default)]
+    starting_after: Option<u64>,
 }
 
-/// `GET /v1/responses/{id}`.
+/// `GET /v1/responses/{id}`: the stored response, or with `stream=true` the events of a
+/// background response this frontend generates (after `starting_after`), then live.
 pub(crate) async fn retrieve(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
     Query(query): Query<RetrieveQuery>,
-) -> Result<Json<ResponseObject>, ApiError> {
+) -> Result<Response, ApiError> {
     if query.stream == Some(true) {
-        return Err(ApiError::bad_field(
-            "streaming a stored response (stream=true, starting_after) is not supported yet",
-            Some("stream".to_string()),
-        ));
+        return match state.streams.subscribe(&id, query.starting_after) {
+            Ok(subscription) => Ok(replay(subscription)),
+            Err(StreamError::NotFound(_)) => Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                format!(
+                    "no events of response '{id}' are kept here: only a background response's are, on the \
+                     frontend generating it, until its stream's retention passes"
+                ),
+                "invalid_request_error",
+                None,
+            )),
+            Err(e) => Err(e.to_api_error()),
+        };
     }
     let stored = state.responses.get(&id).await?.ok_or_else(|| not_found(&id))?;
-    Ok(Json(stored.response))
+    Ok(Json(stored.response).into_response())
 }
 
-/// `DELETE /v1/responses/{id}`.
+/// A background response's events as SSE (with `id:` lines, the `sequence_number`s); a
+/// reader behind the replay buffer gets an `error` event, then the end.
+fn replay(subscription: Subscription) -> Response {
+    let events = subscription.map(|item| {
+        Ok::<_, Infallible>(match item {
+            Ok(event) => event.to_sse(),
+            Err(e) => {
+                let error = serde_json::json!({"type": "error", "message": e.to_string(), "code": null, "param": null});
+                Event::default().event("error").data(error.to_string())
+            }
+        })
+    });
+    Sse::new(events).into_response()
+}
+
+/// `DELETE /v1/responses/{id}` (a background response generating here is cancelled).
 pub(crate) async fn delete(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Json<Deleted>, ApiError> {
-    state.background.cancel(&id).await;
+    if state.background.cancel(&id) {
+        wait_until_ended(&state, &id).await?;
+    }
     if !state.responses.delete(&id).await? {
         return Err(not_found(&id));
     }
@@ -166,7 +202,7 @@ pub(crate) async fn cancel(State(state): State<Arc<AppState>>, Path(id): Path<St
     if stored.response.status.is_terminal() {
         return Ok(Json(stored.response));
     }
-    if !state.background.cancel(&id).await {
+    if !state.background.cancel(&id) {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             format!("response '{id}' is generated by another frontend; cancel it there"),
@@ -174,6 +210,21 @@ pub(crate) async fn cancel(State(state): State<Arc<AppState>>, Path(id): Path<St
             None,
         ));
     }
-    let stored: StoredResponse = state.responses.get(&id).await?.ok_or_else(|| not_found(&id))?;
-    Ok(Json(stored.response))
+    Ok(Json(wait_until_ended(&state, &id).await?))
+}
+
+/// Poll the store until response `id` has ended (its producer saves it when it stops),
+/// within [`CANCEL_BOUND`].
+async fn wait_until_ended(state: &AppState, id: &str) -> Result<ResponseObject, ApiError> {
+    let deadline = tokio::time::Instant::now() + CANCEL_BOUND;
+    loop {
+        let stored: StoredResponse = state.responses.get(id).await?.ok_or_else(|| not_found(id))?;
+        if stored.response.status.is_terminal() {
+            return Ok(stored.response);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(ApiError::timeout(format!("response '{id}' did not stop within {CANCEL_BOUND:?}")));
+        }
+        tokio::time::sleep(CANCEL_POLL).await;
+    }
 }
