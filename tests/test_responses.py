@@ -312,6 +312,18 @@ async def test_discovery_store_is_shared_by_frontends(
         assert second.status == "incomplete" and second.previous_response_id == first.id
         background = a.responses.create(model=model_dir.name, input="w4", background=True, max_output_tokens=6)
         assert wait_status(b, background.id, {"incomplete"}).usage.output_tokens == 6
+        # The other frontend forwards a replay of the events to the one generating them.
+        events = list(a.responses.retrieve(background.id, stream=True))
+        assert events[-1].type == "response.incomplete"
+        replayed = list(b.responses.retrieve(background.id, stream=True, starting_after=2))
+        assert [e.model_dump() for e in replayed] == [e.model_dump() for e in events[3:]]
+        # ... and a cancel: a long response started on one is cancelled on the other.
+        long = a.responses.create(model=model_dir.name, input="w5", background=True, max_output_tokens=3000)
+        wait_status(b, long.id, {"in_progress"})
+        cancelled = b.responses.cancel(long.id)
+        assert cancelled.status == "cancelled"
+        assert a.responses.retrieve(long.id).status == "cancelled"
+        assert cancelled.usage is not None and cancelled.usage.output_tokens < 3000
         b.responses.delete(first.id)
         with pytest.raises(openai.NotFoundError):
             a.responses.retrieve(first.id)

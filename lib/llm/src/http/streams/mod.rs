@@ -15,7 +15,7 @@ mod directory;
 mod error;
 mod event;
 mod registry;
-mod proxy;
+pub(crate) mod proxy;
 mod routes;
 mod subscription;
 
