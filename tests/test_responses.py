@@ -327,6 +327,13 @@ async def test_discovery_store_is_shared_by_frontends(
         b.responses.delete(first.id)
         with pytest.raises(openai.NotFoundError):
             a.responses.retrieve(first.id)
+        # A frontend that stops saves its unfinished background responses as failed.
+        orphan = a.responses.create(model=model_dir.name, input="w6", background=True, max_output_tokens=3000)
+        wait_status(b, orphan.id, {"in_progress"})
+        a.close()  # its idle keep-alive connection would hold up the frontend's drain
+        one.process.terminate(grace=15.0)
+        failed = wait_status(b, orphan.id, {"failed"})
+        assert failed.error is not None and "shut down" in failed.error.message
     finally:
         a.close()
         b.close()

@@ -4,7 +4,8 @@
 //! while nobody needs to; a holder on the registry's tracker reads them to the end, so
 //! the stream's grace period never stops a response that has no client. The producer
 //! saves the response's progress to the store as it goes (at most every
-//! [`SAVE_EVERY`]) and ends it as `cancelled` when [`BackgroundCancels::cancel`] asks.
+//! [`SAVE_EVERY`]) and ends it as `cancelled` when [`BackgroundCancels::cancel`] asks;
+//! a frontend that shuts down saves its unfinished ones as `failed`.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -16,7 +17,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::events::StreamEvent;
 use super::generation::Generation;
-use crate::http::streams::{EventBody, Subscription};
+use super::protocol::{ResponseError, Status};
+use super::store::SharedResponseStore;
+use crate::http::streams::{EventBody, StreamRegistry, Subscription};
 
 /// How often a background response's progress is written to the store.
 pub(crate) const SAVE_EVERY: Duration = Duration::from_millis(200);
@@ -110,11 +113,35 @@ pub(crate) fn events(
     .flatten()
 }
 
-/// Read `subscription` to its end (or until `shutdown`), so that the stream always has
-/// a reader.
-pub(crate) async fn hold(subscription: Subscription, shutdown: CancellationToken) {
+/// Bound on waiting, at shutdown, for the registry to drop a background producer.
+const PRODUCER_GONE_BOUND: Duration = Duration::from_secs(1);
+
+/// Read `subscription` to its end, so that the stream always has a reader. If the
+/// response is not saved as ended then (the frontend shut down, `shutdown`, or its stream
+/// was cancelled through `/v1/streams`), wait (bounded) for the producer to be dropped
+/// and save it as `failed`, so that no reader waits for it.
+pub(crate) async fn hold(subscription: Subscription, shutdown: CancellationToken, streams: StreamRegistry, store: SharedResponseStore) {
+    let id = subscription.request_id().to_string();
     tokio::select! {
         () = subscription.for_each(|_| async {}) => {}
         _ = shutdown.cancelled() => {}
+    }
+    let deadline = Instant::now() + PRODUCER_GONE_BOUND;
+    while streams.contains(&id) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut stored = match store.get(&id).await {
+        Ok(Some(stored)) if !stored.response.status.is_terminal() => stored,
+        Ok(_) => return,
+        Err(e) => {
+            tracing::warn!(response = %id, error = %e, "cannot read a background response at its end");
+            return;
+        }
+    };
+    let why = if shutdown.is_cancelled() { "the frontend generating it shut down" } else { "its stream was cancelled" };
+    stored.response.status = Status::Failed;
+    stored.response.error = Some(ResponseError { code: "server_error".to_string(), message: why.to_string() });
+    if let Err(e) = store.put(stored).await {
+        tracing::warn!(response = %id, error = %e, "cannot save a stopped background response");
     }
 }

@@ -96,7 +96,8 @@ async fn create_inner(state: Arc<AppState>, request_id: RequestId, body: Body) -
         let events = background::events(generation, cancel, registration);
         let holder = state.streams.start(id.clone(), events).map_err(|e| e.to_api_error())?;
         let client = if request.stream { Some(state.streams.subscribe(&id, None).map_err(|e| e.to_api_error())?) } else { None };
-        state.streams.track(move |shutdown| background::hold(holder, shutdown));
+        let (streams, store) = (state.streams.clone(), state.responses.clone());
+        state.streams.track(move |shutdown| background::hold(holder, shutdown, streams, store));
         return Ok(match client {
             Some(subscription) => replay(subscription),
             None => Json(response).into_response(),
