@@ -3,8 +3,10 @@ service) bound to the Processor's endpoint, run as a child process of this servi
 stopped with it.
 
 Configuration keys: ``port`` (default 8000), ``host`` (default 0.0.0.0), ``endpoint``
-(default ``{Processor's namespace}.Processor.chat/completions``), ``router-mode``, and the
-admission limits ``max-inflight-requests`` and ``max-queued-tokens``.
+(default ``{Processor's namespace}.Processor.chat/completions``), ``router-mode``, the
+admission limits ``max-inflight-requests`` and ``max-queued-tokens``, and the
+``/v1/responses`` store: ``responses-store``, ``responses-ttl-s``, ``responses-max``
+(docs/responses.md).
 
     python -m components.frontend -f configs/agg.yaml   # alone (from examples/llm)
 """
@@ -55,7 +57,7 @@ class Frontend:
             "--http-port", str(config.get("port", DEFAULT_PORT)),
             "--endpoint", self.endpoint,
         ]
-        for key in ("router-mode", *ADMISSION_KEYS):
+        for key in ("router-mode", *ADMISSION_KEYS, "responses-store", "responses-ttl-s", "responses-max"):
             if key in config:
                 self.argv += [f"--{key}", str(config[key])]
         self.process: asyncio.subprocess.Process | None = None

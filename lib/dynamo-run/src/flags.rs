@@ -104,6 +104,19 @@ pub struct Flags {
     #[arg(long = "cors-origin", value_name = "ORIGIN")]
     pub cors_origins: Vec<String>,
 
+    /// Where `/v1/responses` keeps responses: `memory` (this process), or `discovery`
+    /// (the discovery store, shared by every frontend on it; needs out=dyn).
+    #[arg(long, value_name = "STORE", default_value = "memory", value_parser = ["memory", "discovery"])]
+    pub responses_store: String,
+
+    /// Seconds a stored response is kept.
+    #[arg(long = "responses-ttl-s", value_name = "SECONDS", default_value_t = dynamo_llm::http::responses::DEFAULT_RESPONSES_TTL.as_secs_f64(), value_parser = positive_seconds)]
+    pub responses_ttl: f64,
+
+    /// Most responses `--responses-store memory` keeps (the oldest go first).
+    #[arg(long, value_name = "N", default_value_t = dynamo_llm::http::responses::DEFAULT_RESPONSES_MAX, value_parser = positive_usize)]
+    pub responses_max: usize,
+
     /// How `out=dyn` picks a worker instance.
     #[arg(long, value_name = "MODE", default_value_t = RouterMode::RoundRobin,
           value_parser = PossibleValuesParser::new(RouterMode::NAMES).try_map(|s| s.parse::<RouterMode>()))]
@@ -342,6 +355,17 @@ impl Output {
     }
 }
 
+/// Where `in=http` keeps `/v1/responses` responses.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResponsesConfig {
+    /// In the discovery store (shared by the frontends), not in memory.
+    pub in_discovery: bool,
+    /// How long a response is kept.
+    pub ttl: std::time::Duration,
+    /// Most responses kept in memory.
+    pub max: usize,
+}
+
 /// Everything a run needs, checked.
 #[derive(Debug, Clone)]
 pub struct RunConfig {
@@ -357,6 +381,8 @@ pub struct RunConfig {
     pub api_key: Option<String>,
     /// `--cors-origin`, each.
     pub cors_origins: Vec<String>,
+    /// `--responses-store`, `--responses-ttl-s`, `--responses-max`.
+    pub responses: ResponsesConfig,
     /// `--stream-grace-s`, `--stream-retention-s`, `--stream-buffer-bytes`.
     pub streams: dynamo_llm::http::streams::StreamsConfig,
     pub router_mode: RouterMode,
@@ -548,6 +574,14 @@ impl Flags {
                 return usage("--model-name must not be empty".to_string());
             }
         }
+        if self.responses_store == "discovery" && output != Output::Dyn {
+            return usage("--responses-store discovery needs out=dyn (a discovery backend to store in)".to_string());
+        }
+        let responses = ResponsesConfig {
+            in_discovery: self.responses_store == "discovery",
+            ttl: std::time::Duration::from_secs_f64(self.responses_ttl),
+            max: self.responses_max,
+        };
         Ok(RunConfig {
             input,
             output,
@@ -558,6 +592,7 @@ impl Flags {
             http_limits,
             api_key: self.api_key,
             cors_origins: self.cors_origins,
+            responses,
             streams: dynamo_llm::http::streams::StreamsConfig {
                 buffer_bytes: self.stream_buffer_bytes,
                 grace: std::time::Duration::from_secs_f64(self.stream_grace_s),
@@ -639,6 +674,12 @@ mod tests {
         assert_eq!(limited.http_limits.admission.max_inflight_requests, Some(4));
         assert_eq!(limited.http_limits.admission.max_queued_tokens, Some(900));
         assert_eq!(c.router_mode, RouterMode::RoundRobin);
+        assert!(!c.responses.in_discovery);
+        let c = config(&["in=http", "out=dyn", "--responses-store", "discovery", "--responses-ttl-s", "2.5", "--responses-max", "7"]).unwrap();
+        assert!(c.responses.in_discovery);
+        assert_eq!(c.responses.ttl, std::time::Duration::from_millis(2500));
+        assert_eq!(c.responses.max, 7);
+        assert!(usage_error(&["in=http", "out=echo_full", "--responses-store", "discovery"]).contains("out=dyn"));
         let argv = ["dynamo-run"];
         assert_eq!(Flags::try_parse_from(argv).unwrap().into_config(true).unwrap().input, Input::Text);
     }

@@ -52,6 +52,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                       help="keep a model listed after its last worker leaves; its requests wait for a worker")
     zero.add_argument("--zero-wait-s", type=float,
                       help="with --keep-models: seconds a request waits for a worker, then 503 (default 30)")
+    responses = parser.add_argument_group("/v1/responses (docs/responses.md)")
+    responses.add_argument("--responses-store", choices=("memory", "discovery"),
+                           help="keep responses in this process (default) or in discovery, shared by the frontends")
+    responses.add_argument("--responses-ttl-s", type=float, help="seconds a stored response is kept (default 3600)")
+    responses.add_argument("--responses-max", type=int, help="most responses kept in memory (default 10000)")
     streams = parser.add_argument_group("resumable streams (X-Dynamo-Resumable: true; docs/reliability.md)")
     streams.add_argument("--stream-grace-s", type=float,
                          help="seconds a stream goes on after its last reader left (default 60)")
@@ -108,7 +113,7 @@ def dynamo_run_argv(args: argparse.Namespace) -> list[str]:
     if args.zero_wait_s is not None:
         argv += ["--zero-wait-s", str(args.zero_wait_s)]
     for flag in ("kv_overlap_weight", "router_temperature", "busy_threshold", "stream_grace_s", "stream_retention_s",
-                 "stream_buffer_bytes", *ADMISSION_FLAGS):
+                 "stream_buffer_bytes", *ADMISSION_FLAGS, "responses_store", "responses_ttl_s", "responses_max"):
         if getattr(args, flag) is not None:
             argv += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     for flag in ("kv_events", "router_replica_sync"):

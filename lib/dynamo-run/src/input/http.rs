@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use dynamo_llm::http::HttpService;
+use dynamo_llm::http::{responses, HttpService};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::RunError;
@@ -31,6 +31,14 @@ async fn serve(config: &RunConfig, models: &Models, cancel: CancellationToken) -
         .limits(config.http_limits.clone())
         .cors_origins(config.cors_origins.clone())
         .streams(config.streams.clone());
+    let responses = &config.responses;
+    let store = match models.runtime() {
+        Some(runtime) if responses.in_discovery => {
+            responses::discovery_store(runtime.planes().discovery().clone(), responses.ttl)
+        }
+        _ => responses::memory_store(responses.max, responses.ttl),
+    };
+    builder = builder.responses_store(store);
     if let Some(key) = &config.api_key {
         builder = builder.api_key(key.clone());
     }

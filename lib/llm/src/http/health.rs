@@ -92,6 +92,8 @@ mod tests {
             health_check: None,
             limits: HttpLimits::default(),
             api_key: None,
+            responses: crate::http::responses::memory_store(1, std::time::Duration::from_secs(1)),
+            background: Default::default(),
             streams: crate::http::streams::StreamRegistry::new(Default::default(), &CancellationToken::new()),
         })
     }

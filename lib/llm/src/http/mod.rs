@@ -1,5 +1,5 @@
 //! The OpenAI-compatible HTTP frontend: `/v1/models`, `/v1/chat/completions`,
-//! `/v1/completions` (SSE or whole responses), `/health`, `/live`, `/metrics`.
+//! `/v1/completions` (SSE or whole responses), `/v1/responses`, `/health`, `/live`, `/metrics`.
 //! Models come from a [`crate::model_manager::ModelManager`].
 
 pub(crate) mod admission;
@@ -13,6 +13,7 @@ mod limits;
 pub mod metrics;
 mod openai;
 mod request;
+pub mod responses;
 mod service;
 mod sse;
 mod state;

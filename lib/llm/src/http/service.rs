@@ -21,6 +21,7 @@ use super::error::ApiError;
 use super::limits::HttpLimits;
 use super::metrics::HttpMetrics;
 use super::state::{AppState, HealthCheck};
+use super::responses::{self, SharedResponseStore};
 use super::streams::{StreamDirectory, StreamRegistry, StreamsConfig};
 use super::admission::{self, Admission, GlobalCap};
 use super::{connections, health, layers, openai, streams};
@@ -70,6 +71,7 @@ pub struct HttpServiceBuilder {
     limits: HttpLimits,
     api_key: Option<String>,
     cors_origins: Vec<String>,
+    responses: Option<SharedResponseStore>,
     streams: StreamsConfig,
     stream_directory: Option<Arc<dyn StreamDirectory>>,
     advertise_host: Option<String>,
@@ -104,6 +106,7 @@ impl Default for HttpServiceBuilder {
             limits: HttpLimits::default(),
             api_key: None,
             cors_origins: Vec::new(),
+            responses: None,
             streams: StreamsConfig::default(),
             stream_directory: None,
             advertise_host: None,
@@ -169,6 +172,13 @@ impl HttpServiceBuilder {
         self
     }
 
+    /// Where `/v1/responses` keeps responses (default: in memory,
+    /// [`responses::DEFAULT_RESPONSES_MAX`] for [`responses::DEFAULT_RESPONSES_TTL`]).
+    pub fn responses_store(mut self, store: SharedResponseStore) -> Self {
+        self.responses = Some(store);
+        self
+    }
+
     /// Bounds of resumable streams: buffer bytes, grace period, retention.
     pub fn streams(mut self, config: StreamsConfig) -> Self {
         self.streams = config;
@@ -213,6 +223,10 @@ impl HttpServiceBuilder {
             health_check: self.health_check,
             limits: self.limits.clone(),
             api_key: self.api_key,
+            responses: self.responses.unwrap_or_else(|| {
+                responses::memory_store(responses::DEFAULT_RESPONSES_MAX, responses::DEFAULT_RESPONSES_TTL)
+            }),
+            background: Default::default(),
             streams,
             admission: admission.clone(),
         });
@@ -303,6 +317,8 @@ impl HttpService {
             .route("/v1/chat/completions", post(openai::chat_completions))
             .route("/v1/completions", post(openai::completions))
             .route("/v1/embeddings", post(openai::embeddings))
+            // The Responses API (docs/responses.md).
+            .route("/v1/responses", post(responses::handlers::create))
             .route_layer(from_fn_with_state(self.inflight.clone(), admission::limit_inflight));
         let router = Router::new()
             .route("/v1/models", get(health::list_models))
@@ -310,6 +326,8 @@ impl HttpService {
             .route("/live", get(health::live))
             .route("/ready", get(health::ready))
             .route("/metrics", get(health::metrics))
+            .route("/v1/responses/{id}", get(responses::handlers::retrieve).delete(responses::handlers::delete))
+            .route("/v1/responses/{id}/cancel", post(responses::handlers::cancel))
             .route("/v1/streams/{request_id}", get(streams::resume_stream).delete(streams::cancel_stream))
             .route("/v1/streams/{request_id}/cancel", post(streams::cancel_stream))
             .merge(generation)

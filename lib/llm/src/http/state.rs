@@ -9,6 +9,8 @@ use tokio_util::sync::CancellationToken;
 use super::admission::Admission;
 use super::limits::HttpLimits;
 use super::metrics::HttpMetrics;
+use super::responses::background::BackgroundCancels;
+use super::responses::SharedResponseStore;
 use super::streams::StreamRegistry;
 use crate::model_manager::ModelManager;
 
@@ -32,6 +34,10 @@ pub(crate) struct AppState {
     pub limits: HttpLimits,
     /// The key clients must send as `Authorization: Bearer KEY`, when set.
     pub api_key: Option<String>,
+    /// Where `/v1/responses` keeps responses.
+    pub responses: SharedResponseStore,
+    /// The background responses this frontend generates.
+    pub background: BackgroundCancels,
     /// The resumable streams this frontend owns.
     pub streams: StreamRegistry,
     /// Each model's admission limits and counts.

@@ -14,7 +14,7 @@ mod detached;
 mod directory;
 mod error;
 mod event;
-mod proxy;
+pub(crate) mod proxy;
 mod registry;
 mod routes;
 mod subscription;
