@@ -6,6 +6,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use futures::{future, StreamExt};
 
+use crate::chat_output::ChatOutput;
 use crate::detokenizer::detokenize;
 use crate::engine::EngineFactory;
 use crate::engine::{
@@ -226,6 +227,9 @@ impl Pipeline {
         pre: Preprocessed,
         ctx: RequestContext,
     ) -> Result<ChatStream, EngineError> {
+        // Built before the engine starts: a card with a parser name this build does not
+        // know is refused without generating.
+        let mut output = ChatOutput::new(&pre.output).map_err(|e| EngineError::Internal(format!("model card: {e}")))?;
         let stream = self.generate(&pre, ctx).await?;
         let id = format!("chatcmpl-{}", uuid::Uuid::new_v4());
         let model = request.model;
@@ -234,10 +238,20 @@ impl Pipeline {
         let mut accounting = ChunkAccounting::new(pre.request.token_ids.len(), collector);
         let chunks = stream.filter_map(move |result| {
             future::ready(accounting.take(result, |text, finish_reason, first, logprobs| {
-                let delta = ChatDelta {
-                    role: first.then(|| "assistant".to_string()),
-                    content: (!text.is_empty()).then_some(text),
+                let (delta, finish_reason) = match &mut output {
+                    None => (ChatDelta { content: (!text.is_empty()).then_some(text), ..Default::default() }, finish_reason),
+                    Some(output) => {
+                        let (step, finish_reason) = output.step(&text, finish_reason);
+                        let delta = ChatDelta {
+                            content: (!step.content.is_empty()).then_some(step.content),
+                            reasoning_content: (!step.reasoning.is_empty()).then_some(step.reasoning),
+                            tool_calls: (!step.calls.is_empty()).then_some(step.calls),
+                            ..Default::default()
+                        };
+                        (delta, finish_reason)
+                    }
                 };
+                let delta = ChatDelta { role: first.then(|| "assistant".to_string()), ..delta };
                 ChatCompletionChunk::new(
                     &id,
                     &model,
