@@ -302,3 +302,20 @@ async def test_workers_registered_with_a_parser_serve_tools_through_out_dyn(
     bad = {**body, "model": "mock", "tools": [{"type": "function", "function": {}}]}
     response = await asyncio.to_thread(post, bad)
     assert response.status == 400 and "tools[0].function.name" in response.json()["error"]["message"]
+
+
+def test_the_sdk_worker_config_passes_the_parser_settings_to_the_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dynamo.mocker.__main__ import dynamo_run_argv, parse_args
+    from dynamo.sdk.lib.config import ServiceConfig
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "examples" / "llm"))
+    from components.worker import engine_argv
+
+    config = ServiceConfig({"Worker": {"engine": "mocker", "tool-call-parser": "hermes", "reasoning-parser": "qwen3",
+                                       "enable-auto-tool-choice": True}})
+    argv = engine_argv("Worker", config)
+    args = parse_args(argv)
+    assert (args.tool_call_parser, args.reasoning_parser, args.enable_auto_tool_choice) == ("hermes", "qwen3", True)
+    run = dynamo_run_argv(args, None)
+    assert run[run.index("--tool-call-parser") + 1] == "hermes"
+    assert run[run.index("--reasoning-parser") + 1] == "qwen3"
