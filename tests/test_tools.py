@@ -96,9 +96,14 @@ def test_a_whole_response_splits_reasoning_content_and_calls(parsing: Frontend) 
 
 
 def test_a_stream_carries_each_call_whole_and_no_markup_in_content(parsing: Frontend) -> None:
-    response = parsing.post("/v1/chat/completions", echoed(ANSWER + CALL, thinking=True, stream=True))
+    response = parsing.post("/v1/chat/completions", echoed(ANSWER + CALL, thinking=True, stream=True,
+                                                           stream_options={"include_usage": True}))
     assert response.status == 200, response.body
     content, chunks = streamed_content(response.body)
+    # Every token is counted, also those of text held back inside the calls.
+    whole = parsing.post("/v1/chat/completions", echoed(ANSWER + CALL, thinking=True)).json()
+    assert chunks[-1]["usage"] == whole["usage"]
+    chunks = chunks[:-1]
     assert content == "Let me check."
     reasoning = "".join(c["choices"][0]["delta"].get("reasoning_content") or "" for c in chunks)
     assert reasoning == "the user wants weather"
@@ -108,6 +113,10 @@ def test_a_stream_carries_each_call_whole_and_no_markup_in_content(parsing: Fron
         assert_weather_call(call)
     assert calls[0]["id"] != calls[1]["id"]
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    # Text held back inside a call sends no empty chunks (its tokens count in the next one).
+    empty = [c for c in chunks[1:] if c["choices"] and c["choices"][0]["delta"] == {}
+             and c["choices"][0]["finish_reason"] is None]
+    assert empty == []
 
 
 def test_a_stream_cut_inside_a_call_ends_with_length_and_no_half_call(parsing: Frontend) -> None:

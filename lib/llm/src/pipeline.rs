@@ -159,6 +159,17 @@ impl ChunkAccounting {
         result: Result<LLMEngineOutput, EngineError>,
         make: impl FnOnce(String, Option<String>, bool, Option<serde_json::Value>) -> T,
     ) -> Option<Result<StreamItem<T>, EngineError>> {
+        self.take_some(result, |text, finish, first, logprobs| Some(make(text, finish, first, logprobs)))
+    }
+
+    /// [`Self::take`], where `make` may find nothing to send (text an output parser
+    /// holds back): the step's tokens then go with the next item, as for a step with
+    /// no text. `make` must not return `None` when it was given log probabilities.
+    fn take_some<T>(
+        &mut self,
+        result: Result<LLMEngineOutput, EngineError>,
+        make: impl FnOnce(String, Option<String>, bool, Option<serde_json::Value>) -> Option<T>,
+    ) -> Option<Result<StreamItem<T>, EngineError>> {
         let out = match result {
             Ok(out) => out,
             Err(e) => return Some(Err(e)),
@@ -178,12 +189,16 @@ impl ChunkAccounting {
             self.pending_tokens = tokens;
             return None;
         }
-        self.pending_tokens = 0;
         let first = self.prompt_tokens.is_some();
         let finish = out.finish_reason.map(|f| f.as_openai().to_string());
         let logprobs = self.logprobs.as_mut().map(LogprobCollector::take);
+        let Some(data) = make(text, finish, first, logprobs) else {
+            self.pending_tokens = tokens;
+            return None;
+        };
+        self.pending_tokens = 0;
         Some(Ok(StreamItem {
-            data: make(text, finish, first, logprobs),
+            data,
             prompt_tokens: self.prompt_tokens.take(),
             completion_tokens: tokens,
             cached_tokens: self.cached_tokens.take(),
@@ -237,7 +252,7 @@ impl Pipeline {
         let collector = self.collector(&pre, LogprobShape::Chat);
         let mut accounting = ChunkAccounting::new(pre.request.token_ids.len(), collector);
         let chunks = stream.filter_map(move |result| {
-            future::ready(accounting.take(result, |text, finish_reason, first, logprobs| {
+            future::ready(accounting.take_some(result, |text, finish_reason, first, logprobs| {
                 let (delta, finish_reason) = match &mut output {
                     None => (ChatDelta { content: (!text.is_empty()).then_some(text), ..Default::default() }, finish_reason),
                     Some(output) => {
@@ -251,13 +266,17 @@ impl Pipeline {
                         (delta, finish_reason)
                     }
                 };
+                if !first && finish_reason.is_none() && logprobs.is_none() && delta == ChatDelta::default() {
+                    // Text the parsers hold back (inside a call): nothing to send yet.
+                    return None;
+                }
                 let delta = ChatDelta { role: first.then(|| "assistant".to_string()), ..delta };
-                ChatCompletionChunk::new(
+                Some(ChatCompletionChunk::new(
                     &id,
                     &model,
                     created,
                     ChatChunkChoice { index: 0, delta, finish_reason, logprobs },
-                )
+                ))
             }))
         });
         Ok(chunks.boxed())
