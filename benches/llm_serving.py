@@ -6,6 +6,7 @@
     python benches/llm_serving.py --scenario mocker --speedup-ratio 1000   # engine time ~0: the stack's share
     python benches/llm_serving.py --client-procs 2 --json /tmp/llm.json
     python benches/llm_serving.py --scenario mocker --router-mode approx   # kv | approx | round-robin | random
+    python benches/llm_serving.py --scenario tools --concurrency 64 --duration 10
 
 Scenarios (the processes are started here, on free loopback ports):
 
@@ -13,6 +14,12 @@ Scenarios (the processes are started here, on free loopback ports):
   frontend's own cost. Each client loops a streaming chat request whose message is two
   characters (so a 4-event stream: 2 characters, the stop chunk, ``[DONE]``) for
   ``--duration`` seconds.
+* ``tools``: ``dynamo-run in=http out=echo_core --tool-call-parser hermes`` (byte-level
+  card, one token per byte, ``DYN_TOKEN_ECHO_DELAY_MS=0``): each streaming request's raw
+  prompt (``nvext.use_raw_prompt``) is echoed back as the "model output": a sentence and
+  a ``<tool_call>`` of about 200 bytes. Measured twice per level, with ``tools`` (the
+  output goes through the tool-call parser: one call, finish ``tool_calls``) and without
+  (the same text as plain content); the frontend CPU per request of each, and the ratio.
 * ``mocker``: ``dynamo-run in=http out=dyn`` in front of ``python -m dynamo.mocker
   --num-workers 2`` (``num_gpu_blocks: 640`` each, the mocker's default timing model, its
   tokenizer from ``--model-path``), embedded backend (file discovery, TCP planes). The
@@ -254,6 +261,46 @@ def echo_scenario(args: argparse.Namespace, log_dir: Path) -> list[Result]:
         processes.stop()
 
 
+TOOLS_OUTPUT = (
+    "Let me look that up for you."
+    '<tool_call>{"name": "get_weather", "arguments": {"city": "San Francisco", "unit": "celsius", '
+    '"days": 3, "details": {"wind": true, "humidity": true, "note": "a \\"quoted\\" note, ünïcode"}}}</tool_call>'
+)
+WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+def tools_scenario(args: argparse.Namespace, log_dir: Path) -> list[Result]:
+    processes = Processes(log_dir)
+    port = free_port()
+    env = {**base_env(log_dir), "DYN_TOKEN_ECHO_DELAY_MS": "0"}
+    try:
+        frontend = processes.start("frontend-tools", [*DYNAMO_RUN, "in=http", "out=echo_core", "--http-port",
+                                                      str(port), "--model-name", "bytes", "--tool-call-parser",
+                                                      "hermes"], env)
+        wait_for_models(port, ["bytes"], processes)
+        plain = {"model": "bytes", "messages": [{"role": "user", "content": TOOLS_OUTPUT}], "stream": True,
+                 "nvext": {"use_raw_prompt": True}}
+        variants = [("no tools", [json.dumps(plain).encode()]),
+                    ("tools", [json.dumps({**plain, "tools": [WEATHER_TOOL]}).encode()])]
+        for _, bodies in variants:
+            measure("tools", port, 8, bodies, duration=1.0, requests=None, client_procs=1)  # warm-up
+        results = []
+        for concurrency in args.concurrency:
+            cpu: dict[str, float] = {}
+            for name, bodies in variants:
+                result = measure_with_cpu(frontend.pid, f"tools ({name})", port, concurrency, bodies,
+                                          duration=args.duration, requests=None, client_procs=args.client_procs)
+                report(result)
+                results.append(result)
+                cpu[name] = result.frontend_cpu_us or 0.0
+            if cpu["no tools"]:
+                print(f"  frontend CPU with tools / without: {cpu['tools'] / cpu['no tools']:.3f}", flush=True)
+        return results
+    finally:
+        processes.stop()
+
+
 def prefix_workload(count: int, seed: int = 7) -> list[bytes]:
     """`count` requests: one of the 16 shared system prompts plus a short question."""
     rng = random.Random(seed)
@@ -385,7 +432,7 @@ def on_timeout(signum: int, frame: Any) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--scenario", choices=["echo", "mocker", "all"], default="all")
+    parser.add_argument("--scenario", choices=["echo", "mocker", "tools", "all"], default="all")
     parser.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[32, 128],
                         help="comma-separated client counts (default 32,128)")
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per echo level (default 10)")
@@ -417,6 +464,10 @@ def main() -> None:
         if args.scenario in ("echo", "all"):
             print("frontend + echo_full (DYN_TOKEN_ECHO_DELAY_MS=0), 2-character streaming chats", flush=True)
             results += echo_scenario(args, log_dir)
+        if args.scenario in ("tools", "all"):
+            print("frontend + echo_core, --tool-call-parser hermes: streamed tool calls vs the same text as content",
+                  flush=True)
+            results += tools_scenario(args, log_dir)
         if args.scenario in ("mocker", "all"):
             print(f"frontend + 2 mocker workers ({NUM_GPU_BLOCKS} blocks each, speedup_ratio {args.speedup_ratio}), "
                   f"{SYSTEM_PROMPTS} shared ~1k-token system prompts, max_tokens {MAX_TOKENS}, {args.requests} "

@@ -245,6 +245,39 @@ def test_response_format_becomes_vllm_structured_outputs() -> None:
         adapter.sampling_params(request(response_format={"type": "grammar"}))
 
 
+def test_compact_tool_call_schemas_become_a_grammar_without_free_whitespace() -> None:
+    import xgrammar
+
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    compact = {"type": "json_schema", "json_schema": {"name": "tool_calls", "schema": schema}, "compact": True}
+    params = adapter.sampling_params(request(response_format=compact))
+    so = params.structured_outputs
+    assert so is not None and so.json is None and so.grammar
+    matcher = xgrammar.GrammarMatcher(
+        xgrammar.GrammarCompiler(xgrammar.TokenizerInfo([])).compile_grammar(so.grammar)
+    )
+    assert matcher.accept_string('{"city": "Paris"}')
+    padded = xgrammar.GrammarMatcher(
+        xgrammar.GrammarCompiler(xgrammar.TokenizerInfo([])).compile_grammar(so.grammar)
+    )
+    # No whitespace where JSON would allow any: the model cannot pad.
+    assert not padded.accept_string('{ ')
+
+
+def test_parser_flags_register_with_the_card_and_unknown_names_exit_2() -> None:
+    config = parse_args(["--model", "/m", "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3",
+                         "--enable-auto-tool-choice"])
+    assert (config.tool_call_parser, config.reasoning_parser, config.chat_template) == ("hermes", "qwen3", None)
+    # vLLM's engine keeps its own --reasoning-parser (its structured outputs read it).
+    assert config.engine_args.reasoning_parser == "qwen3"
+    assert parse_args(["--model", "/m"]).reasoning_parser is None
+    bad = (["--tool-call-parser", "hermes2"], ["--reasoning-parser", "r1"], ["--chat-template", "/nonexistent.jinja"])
+    for argv in bad:
+        with pytest.raises(SystemExit) as exit_info:
+            parse_args(["--model", "/m", *argv])
+        assert exit_info.value.code == 2
+
+
 def test_a_request_without_tokens_is_refused() -> None:
     with pytest.raises(adapter.RequestError, match="no token_ids"):
         adapter.tokens_prompt({"token_ids": []})

@@ -319,6 +319,9 @@ def register_llm(
     context_length: int | None = None,
     kv_cache_block_size: int | None = None,
     migration_limit: int | None = None,
+    tool_call_parser: str | None = None,
+    reasoning_parser: str | None = None,
+    chat_template: str | os.PathLike[str] | None = None,
 ) -> Coroutine[Any, Any, None]:
     """Register the model served on ``endpoint`` so that frontends discover it: build its
     card, serve the card on ``{endpoint}_card`` of the same component, and write the
@@ -344,12 +347,20 @@ def register_llm(
             on another worker when its worker dies or stalls mid-stream (prompt plus the
             tokens generated so far are re-sent). ``None``: the frontend's
             ``--migration-limit`` (default 0).
+        tool_call_parser: the parser (a name of ``TOOL_CALL_PARSERS``, vLLM's names)
+            frontends run on this model's chat output to split out ``tool_calls``;
+            needed to serve ``tool_choice: auto``.
+        reasoning_parser: the parser (a name of ``REASONING_PARSERS``) that splits the
+            model's thinking into ``reasoning_content``.
+        chat_template: a Jinja chat template file replacing the model's own.
 
     Returns:
         A coroutine that completes once the model is registered.
 
     Raises:
         ValueError: ``kind`` is not one of the three (raised at the call).
+        ConfigError: a parser name is not registered (raised at the call; the message
+            lists the known names).
         ConfigError: the model folder is missing or unreadable, its tokenizer does not
             load (``backend``), an override is 0, or the card is larger than the request
             plane carries.
@@ -368,12 +379,20 @@ class OpenAIPreprocessor:
         model_name: str | None = None,
         context_length: int | None = None,
         kv_cache_block_size: int | None = None,
+        tool_call_parser: str | None = None,
+        reasoning_parser: str | None = None,
+        chat_template: str | os.PathLike[str] | None = None,
     ) -> OpenAIPreprocessor:
         """Load the card of ``model_path`` (a HuggingFace folder), or the built-in card
         (byte-level tokenizer) named ``model_name`` when no path is given.
+        ``tool_call_parser``, ``reasoning_parser`` and ``chat_template`` as for
+        ``register_llm``: the chunks ``generate`` yields then carry ``tool_calls`` and
+        ``reasoning_content`` (docs/tools.md).
 
         Raises:
-            ConfigError: the folder is missing or its tokenizer does not load.
+            ConfigError: the folder is missing, its tokenizer does not load, a parser
+                name is unknown (the message lists the known ones) or the template file
+                cannot be read.
         """
     @property
     def model_name(self) -> str:

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use dynamo_llm::discovery::{register_card, ModelDiscoveryError};
 use dynamo_llm::model_card::{CardError, CardOptions, ModelKind};
+use dynamo_llm::parsers::{reasoning_parser as reasoning_parser_named, tool_call_parser as tool_call_parser_named};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
@@ -37,7 +38,8 @@ fn discovery_error(e: ModelDiscoveryError) -> PyErr {
 
 /// Register the model served on `endpoint` with the discovery plane.
 #[pyfunction]
-#[pyo3(signature = (endpoint, model_path=None, model_name=None, kind="backend", context_length=None, kv_cache_block_size=None, migration_limit=None))]
+#[pyo3(signature = (endpoint, model_path=None, model_name=None, kind="backend", context_length=None, kv_cache_block_size=None, migration_limit=None, tool_call_parser=None, reasoning_parser=None, chat_template=None))]
+#[allow(clippy::too_many_arguments)]
 pub fn register_llm(
     py: Python<'_>,
     endpoint: &PyEndpoint,
@@ -47,9 +49,28 @@ pub fn register_llm(
     context_length: Option<u32>,
     kv_cache_block_size: Option<u32>,
     migration_limit: Option<u32>,
+    tool_call_parser: Option<String>,
+    reasoning_parser: Option<String>,
+    chat_template: Option<PathBuf>,
 ) -> PyResult<Py<PyAny>> {
-    // Check the kind at once, so that a typo fails at the call rather than when awaited.
-    let options = CardOptions { model_path, model_name, kind: parse_kind(kind)?, context_length, kv_cache_block_size };
+    // Check the kind and parser names at once, so that a typo fails at the call rather
+    // than when awaited.
+    if let Some(name) = &tool_call_parser {
+        tool_call_parser_named(name, None).map_err(|e| ConfigError::new_err(e.to_string()))?;
+    }
+    if let Some(name) = &reasoning_parser {
+        reasoning_parser_named(name, true).map_err(|e| ConfigError::new_err(e.to_string()))?;
+    }
+    let options = CardOptions {
+        model_path,
+        model_name,
+        kind: parse_kind(kind)?,
+        context_length,
+        kv_cache_block_size,
+        tool_call_parser,
+        reasoning_parser,
+        chat_template,
+    };
     let ep = endpoint.inner.clone();
     let registered = endpoint.bridge.awaitable(
         py,

@@ -50,17 +50,31 @@ pub struct PyOpenAIPreprocessor {
 #[pymethods]
 impl PyOpenAIPreprocessor {
     /// Load the model card of `model_path` (a HuggingFace folder), or the built-in card
-    /// (byte-level tokenizer) named `model_name` when no path is given.
+    /// (byte-level tokenizer) named `model_name` when no path is given; the output
+    /// parsers and a template override as `register_llm` takes them.
     #[new]
-    #[pyo3(signature = (model_path=None, model_name=None, context_length=None, kv_cache_block_size=None))]
+    #[pyo3(signature = (model_path=None, model_name=None, context_length=None, kv_cache_block_size=None, tool_call_parser=None, reasoning_parser=None, chat_template=None))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         model_path: Option<std::path::PathBuf>,
         model_name: Option<String>,
         context_length: Option<u32>,
         kv_cache_block_size: Option<u32>,
+        tool_call_parser: Option<String>,
+        reasoning_parser: Option<String>,
+        chat_template: Option<std::path::PathBuf>,
     ) -> PyResult<Self> {
-        let options = CardOptions { model_path, model_name, kind: ModelKind::Backend, context_length, kv_cache_block_size };
+        let options = CardOptions {
+            model_path,
+            model_name,
+            kind: ModelKind::Backend,
+            context_length,
+            kv_cache_block_size,
+            tool_call_parser,
+            reasoning_parser,
+            chat_template,
+        };
         let preprocessor = py.detach(move || {
             let card = options.build().map_err(card_error)?;
             Preprocessor::new(Arc::new(card)).map_err(card_error)

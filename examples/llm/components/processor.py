@@ -18,7 +18,9 @@ Configuration keys: ``model-path`` (a HuggingFace folder; default the built-in
 byte-level card), ``model-name``, ``kv-cache-block-size``, ``context-length``,
 ``router``, ``min-workers`` (Worker instances to wait for before registering, default
 1), ``worker-timeout`` (seconds to wait for them, default 120), ``router-timeout``
-(seconds to wait for the Router's answer before routing round-robin, default 5).
+(seconds to wait for the Router's answer before routing round-robin, default 5),
+``tool-call-parser``, ``reasoning-parser``, ``chat-template`` (docs/tools.md: the
+processor builds the chat chunks, so it applies the output parsers).
 
     python -m components.processor -f configs/agg.yaml   # alone (from examples/llm)
 """
@@ -61,6 +63,10 @@ class Processor:
         self.model_name = config.get("model-name")
         self.block_size = config.get("kv-cache-block-size")
         self.context_length = config.get("context-length")
+        # The output parsers (docs/tools.md): this processor builds the chat chunks.
+        self.tool_call_parser = config.get("tool-call-parser")
+        self.reasoning_parser = config.get("reasoning-parser")
+        self.chat_template = config.get("chat-template")
         self.min_workers = int(config.get("min-workers", 1))
         self.worker_timeout = float(config.get("worker-timeout", 120))
         self.router_timeout = float(config.get("router-timeout", 5))
@@ -72,6 +78,9 @@ class Processor:
             model_name=self.model_name,
             context_length=self.context_length,
             kv_cache_block_size=self.block_size,
+            tool_call_parser=self.tool_call_parser,
+            reasoning_parser=self.reasoning_parser,
+            chat_template=self.chat_template,
         )
         self.workers = await self.worker.client("generate")
         # The model becomes visible to frontends only once the requests it gets can go

@@ -183,6 +183,15 @@ pub fn engine_flags(config: &RunConfig) -> Result<Vec<String>, RunError> {
     if let Some(n) = config.kv_cache_block_size {
         argv.extend(["--kv-cache-block-size".to_string(), n.to_string()]);
     }
+    if let Some(name) = &config.tool_call_parser {
+        argv.extend(["--tool-call-parser".to_string(), name.clone()]);
+    }
+    if let Some(name) = &config.reasoning_parser {
+        argv.extend(["--reasoning-parser".to_string(), name.clone()]);
+    }
+    if let Some(path) = &config.chat_template {
+        argv.extend(["--chat-template".to_string(), path.display().to_string()]);
+    }
     if let Some(n) = config.migration_limit {
         argv.extend(["--migration-limit".to_string(), n.to_string()]);
     }

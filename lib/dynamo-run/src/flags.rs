@@ -165,6 +165,24 @@ pub struct Flags {
     #[arg(long, value_name = "TOKENS", value_parser = clap::value_parser!(u32).range(1..))]
     pub kv_cache_block_size: Option<u32>,
 
+    /// Parse tool calls out of the model's chat output with this parser (vLLM's
+    /// names); carried in the model card, so every frontend applies it.
+    #[arg(long, value_name = "NAME", value_parser = clap::builder::PossibleValuesParser::new(dynamo_llm::parsers::TOOL_CALL_PARSERS))]
+    pub tool_call_parser: Option<String>,
+
+    /// Split the model's thinking into `reasoning_content` with this parser (vLLM's names).
+    #[arg(long, value_name = "NAME", value_parser = clap::builder::PossibleValuesParser::new(dynamo_llm::parsers::REASONING_PARSERS))]
+    pub reasoning_parser: Option<String>,
+
+    /// A Jinja chat template file replacing the model's own.
+    #[arg(long, value_name = "FILE")]
+    pub chat_template: Option<PathBuf>,
+
+    /// Accepted for vLLM command lines: `tool_choice: auto` is served whenever the
+    /// model has a `--tool-call-parser`.
+    #[arg(long)]
+    pub enable_auto_tool_choice: bool,
+
     /// Times a stream broken mid-way (its worker died, stalled or was cut off) is
     /// continued on another worker with the prompt plus the tokens generated so far.
     /// With `in=dyn://…` it is registered with the model; with `out=dyn` it is the
@@ -396,6 +414,10 @@ pub struct RunConfig {
     pub kv_router: dynamo_llm::kv_router::KvRouterConfig,
     pub context_length: Option<u32>,
     pub kv_cache_block_size: Option<u32>,
+    /// `--tool-call-parser`, `--reasoning-parser`, `--chat-template`: the model card's.
+    pub tool_call_parser: Option<String>,
+    pub reasoning_parser: Option<String>,
+    pub chat_template: Option<PathBuf>,
     pub migration_limit: Option<u32>,
     /// `--resend-limit`, else `DYN_RESEND_LIMIT` (frontends only).
     pub resend_limit: Option<u32>,
@@ -490,6 +512,9 @@ impl Flags {
             for (flag, given) in [
                 ("--context-length", self.context_length.is_some()),
                 ("--kv-cache-block-size", self.kv_cache_block_size.is_some()),
+                ("--tool-call-parser", self.tool_call_parser.is_some()),
+                ("--reasoning-parser", self.reasoning_parser.is_some()),
+                ("--chat-template", self.chat_template.is_some()),
                 ("--model-path", self.model_path.is_some()),
                 ("--extra-engine-args", self.extra_engine_args.is_some()),
             ] {
@@ -605,6 +630,9 @@ impl Flags {
             kv_router,
             context_length: self.context_length,
             kv_cache_block_size: self.kv_cache_block_size,
+            tool_call_parser: self.tool_call_parser,
+            reasoning_parser: self.reasoning_parser,
+            chat_template: self.chat_template,
             migration_limit: self.migration_limit,
             resend_limit,
             extra_engine_args: self.extra_engine_args,
@@ -682,6 +710,22 @@ mod tests {
         assert!(usage_error(&["in=http", "out=echo_full", "--responses-store", "discovery"]).contains("out=dyn"));
         let argv = ["dynamo-run"];
         assert_eq!(Flags::try_parse_from(argv).unwrap().into_config(true).unwrap().input, Input::Text);
+    }
+
+    #[test]
+    fn parser_flags_take_vllm_names_and_refuse_others() {
+        let c = config(&["in=dyn://ns.mocker.generate", "out=mocker", "--tool-call-parser", "hermes", "--reasoning-parser",
+            "qwen3", "--chat-template", "t.jinja", "--enable-auto-tool-choice"])
+        .unwrap();
+        assert_eq!(c.tool_call_parser.as_deref(), Some("hermes"));
+        assert_eq!(c.reasoning_parser.as_deref(), Some("qwen3"));
+        assert_eq!(c.chat_template, Some(PathBuf::from("t.jinja")));
+        let e = usage_error(&["out=mocker", "--tool-call-parser", "hermes2"]);
+        assert!(e.contains("hermes2") && e.contains("llama3_json"), "{e}");
+        let e = usage_error(&["out=mocker", "--reasoning-parser", "r1"]);
+        assert!(e.contains("deepseek_r1"), "{e}");
+        let e = usage_error(&["in=http", "out=dyn", "--tool-call-parser", "hermes"]);
+        assert!(e.contains("--tool-call-parser cannot be used with out=dyn"), "{e}");
     }
 
     #[test]

@@ -102,5 +102,8 @@ fn card_options(config: &RunConfig, kind: ModelKind) -> CardOptions {
         kind,
         context_length: config.context_length,
         kv_cache_block_size: config.kv_cache_block_size,
+        tool_call_parser: config.tool_call_parser.clone(),
+        reasoning_parser: config.reasoning_parser.clone(),
+        chat_template: config.chat_template.clone(),
     }
 }

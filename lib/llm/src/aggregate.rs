@@ -1,6 +1,7 @@
 //! Folding a stream of chunks into one whole response (`stream: false` in the HTTP
 //! frontend, and `dynamo-run`'s text and batch inputs): chat deltas are concatenated
-//! per choice, completions text likewise, the last finish reason wins, and `usage`
+//! per choice (`reasoning_content` likewise; `tool_calls` pieces folded by their
+//! `index`), completions text likewise, the last finish reason wins, and `usage`
 //! adds up the token counts the items carry.
 
 use std::collections::BTreeMap;
@@ -10,7 +11,8 @@ use futures::StreamExt;
 use crate::engine::{ChatStream, CompletionStream, EngineError, StreamItem};
 use crate::protocols::logprobs;
 use crate::protocols::openai::{
-    ChatChoice, ChatCompletionChunk, ChatCompletionResponse, ChatResponseMessage, CompletionChoice, CompletionResponse, Usage,
+    ChatChoice, ChatCompletionChunk, ChatCompletionResponse, ChatResponseMessage, CompletionChoice, CompletionResponse,
+    ToolCallItem, Usage,
 };
 use crate::protocols::unix_now;
 
@@ -83,8 +85,46 @@ pub struct ChatAggregator {
 struct ChatFold {
     role: Option<String>,
     content: String,
+    reasoning: String,
+    /// Calls by their delta `index`: id, type and name from the first piece,
+    /// arguments concatenated.
+    tool_calls: BTreeMap<usize, ToolCallItem>,
     finish_reason: Option<String>,
     logprobs: Option<serde_json::Value>,
+}
+
+impl ChatFold {
+    fn add_call(&mut self, piece: ToolCallItem) {
+        let index = piece.index.unwrap_or(self.tool_calls.len());
+        let call = self.tool_calls.entry(index).or_default();
+        call.id = call.id.take().or(piece.id);
+        call.kind = call.kind.take().or(piece.kind);
+        call.function.name = call.function.name.take().or(piece.function.name);
+        if let Some(arguments) = piece.function.arguments {
+            call.function.arguments.get_or_insert_with(String::new).push_str(&arguments);
+        }
+    }
+
+    fn into_message(self) -> ChatResponseMessage {
+        let tool_calls: Vec<ToolCallItem> = self
+            .tool_calls
+            .into_values()
+            .map(|mut call| {
+                call.index = None;
+                call.kind.get_or_insert_with(|| "function".to_string());
+                call.function.arguments.get_or_insert_with(String::new);
+                call
+            })
+            .collect();
+        // With calls and no text, `content` is null (as OpenAI answers).
+        let content = (!self.content.is_empty() || tool_calls.is_empty()).then_some(self.content);
+        ChatResponseMessage {
+            role: self.role.unwrap_or_else(|| "assistant".to_string()),
+            content,
+            reasoning_content: (!self.reasoning.is_empty()).then_some(self.reasoning),
+            tool_calls: (!tool_calls.is_empty()).then_some(tool_calls),
+        }
+    }
 }
 
 impl ChatAggregator {
@@ -106,6 +146,12 @@ impl ChatAggregator {
             if let Some(text) = choice.delta.content {
                 fold.content.push_str(&text);
             }
+            if let Some(text) = choice.delta.reasoning_content {
+                fold.reasoning.push_str(&text);
+            }
+            for piece in choice.delta.tool_calls.into_iter().flatten() {
+                fold.add_call(piece);
+            }
             if choice.finish_reason.is_some() {
                 fold.finish_reason = choice.finish_reason;
             }
@@ -118,20 +164,16 @@ impl ChatAggregator {
         let mut choices: Vec<ChatChoice> = self
             .choices
             .into_iter()
-            .map(|(index, fold)| ChatChoice {
-                index,
-                message: ChatResponseMessage {
-                    role: fold.role.unwrap_or_else(|| "assistant".to_string()),
-                    content: Some(fold.content),
-                },
-                finish_reason: fold.finish_reason,
-                logprobs: fold.logprobs,
+            .map(|(index, mut fold)| {
+                let finish_reason = fold.finish_reason.take();
+                let logprobs = fold.logprobs.take();
+                ChatChoice { index, message: fold.into_message(), finish_reason, logprobs }
             })
             .collect();
         if choices.is_empty() {
             choices.push(ChatChoice {
                 index: 0,
-                message: ChatResponseMessage { role: "assistant".to_string(), content: Some(String::new()) },
+                message: ChatResponseMessage { role: "assistant".to_string(), content: Some(String::new()), ..Default::default() },
                 finish_reason: None,
                 logprobs: None,
             });
@@ -221,7 +263,7 @@ mod tests {
     fn chat_item(content: Option<&str>, finish: Option<&str>, prompt: Option<u32>, tokens: u32) -> StreamItem<ChatCompletionChunk> {
         let choice = ChatChunkChoice {
             index: 0,
-            delta: ChatDelta { role: Some("assistant".into()), content: content.map(String::from) },
+            delta: ChatDelta { role: Some("assistant".into()), content: content.map(String::from), ..Default::default() },
             finish_reason: finish.map(String::from),
             logprobs: None,
         };
@@ -241,6 +283,42 @@ mod tests {
         assert_eq!(resp.choices[0].message.content.as_deref(), Some("Hello"));
         assert_eq!(resp.choices[0].finish_reason.as_deref(), Some("stop"));
         assert_eq!(resp.usage, Usage::new(4, 2));
+    }
+
+    #[test]
+    fn chat_folds_reasoning_and_tool_call_pieces_by_index() {
+        use crate::protocols::openai::FunctionCall;
+        let piece = |index, id: Option<&str>, name: Option<&str>, arguments: &str| ToolCallItem {
+            index: Some(index),
+            id: id.map(String::from),
+            kind: id.map(|_| "function".to_string()),
+            function: FunctionCall { name: name.map(String::from), arguments: Some(arguments.into()) },
+        };
+        let mut agg = ChatAggregator::new("x", "m");
+        let deltas = [
+            ChatDelta { reasoning_content: Some("think".into()), ..Default::default() },
+            ChatDelta { reasoning_content: Some("ing".into()), ..Default::default() },
+            ChatDelta { tool_calls: Some(vec![piece(0, Some("call_a"), Some("f"), "{\"x\":"), piece(1, Some("call_b"), Some("g"), "{}")]), ..Default::default() },
+            ChatDelta { tool_calls: Some(vec![piece(0, None, None, " 1}")]), ..Default::default() },
+        ];
+        let last = deltas.len() - 1;
+        for (i, delta) in deltas.into_iter().enumerate() {
+            let choice = ChatChunkChoice { index: 0, delta, finish_reason: (i == last).then(|| "tool_calls".into()), logprobs: None };
+            agg.push(StreamItem { data: ChatCompletionChunk::new("c", "m", 1, choice), prompt_tokens: None, completion_tokens: 1, cached_tokens: None });
+        }
+        let resp = agg.finish();
+        let message = &resp.choices[0].message;
+        assert_eq!(message.content, None);
+        assert_eq!(message.reasoning_content.as_deref(), Some("thinking"));
+        let calls = message.tool_calls.as_ref().unwrap();
+        assert_eq!(calls.len(), 2);
+        assert_eq!((calls[0].index, calls[0].id.as_deref(), calls[0].kind.as_deref()), (None, Some("call_a"), Some("function")));
+        assert_eq!(calls[0].function.name.as_deref(), Some("f"));
+        assert_eq!(calls[0].function.arguments.as_deref(), Some("{\"x\": 1}"));
+        assert_eq!(calls[1].function.name.as_deref(), Some("g"));
+        assert_eq!(resp.choices[0].finish_reason.as_deref(), Some("tool_calls"));
+        let json = serde_json::to_value(message).unwrap();
+        assert_eq!(json["tool_calls"][0], serde_json::json!({"id": "call_a", "type": "function", "function": {"name": "f", "arguments": "{\"x\": 1}"}}));
     }
 
     #[tokio::test]

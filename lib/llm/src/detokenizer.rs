@@ -81,7 +81,7 @@ impl Detokenizer {
         let stops = if ignore_eos { Vec::new() } else { stop.stop.clone().unwrap_or_default() };
         Detokenizer {
             inner,
-            decoder: tokenizer.decode_stream_after(&request.token_ids, true),
+            decoder: tokenizer.decode_stream_after(&request.token_ids, !request.output_options.keep_special_tokens),
             jail: StopJail::new(stops),
             hidden,
             eos,

@@ -9,6 +9,7 @@
 //! detokenizer turn a token engine into an OpenAI engine.
 
 pub mod aggregate;
+pub mod chat_output;
 pub mod detokenizer;
 pub mod disagg;
 pub mod discovery;

@@ -10,6 +10,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::tokenizer::{Tokenizer, TokenizerError};
+use crate::parsers::{reasoning_parser, tool_call_parser, UnknownParser};
 
 /// Context length used when neither `config.json` nor `tokenizer_config.json` says.
 pub const DEFAULT_CONTEXT_LENGTH: u32 = 8192;
@@ -73,6 +74,9 @@ pub enum CardError {
     /// A value is out of range.
     #[error("{0}")]
     Invalid(String),
+    /// A parser name is not registered; the message lists the known names.
+    #[error(transparent)]
+    UnknownParser(#[from] UnknownParser),
     /// The model path is not a folder.
     #[error("model path {} is not a directory (a HuggingFace model folder with tokenizer.json is expected)", .0.display())]
     NotADirectory(PathBuf),
@@ -93,6 +97,12 @@ pub struct CardOptions {
     pub context_length: Option<u32>,
     /// Overrides the card's KV block size (at least 1).
     pub kv_cache_block_size: Option<u32>,
+    /// The tool-call parser for the model's output (`--tool-call-parser`; vLLM's names).
+    pub tool_call_parser: Option<String>,
+    /// The reasoning parser for the model's output (`--reasoning-parser`; vLLM's names).
+    pub reasoning_parser: Option<String>,
+    /// A Jinja chat template file that replaces the model's templates (`--chat-template`).
+    pub chat_template: Option<PathBuf>,
 }
 
 impl CardOptions {
@@ -110,6 +120,19 @@ impl CardOptions {
         }
         if let Some(n) = self.kv_cache_block_size {
             card = card.with_kv_cache_block_size(n)?;
+        }
+        if let Some(name) = &self.tool_call_parser {
+            tool_call_parser(name, None)?;
+            card.tool_call_parser = Some(name.clone());
+        }
+        if let Some(name) = &self.reasoning_parser {
+            reasoning_parser(name, true)?;
+            card.reasoning_parser = Some(name.clone());
+        }
+        if let Some(path) = &self.chat_template {
+            let text = std::fs::read_to_string(path).map_err(|source| CardError::Io { path: path.clone(), source })?;
+            card.chat_template = Some(text);
+            card.tool_use_template = None;
         }
         if self.kind == ModelKind::Backend {
             card.tokenizer()?;
@@ -149,6 +172,14 @@ pub struct ModelDeploymentCard {
     /// Ids that end a generation.
     #[serde(default)]
     pub eos_token_ids: Vec<u32>,
+    /// The tool-call parser a frontend runs on this model's chat output (a name of
+    /// [`crate::parsers::TOOL_CALL_PARSERS`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_parser: Option<String>,
+    /// The reasoning parser a frontend runs on this model's chat output (a name of
+    /// [`crate::parsers::REASONING_PARSERS`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_parser: Option<String>,
 }
 
 fn default_block_size() -> u32 {
@@ -222,6 +253,8 @@ impl ModelDeploymentCard {
             bos_token,
             eos_token,
             eos_token_ids,
+            tool_call_parser: None,
+            reasoning_parser: None,
         })
     }
 
@@ -240,6 +273,8 @@ impl ModelDeploymentCard {
             bos_token: Some("<s>".to_string()),
             eos_token: Some("</s>".to_string()),
             eos_token_ids: vec![EOS_ID],
+            tool_call_parser: None,
+            reasoning_parser: None,
         }
     }
 
@@ -469,6 +504,35 @@ mod tests {
         assert!(matches!(missing.build(), Err(CardError::NotADirectory(_))));
         let zero = CardOptions { context_length: Some(0), ..Default::default() };
         assert!(matches!(zero.build(), Err(CardError::Invalid(_))));
+    }
+
+    #[test]
+    fn card_options_carry_the_parsers_and_a_template_file_and_refuse_unknown_parsers() {
+        let file = std::env::temp_dir().join(format!("dynamo-card-template-{}.jinja", std::process::id()));
+        std::fs::write(&file, "T{{ tools | length }}").unwrap();
+        let options = CardOptions {
+            tool_call_parser: Some("hermes".into()),
+            reasoning_parser: Some("qwen3".into()),
+            chat_template: Some(file.clone()),
+            ..Default::default()
+        };
+        let card = options.build();
+        std::fs::remove_file(&file).unwrap();
+        let card = card.unwrap();
+        assert_eq!(card.tool_call_parser.as_deref(), Some("hermes"));
+        assert_eq!(card.reasoning_parser.as_deref(), Some("qwen3"));
+        assert_eq!(card.chat_template.as_deref(), Some("T{{ tools | length }}"));
+        let back: ModelDeploymentCard = serde_json::from_str(&serde_json::to_string(&card).unwrap()).unwrap();
+        assert_eq!(back, card);
+        // Old cards (no parser fields) still load.
+        assert_eq!(ModelDeploymentCard::builtin("a").tool_call_parser, None);
+
+        let e = CardOptions { tool_call_parser: Some("hermes2".into()), ..Default::default() }.build().unwrap_err();
+        assert!(matches!(&e, CardError::UnknownParser(_)) && e.to_string().contains("known: deepseek_v3, hermes"), "{e}");
+        let e = CardOptions { reasoning_parser: Some("r1".into()), ..Default::default() }.build().unwrap_err();
+        assert!(e.to_string().contains("known: deepseek_r1, qwen3"), "{e}");
+        let e = CardOptions { chat_template: Some("/nonexistent/t.jinja".into()), ..Default::default() }.build().unwrap_err();
+        assert!(matches!(e, CardError::Io { .. }));
     }
 
     #[test]

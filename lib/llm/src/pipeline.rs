@@ -6,6 +6,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use futures::{future, StreamExt};
 
+use crate::chat_output::ChatOutput;
 use crate::detokenizer::detokenize;
 use crate::engine::EngineFactory;
 use crate::engine::{
@@ -160,6 +161,17 @@ impl ChunkAccounting {
         result: Result<LLMEngineOutput, EngineError>,
         make: impl FnOnce(String, Option<String>, bool, Option<serde_json::Value>) -> T,
     ) -> Option<Result<StreamItem<T>, EngineError>> {
+        self.take_some(result, |text, finish, first, logprobs| Some(make(text, finish, first, logprobs)))
+    }
+
+    /// [`Self::take`], where `make` may find nothing to send (text an output parser
+    /// holds back): the step's tokens then go with the next item, as for a step with
+    /// no text. `make` must not return `None` when it was given log probabilities.
+    fn take_some<T>(
+        &mut self,
+        result: Result<LLMEngineOutput, EngineError>,
+        make: impl FnOnce(String, Option<String>, bool, Option<serde_json::Value>) -> Option<T>,
+    ) -> Option<Result<StreamItem<T>, EngineError>> {
         let out = match result {
             Ok(out) => out,
             Err(e) => return Some(Err(e)),
@@ -179,12 +191,16 @@ impl ChunkAccounting {
             self.pending_tokens = tokens;
             return None;
         }
-        self.pending_tokens = 0;
         let first = self.prompt_tokens.is_some();
         let finish = out.finish_reason.map(|f| f.as_openai().to_string());
         let logprobs = self.logprobs.as_mut().map(LogprobCollector::take);
+        let Some(data) = make(text, finish, first, logprobs) else {
+            self.pending_tokens = tokens;
+            return None;
+        };
+        self.pending_tokens = 0;
         Some(Ok(StreamItem {
-            data: make(text, finish, first, logprobs),
+            data,
             prompt_tokens: self.prompt_tokens.take(),
             completion_tokens: tokens,
             cached_tokens: self.cached_tokens.take(),
@@ -228,6 +244,9 @@ impl Pipeline {
         pre: Preprocessed,
         ctx: RequestContext,
     ) -> Result<ChatStream, EngineError> {
+        // Built before the engine starts: a card with a parser name this build does not
+        // know is refused without generating.
+        let mut output = ChatOutput::new(&pre.output).map_err(|e| EngineError::Internal(format!("model card: {e}")))?;
         let stream = self.generate(&pre, ctx).await?;
         let id = format!("chatcmpl-{}", uuid::Uuid::new_v4());
         let model = request.model;
@@ -235,17 +254,31 @@ impl Pipeline {
         let collector = self.collector(&pre, LogprobShape::Chat);
         let mut accounting = ChunkAccounting::new(pre.request.token_ids.len(), collector);
         let chunks = stream.filter_map(move |result| {
-            future::ready(accounting.take(result, |text, finish_reason, first, logprobs| {
-                let delta = ChatDelta {
-                    role: first.then(|| "assistant".to_string()),
-                    content: (!text.is_empty()).then_some(text),
+            future::ready(accounting.take_some(result, |text, finish_reason, first, logprobs| {
+                let (delta, finish_reason) = match &mut output {
+                    None => (ChatDelta { content: (!text.is_empty()).then_some(text), ..Default::default() }, finish_reason),
+                    Some(output) => {
+                        let (step, finish_reason) = output.step(&text, finish_reason);
+                        let delta = ChatDelta {
+                            content: (!step.content.is_empty()).then_some(step.content),
+                            reasoning_content: (!step.reasoning.is_empty()).then_some(step.reasoning),
+                            tool_calls: (!step.calls.is_empty()).then_some(step.calls),
+                            ..Default::default()
+                        };
+                        (delta, finish_reason)
+                    }
                 };
-                ChatCompletionChunk::new(
+                if !first && finish_reason.is_none() && logprobs.is_none() && delta == ChatDelta::default() {
+                    // Text the parsers hold back (inside a call): nothing to send yet.
+                    return None;
+                }
+                let delta = ChatDelta { role: first.then(|| "assistant".to_string()), ..delta };
+                Some(ChatCompletionChunk::new(
                     &id,
                     &model,
                     created,
                     ChatChunkChoice { index: 0, delta, finish_reason, logprobs },
-                )
+                ))
             }))
         });
         Ok(chunks.boxed())

@@ -11,10 +11,13 @@ pub mod prompt;
 
 use std::sync::Arc;
 
+use crate::chat_output::{ConstrainedCalls, OutputPlan};
 use crate::engine::EngineError;
 use crate::model_card::{CardError, ModelDeploymentCard};
 use crate::protocols::common::{OutputOptions, PreprocessedRequest, SamplingOptions, StopConditions};
+use crate::parsers::tool_calls::needs_special_tokens;
 use crate::protocols::openai::{ChatCompletionRequest, CompletionRequest, NvExt, Prompt, ResponseFormat, SamplingParams, StopSpec};
+use crate::protocols::tools::{ToolChoice, ToolRequest};
 use crate::tokenizer::Tokenizer;
 
 use prompt::PromptFormatter;
@@ -87,6 +90,8 @@ pub struct Preprocessed {
     pub request: PreprocessedRequest,
     /// The rendered prompt (empty for a token-id prompt).
     pub formatted_prompt: String,
+    /// How the chat output is parsed (tool calls, reasoning); nothing for completions.
+    pub output: OutputPlan,
 }
 
 /// Turns OpenAI requests into token-level requests for one model; built once per
@@ -107,7 +112,9 @@ struct RequestLimits<'a> {
     /// The request's sampling fields, with the extensions `nvext` adds.
     sampling: SamplingParams,
     logprobs: Option<u32>,
-    response_format: Option<&'a ResponseFormat>,
+    /// The engine's constraint: the client's `response_format`, or the tool calls'.
+    response_format: Option<serde_json::Value>,
+    keep_special_tokens: bool,
 }
 
 impl Preprocessor {
@@ -149,8 +156,14 @@ impl Preprocessor {
     }
 
     /// The prompt text of a chat request: the rendered template, or with
-    /// `nvext.use_raw_prompt` the last user message as written.
+    /// `nvext.use_raw_prompt` the last user message as written. `tool_choice: none`
+    /// renders no tools.
     pub fn render_chat(&self, request: &ChatCompletionRequest) -> Result<String, EngineError> {
+        let tools = ToolRequest::from_request(request).map_err(EngineError::BadRequest)?;
+        self.render_chat_with(request, tools.as_ref())
+    }
+
+    fn render_chat_with(&self, request: &ChatCompletionRequest, tools: Option<&ToolRequest>) -> Result<String, EngineError> {
         let raw = request.nvext.as_ref().and_then(|n| n.use_raw_prompt).unwrap_or(false);
         if raw {
             return request
@@ -161,15 +174,69 @@ impl Preprocessor {
                 .map(|m| m.content.as_ref().map(|c| c.text()).unwrap_or_default())
                 .ok_or_else(|| EngineError::BadRequest("use_raw_prompt needs a user message".to_string()));
         }
+        let rendered_tools = match tools {
+            Some(t) if t.choice != ToolChoice::None => request.tools.as_deref(),
+            _ => None,
+        };
         self.formatter
-            .render(&request.messages, request.tools.as_deref())
+            .render_with(&request.messages, rendered_tools, request.chat_template_kwargs.as_ref())
             .map_err(|e| EngineError::BadRequest(e.to_string()))
+    }
+
+    /// How a chat request's output is parsed, and the engine constraint its tool
+    /// choice needs; a 400 for tools the request or the model cannot serve.
+    fn output_plan(
+        &self,
+        request: &ChatCompletionRequest,
+        tools: Option<&ToolRequest>,
+    ) -> Result<(OutputPlan, Option<serde_json::Value>), EngineError> {
+        let mut plan = OutputPlan {
+            reasoning_parser: self.card.reasoning_parser.clone(),
+            thinking: request.enable_thinking(),
+            ..Default::default()
+        };
+        let Some(tools) = tools else { return Ok((plan, None)) };
+        let constrained = match &tools.choice {
+            ToolChoice::None => return Ok((plan, None)),
+            ToolChoice::Auto => {
+                let Some(parser) = &self.card.tool_call_parser else {
+                    return Err(EngineError::BadRequest(format!(
+                        "tool_choice \"auto\" needs a tool-call parser, and model {} was registered without one \
+                         (tool_call_parser: start its worker with --tool-call-parser NAME); \
+                         tool_choice \"required\" or a named function work without it",
+                        self.card.display_name
+                    )));
+                };
+                plan.tool_parser = Some(parser.clone());
+                plan.tool_names = tools.names();
+                return Ok((plan, None));
+            }
+            ToolChoice::Required => ConstrainedCalls::List,
+            ToolChoice::Named(name) => ConstrainedCalls::Named(name.clone()),
+        };
+        if request.response_format.as_ref().is_some_and(|f| *f != ResponseFormat::Text) {
+            return Err(EngineError::BadRequest(
+                "response_format cannot be combined with tool_choice \"required\" or a named function \
+                 (both constrain the output)"
+                    .to_string(),
+            ));
+        }
+        let schema = tools.constraint();
+        plan.constrained = Some(constrained);
+        let format = serde_json::json!({
+            "type": "json_schema",
+            "json_schema": {"name": "tool_calls", "schema": schema, "strict": true},
+            "compact": true,
+        });
+        Ok((plan, Some(format)))
     }
 
     /// Preprocess a chat request.
     pub fn preprocess_chat(&self, request: &ChatCompletionRequest) -> Result<Preprocessed, EngineError> {
         self.check_prompt_bytes(chat_input_bytes(request))?;
-        let formatted_prompt = self.render_chat(request)?;
+        let tools = ToolRequest::from_request(request).map_err(EngineError::BadRequest)?;
+        let (output, tool_format) = self.output_plan(request, tools.as_ref())?;
+        let formatted_prompt = self.render_chat_with(request, tools.as_ref())?;
         let raw = request.nvext.as_ref().and_then(|n| n.use_raw_prompt).unwrap_or(false);
         let token_ids = self.encode(&formatted_prompt, if raw { Specials::Add } else { Specials::FromTemplate })?;
         let limits = RequestLimits {
@@ -178,9 +245,10 @@ impl Preprocessor {
             nvext: request.nvext.as_ref(),
             sampling: request.sampling.with_nvext(request.nvext.as_ref()),
             logprobs: request.wants_logprobs().then(|| request.top_logprobs.unwrap_or(0)),
-            response_format: request.response_format.as_ref(),
+            response_format: tool_format.or_else(|| client_format(request.response_format.as_ref())),
+            keep_special_tokens: output.tool_parser.as_deref().is_some_and(needs_special_tokens),
         };
-        Ok(Preprocessed { request: self.build(token_ids, limits)?, formatted_prompt })
+        Ok(Preprocessed { request: self.build(token_ids, limits)?, formatted_prompt, output })
     }
 
     /// Preprocess a completions request.
@@ -213,9 +281,10 @@ impl Preprocessor {
             nvext: request.nvext.as_ref(),
             sampling: request.sampling.with_nvext(request.nvext.as_ref()),
             logprobs: request.logprobs,
-            response_format: request.response_format.as_ref(),
+            response_format: client_format(request.response_format.as_ref()),
+            keep_special_tokens: false,
         };
-        Ok(Preprocessed { request: self.build(token_ids, limits)?, formatted_prompt })
+        Ok(Preprocessed { request: self.build(token_ids, limits)?, formatted_prompt, output: OutputPlan::default() })
     }
 
     fn encode(&self, text: &str, specials: Specials) -> Result<Vec<u32>, EngineError> {
@@ -300,10 +369,15 @@ impl Preprocessor {
             mdc_sum: Some(self.mdc_sum.clone()),
             annotations: nvext.annotations.unwrap_or_default(),
             estimated_prefix_hit_num_blocks: None,
-            output_options: OutputOptions { logprobs: limits.logprobs },
-            response_format: limits.response_format.and_then(|f| serde_json::to_value(f).ok()),
+            output_options: OutputOptions { logprobs: limits.logprobs, keep_special_tokens: limits.keep_special_tokens },
+            response_format: limits.response_format,
         })
     }
+}
+
+/// A client's `response_format` as the engine receives it.
+fn client_format(format: Option<&ResponseFormat>) -> Option<serde_json::Value> {
+    format.and_then(|f| serde_json::to_value(f).ok())
 }
 
 #[cfg(test)]
@@ -461,6 +535,60 @@ mod tests {
         let mut req = chat("just this");
         req.nvext = Some(NvExt { use_raw_prompt: Some(true), ..Default::default() });
         assert_eq!(p.preprocess_chat(&req).unwrap().formatted_prompt, "just this");
+    }
+
+    fn with_tools(card: ModelDeploymentCard, fields: &str) -> Result<Preprocessed, EngineError> {
+        let req: ChatCompletionRequest = serde_json::from_str(&format!(
+            r#"{{"model":"m","messages":[{{"role":"user","content":"hi"}}],
+                "tools":[{{"type":"function","function":{{"name":"get_weather","parameters":{{"type":"object"}}}}}}]{fields}}}"#
+        ))
+        .unwrap();
+        Preprocessor::new(Arc::new(card)).unwrap().preprocess_chat(&req)
+    }
+
+    fn tool_card(parser: Option<&str>) -> ModelDeploymentCard {
+        let mut card = ModelDeploymentCard::builtin("m");
+        card.chat_template = Some("{% if tools %}T{{ tools | length }} {% endif %}{{ messages[0].content }}".into());
+        card.tool_call_parser = parser.map(String::from);
+        card
+    }
+
+    #[test]
+    fn auto_needs_the_models_tool_call_parser_and_required_does_not() {
+        let e = with_tools(tool_card(None), "").unwrap_err();
+        assert!(matches!(&e, EngineError::BadRequest(m) if m.contains("tool_call_parser") && m.contains("--tool-call-parser")), "{e:?}");
+        let out = with_tools(tool_card(Some("hermes")), "").unwrap();
+        assert_eq!(out.formatted_prompt, "T1 hi");
+        assert_eq!(out.output.tool_parser.as_deref(), Some("hermes"));
+        assert_eq!(out.output.tool_names, vec!["get_weather".to_string()]);
+        assert_eq!(out.request.response_format, None);
+        assert!(!out.request.output_options.keep_special_tokens);
+        // Markup made of special tokens: the detokenizer keeps them.
+        let out = with_tools(tool_card(Some("mistral")), "").unwrap();
+        assert!(out.request.output_options.keep_special_tokens);
+
+        let out = with_tools(tool_card(None), r#","tool_choice":"required""#).unwrap();
+        assert_eq!(out.output.constrained, Some(ConstrainedCalls::List));
+        let format = out.request.response_format.unwrap();
+        assert_eq!((format["type"].as_str(), format["compact"].as_bool()), (Some("json_schema"), Some(true)));
+        assert_eq!(format["json_schema"]["schema"]["minItems"], 1);
+        let named = r#","tool_choice":{"type":"function","function":{"name":"get_weather"}}"#;
+        let out = with_tools(tool_card(None), named).unwrap();
+        assert_eq!(out.output.constrained, Some(ConstrainedCalls::Named("get_weather".into())));
+        assert_eq!(out.request.response_format.unwrap()["json_schema"]["schema"], serde_json::json!({"type": "object"}));
+        let e = with_tools(tool_card(None), &format!(r#"{named},"response_format":{{"type":"json_object"}}"#)).unwrap_err();
+        assert!(matches!(&e, EngineError::BadRequest(m) if m.contains("response_format")), "{e:?}");
+    }
+
+    #[test]
+    fn tool_choice_none_renders_no_tools_and_parses_nothing_but_reasoning() {
+        let mut card = tool_card(None);
+        card.reasoning_parser = Some("qwen3".into());
+        let out = with_tools(card, r#","tool_choice":"none","chat_template_kwargs":{"enable_thinking":false}"#).unwrap();
+        assert_eq!(out.formatted_prompt, "hi");
+        assert_eq!(out.output.tool_parser, None);
+        assert_eq!((out.output.reasoning_parser.as_deref(), out.output.thinking), (Some("qwen3"), false));
+        assert_eq!(out.request.response_format, None);
     }
 
     #[test]

@@ -343,7 +343,8 @@ async fn openai_semantics() {
 
     // Refused fields name themselves; wrong types name the field.
     for (field, value) in [
-        ("tools", json!([{"type": "function", "function": {"name": "f"}}])),
+        ("functions", json!([{"name": "f"}])),
+        ("tools", json!([{"type": "function", "function": {"description": "no name"}}])),
         ("logit_bias", json!({"50256": -100})),
         ("top_logprobs", json!(2)),
     ] {

@@ -85,7 +85,7 @@ impl OpenAIEngine for CharPipeline {
             .map(move |step| {
                 let (text, finish, prompt) = step?;
                 let tokens = text.chars().count() as u32;
-                let delta = ChatDelta { role: None, content: Some(text) };
+                let delta = ChatDelta { content: Some(text), ..Default::default() };
                 let chunk = ChatCompletionChunk::new(&id, &model, 1, ChatChunkChoice { index: 0, delta, finish_reason: finish, logprobs: None });
                 let prompt_tokens = std::mem::replace(&mut first, false).then_some(prompt);
                 Ok(StreamItem { data: chunk, prompt_tokens, completion_tokens: tokens, cached_tokens: None })

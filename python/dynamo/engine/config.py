@@ -12,6 +12,7 @@ reach one parser; ``dynamo-run out=vllm`` passes ``--endpoint``, ``--model-path`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
@@ -45,6 +46,12 @@ class WorkerConfig:
     max_concurrent_prefills: int
     kv_events: bool
     """Publish the engine's KV cache events (for ``--router-mode kv``)."""
+    tool_call_parser: str | None
+    """The model's tool-call parser (docs/tools.md), registered in its card."""
+    reasoning_parser: str | None
+    """The model's reasoning parser (docs/tools.md), registered in its card."""
+    chat_template: str | None
+    """A Jinja chat template file replacing the model's own, registered in its card."""
     kv_events_port: int
     metrics: bool
     """Publish the engine's load metrics."""
@@ -83,6 +90,7 @@ def add_arguments(parser: argparse.ArgumentParser, engine: str, own_flags: froze
         "--migration-limit", type=int, default=0,
         help="times a frontend may continue a broken stream of this model on another worker (default 0)",
     )
+    add_parser_arguments(parser.add_argument_group("Dynamo: output parsing (docs/tools.md)"))
     add(
         "--kv-events", action=argparse.BooleanOptionalAction, default=True,
         help=f"publish {engine}'s KV cache events on the event plane (default on)",
@@ -104,6 +112,48 @@ def add_arguments(parser: argparse.ArgumentParser, engine: str, own_flags: froze
     )
 
 
+def add_parser_arguments(group: Any) -> None:
+    """vLLM's server flags for tool calls and reasoning (same names, so a ``vllm serve``
+    command line carries over); unknown parser names are a usage error (exit 2) listing
+    the known ones (``check_parser_names``). A flag the engine's own parser defines
+    already (vLLM's engine ``--reasoning-parser``, SGLang's) is kept as the engine's."""
+    from dynamo.llm import REASONING_PARSERS, TOOL_CALL_PARSERS
+
+    flags: list[tuple[str, dict[str, Any]]] = [
+        ("--tool-call-parser", {
+            "metavar": "NAME",
+            "help": f"parse tool calls out of the model's chat output ({', '.join(TOOL_CALL_PARSERS)})",
+        }),
+        ("--reasoning-parser", {
+            "metavar": "NAME",
+            "help": f"split the model's thinking into reasoning_content ({', '.join(REASONING_PARSERS)})",
+        }),
+        ("--chat-template", {"metavar": "FILE", "help": "a Jinja chat template file replacing the model's"}),
+        ("--enable-auto-tool-choice", {
+            "action": "store_true",
+            "help": "accepted for vLLM command lines: tool_choice auto is served whenever --tool-call-parser is set",
+        }),
+    ]
+    for flag, kwargs in flags:
+        with contextlib.suppress(argparse.ArgumentError):
+            group.add_argument(flag, **kwargs)
+
+
+def check_parser_names(ns: argparse.Namespace, p: argparse.ArgumentParser) -> None:
+    """Refuse parser names we do not know (exit 2, listing the known ones), also where
+    the engine's own parser defined the flag without choices; an empty name is none."""
+    from dynamo.llm import REASONING_PARSERS, TOOL_CALL_PARSERS
+
+    for flag, known in (("tool_call_parser", TOOL_CALL_PARSERS), ("reasoning_parser", REASONING_PARSERS)):
+        name = getattr(ns, flag, None) or None
+        setattr(ns, flag, name)
+        if name is not None and name not in known:
+            p.error(f"--{flag.replace('_', '-')} {name!r}: unknown; known: {', '.join(known)}")
+    template = getattr(ns, "chat_template", None)
+    if template is not None and not Path(template).is_file():
+        p.error(f"--chat-template {ns.chat_template!r}: no such file")
+
+
 def new_parser(adapter: EngineAdapter, prog: str) -> argparse.ArgumentParser:
     """The engine's parser with Dynamo's groups."""
     p = adapter.parser(prog, f"Serve a {adapter.name} engine as a Dynamo token-level worker and register its model.")
@@ -118,6 +168,7 @@ def parse_args(adapter: EngineAdapter, argv: Sequence[str], prog: str) -> Worker
     ns = p.parse_args(argv)
     if ns.migration_limit < 0:
         p.error("--migration-limit must be at least 0")
+    check_parser_names(ns, p)
     if ns.max_concurrent_prefills < 1 or ns.max_local_prefill_length < 0 or ns.max_prefill_queue_size < 0:
         p.error("--max-concurrent-prefills must be at least 1; the prefill thresholds at least 0")
     if not ns.remote_prefill_timeout > 0:
@@ -148,6 +199,9 @@ def parse_args(adapter: EngineAdapter, argv: Sequence[str], prog: str) -> Worker
         remote_prefill_timeout=ns.remote_prefill_timeout,
         max_concurrent_prefills=ns.max_concurrent_prefills,
         kv_events=ns.kv_events,
+        tool_call_parser=ns.tool_call_parser,
+        reasoning_parser=ns.reasoning_parser,
+        chat_template=getattr(ns, "chat_template", None),
         kv_events_port=ns.kv_events_port,
         metrics=ns.metrics,
     )

@@ -82,6 +82,9 @@ async def serve_role(
         context_length=context_length,
         kv_cache_block_size=block_size,
         migration_limit=config.migration_limit,
+        tool_call_parser=config.tool_call_parser,
+        reasoning_parser=config.reasoning_parser,
+        chat_template=config.chat_template,
     )
     log.info(
         "serving %s (%s, role %s, context %d, KV block %d) on %s",

@@ -87,6 +87,13 @@ def make_tokenizer(vocab_size: int = VOCAB_SIZE):  # type: ignore[no-untyped-def
         show_progress=False,
     )
     tokenizer.train_from_iterator(corpus(), trainer=trainer)
+    # The trainer reserved ids 3..258 for the byte tokens by listing them as special
+    # tokens, which made them special *added* tokens: decoding with
+    # skip_special_tokens (vLLM's default, and the frontend's) then dropped every
+    # byte-fallback token's text. In Llama 2's tokenizer they are plain vocabulary.
+    data = json.loads(tokenizer.to_str())
+    data["added_tokens"] = [t for t in data["added_tokens"] if t["content"] in (UNK, BOS, EOS)]
+    tokenizer = Tokenizer.from_str(json.dumps(data))
     tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in (UNK, BOS, EOS)])
     bos_id = tokenizer.token_to_id(BOS)
     tokenizer.post_processor = processors.TemplateProcessing(

@@ -46,7 +46,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "--migration-limit", type=int,
         help="times a frontend may continue a broken stream of this model on another worker (registered with it)",
     )
+    from dynamo.engine.config import add_parser_arguments, check_parser_names
     from dynamo.llm import disagg as disagg_flags
+
+    add_parser_arguments(parser.add_argument_group("output parsing (docs/tools.md)"))
 
     disagg = parser.add_argument_group("disaggregated serving (docs/disagg.md)")
     # Only the flags given are passed on to dynamo-run, which holds the defaults.
@@ -54,6 +57,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     disagg.add_argument("--kv-transfer-bandwidth", type=float, help="GB/s of a simulated KV handoff (default 25)")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="debug logs (-vv: trace)")
     args = parser.parse_args(argv)
+    check_parser_names(args, parser)
     if args.num_workers < 1:
         parser.error("--num-workers must be at least 1")
     if not args.endpoint.startswith("dyn://"):
@@ -96,6 +100,13 @@ def dynamo_run_argv(args: argparse.Namespace, engine_args_file: str | None) -> l
         argv += ["--context-length", str(args.context_length)]
     if args.migration_limit is not None:
         argv += ["--migration-limit", str(args.migration_limit)]
+    for flag, value in (
+        ("--tool-call-parser", args.tool_call_parser),
+        ("--reasoning-parser", args.reasoning_parser),
+        ("--chat-template", args.chat_template),
+    ):
+        if value is not None:
+            argv += [flag, value]
     if args.role != "agg":
         argv += ["--role", args.role]
     for flag, value in (

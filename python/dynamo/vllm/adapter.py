@@ -12,6 +12,7 @@ module is tested against the real ``vllm`` package where it is installed.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -150,10 +151,24 @@ def structured_outputs(response_format: Mapping[str, Any] | None) -> StructuredO
         schema = (response_format.get("json_schema") or {}).get("schema")
         if not isinstance(schema, dict):
             raise RequestError("response_format.json_schema.schema must be a JSON object")
+        if response_format.get("compact"):
+            return StructuredOutputsParams(grammar=compact_json_grammar(schema))
         return StructuredOutputsParams(json=schema)
     if kind == "text":
         return None
     raise RequestError(f"response_format type {kind!r} is not supported")
+
+
+def compact_json_grammar(schema: Mapping[str, Any]) -> str:
+    """An EBNF grammar of the JSON that ``schema`` accepts, with no optional whitespace
+    (one fixed space after ``,`` and ``:``). The frontend asks for it for the tool calls of
+    ``tool_choice: required`` / a named function: under a grammar with free whitespace a
+    weak model pads with whitespace until ``max_tokens`` and the JSON never closes. vLLM's
+    own ``disable_any_whitespace`` is an engine-wide setting (it ignores the per-request
+    field), so the grammar is built here with xgrammar, vLLM's default backend."""
+    import xgrammar
+
+    return str(xgrammar.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False))
 
 
 def finish_reason(reason: str | None, stop_reason: int | str | None) -> str | dict[str, str] | None:

@@ -213,6 +213,7 @@ impl OpenAIEngine for EchoFull {
             let delta = ChatDelta {
                 role: first.then(|| "assistant".to_string()),
                 content: (!content.is_empty()).then_some(content),
+                ..Default::default()
             };
             let logprobs = tokens.map(|tokens| {
                 logprobs::chat(tokens.into_iter().map(|t| logprobs::TokenLogprob::certain(t, top)).collect())

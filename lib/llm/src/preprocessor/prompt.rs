@@ -50,16 +50,6 @@ impl std::fmt::Debug for PromptFormatter {
     }
 }
 
-/// The render context HF templates expect.
-#[derive(Serialize)]
-struct RenderContext<'a> {
-    messages: Vec<serde_json::Value>,
-    tools: Option<&'a [serde_json::Value]>,
-    bos_token: &'a str,
-    eos_token: &'a str,
-    add_generation_prompt: bool,
-}
-
 impl PromptFormatter {
     /// Compile `template` (and `tool_use_template`); a syntax error is reported here.
     pub fn new(
@@ -100,15 +90,27 @@ impl PromptFormatter {
         messages: &[ChatMessage],
         tools: Option<&[serde_json::Value]>,
     ) -> Result<String, TemplateError> {
+        self.render_with(messages, tools, None)
+    }
+
+    /// [`Self::render`] with extra template variables (a request's
+    /// `chat_template_kwargs`, as HF's `apply_chat_template(**kwargs)` passes them);
+    /// the variables above win over them.
+    pub fn render_with(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&[serde_json::Value]>,
+        kwargs: Option<&serde_json::Map<String, serde_json::Value>>,
+    ) -> Result<String, TemplateError> {
         let add_generation_prompt = messages.last().is_none_or(|m| m.role != "assistant");
-        let name = if tools.is_some_and(|t| !t.is_empty()) && self.has_tool_template { TOOL_USE } else { DEFAULT };
-        let ctx = RenderContext {
-            messages: messages.iter().map(message_value).collect(),
-            tools: tools.filter(|t| !t.is_empty()),
-            bos_token: self.bos_token.as_deref().unwrap_or(""),
-            eos_token: self.eos_token.as_deref().unwrap_or(""),
-            add_generation_prompt,
-        };
+        let tools = tools.filter(|t| !t.is_empty());
+        let name = if tools.is_some() && self.has_tool_template { TOOL_USE } else { DEFAULT };
+        let mut ctx = kwargs.cloned().unwrap_or_default();
+        ctx.insert("messages".into(), messages.iter().map(message_value).collect());
+        ctx.insert("tools".into(), tools.map_or(serde_json::Value::Null, |t| t.to_vec().into()));
+        ctx.insert("bos_token".into(), self.bos_token.as_deref().unwrap_or("").into());
+        ctx.insert("eos_token".into(), self.eos_token.as_deref().unwrap_or("").into());
+        ctx.insert("add_generation_prompt".into(), add_generation_prompt.into());
         Ok(self.env.get_template(name)?.render(ctx)?)
     }
 }
@@ -128,12 +130,30 @@ fn message_value(m: &ChatMessage) -> serde_json::Value {
         v.insert("name".into(), name.clone().into());
     }
     if let Some(calls) = &m.tool_calls {
-        v.insert("tool_calls".into(), calls.clone());
+        v.insert("tool_calls".into(), calls_with_object_arguments(calls));
     }
     if let Some(id) = &m.tool_call_id {
         v.insert("tool_call_id".into(), id.clone().into());
     }
     serde_json::Value::Object(v)
+}
+
+/// An assistant message's `tool_calls` with each `function.arguments` JSON string
+/// parsed into its value: templates write arguments with `tojson` and expect a
+/// mapping (HF's convention; vLLM converts them the same way). Text that is not JSON
+/// stays a string.
+fn calls_with_object_arguments(calls: &serde_json::Value) -> serde_json::Value {
+    let mut calls = calls.clone();
+    if let Some(list) = calls.as_array_mut() {
+        for call in list {
+            if let Some(arguments) = call.get_mut("function").and_then(|f| f.get_mut("arguments")) {
+                if let Some(parsed) = arguments.as_str().and_then(|s| serde_json::from_str(s).ok()) {
+                    *arguments = parsed;
+                }
+            }
+        }
+    }
+    calls
 }
 
 /// `raise_exception(msg)`: templates use it to reject conversations they cannot format.
@@ -246,6 +266,41 @@ mod tests {
         let f = PromptFormatter::new("plain", Some("tools:{{ tools | length }}"), None, None).unwrap();
         assert_eq!(f.render(&[msg("user", "u")], None).unwrap(), "plain");
         assert_eq!(f.render(&[msg("user", "u")], Some(&[serde_json::json!({})])).unwrap(), "tools:1");
+    }
+
+    /// A small Hermes-style template, written as real tool templates are: the tools with
+    /// `tojson`, assistant calls with their arguments as a mapping, tool results.
+    const TOOL_TEMPLATE: &str = "{% if tools %}<tools>{% for t in tools %}{{ t | tojson }}\n{% endfor %}</tools>\n{% endif %}\
+{% for m in messages %}<|{{ m.role }}|>{% if m.tool_calls %}{% for c in m.tool_calls %}<tool_call>{\"name\": \"{{ c.function.name }}\", \"arguments\": {{ c.function.arguments | tojson }}}</tool_call>{% endfor %}\
+{% elif m.role == 'tool' %}<tool_response id={{ m.tool_call_id }}>{{ m.content }}</tool_response>{% else %}{{ m.content }}{% endif %}\n{% endfor %}\
+{% if add_generation_prompt %}<|assistant|>{% if enable_thinking is defined and not enable_thinking %}<think></think>{% endif %}{% endif %}";
+
+    #[test]
+    fn tools_calls_and_tool_results_reach_the_template_as_hf_passes_them() {
+        let f = PromptFormatter::new(TOOL_TEMPLATE, None, None, None).unwrap();
+        let tools = vec![serde_json::json!({"type": "function", "function": {"name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}})];
+        let assistant: ChatMessage = serde_json::from_value(serde_json::json!({"role": "assistant", "content": null,
+            "tool_calls": [{"id": "call_1", "type": "function",
+                "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]}))
+        .unwrap();
+        let tool: ChatMessage =
+            serde_json::from_value(serde_json::json!({"role": "tool", "tool_call_id": "call_1", "content": "18C"})).unwrap();
+        let messages = [msg("user", "weather?"), assistant, tool];
+        let out = f.render(&messages, Some(&tools)).unwrap();
+        // serde_json keeps object keys sorted (its `preserve_order` feature is off), so
+        // `tojson` writes them sorted where Python keeps the client's order.
+        assert_eq!(
+            out,
+            "<tools>{\"function\": {\"name\": \"get_weather\", \"parameters\": {\"properties\": {\"city\": {\"type\": \
+\"string\"}}, \"type\": \"object\"}}, \"type\": \"function\"}\n</tools>\n<|user|>weather?\
+<|assistant|><tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}</tool_call>\
+<|tool|><tool_response id=call_1>18C</tool_response><|assistant|>"
+        );
+        // No tools: nothing rendered for them; template kwargs reach the template.
+        let kwargs = serde_json::json!({"enable_thinking": false});
+        let out = f.render_with(&[msg("user", "hi")], None, kwargs.as_object()).unwrap();
+        assert_eq!(out, "<|user|>hi<|assistant|><think></think>");
     }
 
     #[test]

@@ -75,7 +75,10 @@ pub struct PreprocessedRequest {
     #[serde(default, skip_serializing_if = "OutputOptions::is_default")]
     pub output_options: OutputOptions,
     /// The client's `response_format` (`json_object`, `json_schema`), validated in
-    /// shape; an engine that cannot constrain its output ignores it.
+    /// shape, or the JSON schema of the calls `tool_choice: required` / a named function
+    /// asks for, which also carries `"compact": true`: generate the JSON without
+    /// optional whitespace (a weak model would otherwise pad with it until
+    /// `max_tokens`). An engine that cannot constrain its output ignores it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub response_format: Option<serde_json::Value>,
 }
@@ -87,6 +90,10 @@ pub struct OutputOptions {
     /// alternatives per token (`top_log_probs`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub logprobs: Option<u32>,
+    /// Keep special tokens in the detokenized text (the request's output is parsed for
+    /// markup made of special tokens, e.g. `[TOOL_CALLS]`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub keep_special_tokens: bool,
 }
 
 impl OutputOptions {

@@ -4,6 +4,7 @@
 pub mod common;
 pub mod logprobs;
 pub mod openai;
+pub mod tools;
 
 /// Seconds since the Unix epoch (the `created` field of OpenAI objects).
 pub fn unix_now() -> u64 {

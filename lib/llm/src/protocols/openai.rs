@@ -3,9 +3,9 @@
 //!
 //! Unknown request fields are ignored (as vLLM does); fields we read are typed, so a
 //! wrong type is a 400 with serde's message. [`ChatCompletionRequest::validate`] and
-//! [`CompletionRequest::validate`] check value ranges, and refuse (400) the OpenAI
-//! fields that are not implemented (`tools`, `logit_bias`, `best_of`, `suffix` …)
-//! rather than ignore them.
+//! [`CompletionRequest::validate`] check value ranges and the tool fields
+//! ([`super::tools`]), and refuse (400) the OpenAI fields that are not implemented
+//! (`functions`, `logit_bias`, `best_of`, `suffix` …) rather than ignore them.
 
 use std::collections::HashMap;
 
@@ -257,10 +257,20 @@ pub struct ChatCompletionRequest {
     pub sampling: SamplingParams,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop: Option<StopSpec>,
+    /// Functions the model may call (`{"type": "function", "function": {...}}`), passed
+    /// to the chat template as they are; checked by [`super::tools::ToolRequest`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tools: Option<Vec<Value>>,
+    /// `"none"`, `"auto"`, `"required"` or `{"type": "function", "function": {"name": …}}`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_choice: Option<Value>,
+    /// Whether the model may make more than one call (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallel_tool_calls: Option<bool>,
+    /// Extra variables for the chat template (vLLM's extension), e.g.
+    /// `{"enable_thinking": false}` for Qwen3; the reasoning parser reads that one too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
     /// Return each token's log probability.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub logprobs: Option<bool>,
@@ -272,7 +282,7 @@ pub struct ChatCompletionRequest {
     /// Not implemented: refused unless empty.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub logit_bias: Option<HashMap<String, f32>>,
-    /// Not implemented (legacy `tools`): refused.
+    /// Not implemented (the legacy form of `tools`): refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub functions: Option<Vec<Value>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -340,9 +350,10 @@ impl ChatCompletionRequest {
         if self.messages.is_empty() {
             return Err("messages must not be empty".to_string());
         }
-        if self.tools.as_ref().is_some_and(|t| !t.is_empty()) || self.functions.as_ref().is_some_and(|f| !f.is_empty()) {
-            return Err(not_supported("tools", "tool calls are not parsed from the model's output"));
+        if self.functions.as_ref().is_some_and(|f| !f.is_empty()) {
+            return Err(not_supported("functions", "send them as `tools`"));
         }
+        super::tools::ToolRequest::from_request(self)?;
         if self.logit_bias.as_ref().is_some_and(|b| !b.is_empty()) {
             return Err(not_supported("logit_bias", "the engines do not bias sampling"));
         }
@@ -358,6 +369,12 @@ impl ChatCompletionRequest {
             format.validate()?;
         }
         self.sampling.validate(self.max_tokens())
+    }
+
+    /// Whether the request lets the model think (`chat_template_kwargs.enable_thinking`,
+    /// default true).
+    pub fn enable_thinking(&self) -> bool {
+        self.chat_template_kwargs.as_ref().and_then(|k| k.get("enable_thinking")).and_then(Value::as_bool).unwrap_or(true)
     }
 
     /// Whether the client asked for log probabilities.
@@ -432,6 +449,33 @@ impl Usage {
     }
 }
 
+/// The function part of a tool call (whole in a response, a piece in a delta).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FunctionCall {
+    /// The function's name (in a delta: on the call's first piece only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// The arguments, a JSON object's text (in a delta: a piece of it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arguments: Option<String>,
+}
+
+/// A tool call in a chat delta (`tool_calls[i]`) or a whole message (`index` absent).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolCallItem {
+    /// The call's position among the response's calls (deltas only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub index: Option<usize>,
+    /// `call_` and 24 hex digits (in a delta: on the call's first piece only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// `"function"` (in a delta: on the call's first piece only).
+    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    /// The function and its arguments.
+    pub function: FunctionCall,
+}
+
 /// The delta of a streamed chat choice.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ChatDelta {
@@ -439,6 +483,12 @@ pub struct ChatDelta {
     pub role: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// The model's thinking, split out by the model's reasoning parser.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    /// Tool calls, split out of the output (each call whole in one delta here).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallItem>>,
 }
 
 /// One choice of a `chat.completion.chunk`.
@@ -495,6 +545,12 @@ impl FinishingChunk for ChatCompletionChunk {
 pub struct ChatResponseMessage {
     pub role: String,
     pub content: Option<String>,
+    /// The model's thinking, when the model has a reasoning parser and thought.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    /// The calls the model made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallItem>>,
 }
 
 /// One choice of a whole chat response.

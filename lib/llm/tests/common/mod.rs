@@ -226,7 +226,7 @@ impl OpenAIEngine for ScriptEngine {
             let tokens = u32::from(content.is_some());
             let choice = ChatChunkChoice {
                 index: 0,
-                delta: ChatDelta { role: first.then(|| "assistant".to_string()), content },
+                delta: ChatDelta { role: first.then(|| "assistant".to_string()), content, ..Default::default() },
                 finish_reason: finish.map(String::from),
                 logprobs: None,
             };

@@ -235,6 +235,9 @@ pub(crate) fn chat_request(request: &CreateRequest, conversation: &[ChatMessage]
 pub(crate) fn deltas(chunk: &ChatCompletionChunk) -> Vec<Delta> {
     let mut out = Vec::new();
     for choice in &chunk.choices {
+        if let Some(text) = &choice.delta.reasoning_content {
+            out.push(Delta::Reasoning(text.clone()));
+        }
         if let Some(text) = &choice.delta.content {
             out.push(Delta::Text(text.clone()));
         }
@@ -321,5 +324,15 @@ mod tests {
         assert_eq!(messages.len(), 2);
         assert_eq!(messages[1].role, "assistant");
         assert_eq!(messages[1].content.as_ref().map(MessageContent::text).as_deref(), Some("shown"));
+    }
+
+    #[test]
+    fn a_chunk_with_reasoning_gives_a_reasoning_delta_before_its_text() {
+        let chunk: ChatCompletionChunk = serde_json::from_str(
+            r#"{"id":"c","object":"chat.completion.chunk","created":0,"model":"m",
+                "choices":[{"index":0,"delta":{"reasoning_content":"think","content":"answer"}}]}"#,
+        )
+        .unwrap();
+        assert_eq!(deltas(&chunk), vec![Delta::Reasoning("think".into()), Delta::Text("answer".into())]);
     }
 }

@@ -81,10 +81,8 @@ pub(crate) enum EventKind {
 pub(crate) enum Delta {
     /// Answer text: a `message` item's `output_text`.
     Text(String),
-    /// Reasoning text: a `reasoning` item's `reasoning_text`. Made by
-    /// [`super::convert::deltas`] once the chat delta carries the reasoning parser's
-    /// output (`reasoning_content`); until then only the tests make it.
-    #[allow(dead_code)]
+    /// Reasoning text: a `reasoning` item's `reasoning_text`, from the chat delta's
+    /// `reasoning_content` (a model registered with a reasoning parser).
     Reasoning(String),
 }
 

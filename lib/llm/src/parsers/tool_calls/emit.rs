@@ -50,7 +50,7 @@ impl CallEmitter {
 }
 
 /// `call_` and 24 hex digits, as OpenAI's ids look.
-fn new_call_id() -> String {
+pub(crate) fn new_call_id() -> String {
     let hex = uuid::Uuid::new_v4().simple().to_string();
     format!("call_{}", &hex[..24])
 }

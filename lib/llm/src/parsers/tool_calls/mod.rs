@@ -19,6 +19,8 @@ mod pythonic;
 
 use super::error::{ParserKind, UnknownParser};
 
+pub(crate) use emit::new_call_id;
+
 /// The registered tool-call parser names (vLLM's spelling).
 pub const TOOL_CALL_PARSERS: &[&str] = &["deepseek_v3", "hermes", "llama3_json", "mistral", "pythonic"];
 
@@ -93,6 +95,14 @@ pub fn parse_whole(parser: &mut dyn ToolCallParser, text: &str) -> (Option<Strin
     }
     let content = (!all.content.is_empty()).then_some(all.content);
     (content, calls, last.cut)
+}
+
+/// Whether the markup of the parser registered as `name` is made of special tokens
+/// (`<|python_tag|>`, `[TOOL_CALLS]`, DeepSeek's `<｜tool▁calls▁begin｜>` …), which the
+/// detokenizer must then keep for the parser to see them. Hermes' `<tool_call>` and
+/// pythonic lists are plain text.
+pub fn needs_special_tokens(name: &str) -> bool {
+    matches!(name, "llama3_json" | "mistral" | "deepseek_v3")
 }
 
 /// The parser registered as `name`. `tools`: the names of the request's functions; a

@@ -1,0 +1,153 @@
+"""Tool calling on the real engine (issue 24): ``dynamo-run in=http out=vllm`` serving the
+tiny random-weight model with a tool-capable chat template written here (one that
+renders ``tools`` with ``tojson``, as real templates do) and ``--tool-call-parser
+hermes``. ``tool_choice`` required and named, streamed and not, return calls whose
+arguments the tools' schemas accept — from a model whose text is gibberish, because the
+frontend constrains the engine to the calls' JSON, without free whitespace — and the
+official ``openai`` client runs a two-turn tool loop unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import openai
+import pytest
+from engine_fleet import ENGINE_FLAGS, MODEL, engine_env, models_of, stop_all, wait_http
+from helpers import WorkerPool, free_port
+from llm_helpers import DYNAMO_RUN, local_env, post_json, streamed_content
+
+pytestmark = pytest.mark.timeout(300)
+
+#: Hermes-style: the tools as JSON lines in the system turn, calls and results as tags.
+TOOL_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% if tools %}<|system|>\nYou may call these functions:\n<tools>\n"
+    "{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}</tools>\n</s>\n{% endif %}"
+    "{% for m in messages %}"
+    "{% if m.role == 'tool' %}<|tool|>\n<tool_response>{{ m.content }}</tool_response></s>\n"
+    "{% elif m.tool_calls %}<|assistant|>\n{% for c in m.tool_calls %}"
+    "<tool_call>{\"name\": \"{{ c.function.name }}\", \"arguments\": {{ c.function.arguments | tojson }}}</tool_call>"
+    "{% endfor %}</s>\n"
+    "{% else %}<|{{ m.role }}|>\n{{ m.content }}</s>\n{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+#: Finite arguments (enums and a boolean), so even gibberish closes the JSON.
+FORECAST = {
+    "type": "function",
+    "function": {
+        "name": "forecast",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}, "metric": {"type": "boolean"}},
+            "required": ["city", "metric"],
+            "additionalProperties": False,
+        },
+    },
+}
+CLOCK = {"type": "function", "function": {"name": "clock", "parameters": {
+    "type": "object", "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}},
+    "required": ["zone"], "additionalProperties": False}}}
+TOOLS = [FORECAST, CLOCK]
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+
+
+class Served:
+    def __init__(self, port: int):
+        self.port = port
+        self.client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0,
+                                    timeout=120)
+
+
+@pytest.fixture(scope="module")
+def served(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    root = tmp_path_factory.mktemp("vllm-tools")
+    template = root / "tools.jinja"
+    template.write_text(TOOL_TEMPLATE)
+    pool = WorkerPool(engine_env(local_env(DYN_FILE_KV=str(root / "kv"))), root)
+    port = free_port()
+    argv = [
+        *DYNAMO_RUN, "in=http", "out=vllm", "--model-path", str(tiny_model), "--model-name", MODEL,
+        "--http-port", str(port), "--chat-template", str(template), "--tool-call-parser", "hermes",
+        "--", *ENGINE_FLAGS,
+    ]
+    process = pool.command(argv, name="dynamo-run-vllm-tools")
+    wait_http(process, port, "/v1/models", lambda r: models_of(r) == [MODEL])
+    yield Served(port)
+    stop_all(pool)
+
+
+def calls_of(port: int, body: dict[str, Any]) -> tuple[list[dict[str, Any]], str, str]:
+    """(calls, content, finish_reason) of a chat request, streamed or whole."""
+    response = post_json(port, "/v1/chat/completions", body, timeout=120)
+    assert response.status == 200, response.body
+    if body.get("stream"):
+        content, chunks = streamed_content(response.body)
+        calls = [call for c in chunks if c["choices"] for call in c["choices"][0]["delta"].get("tool_calls") or []]
+        return calls, content, chunks[-1]["choices"][0]["finish_reason"]
+    choice = response.json()["choices"][0]
+    return choice["message"].get("tool_calls") or [], choice["message"]["content"] or "", choice["finish_reason"]
+
+
+def assert_valid(call: dict[str, Any], name: str | None = None) -> None:
+    assert call["type"] == "function" and call["id"].startswith("call_")
+    function = call["function"]
+    assert function["name"] in SCHEMAS if name is None else function["name"] == name
+    jsonschema.validate(json.loads(function["arguments"]), SCHEMAS[function["name"]])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_required_returns_calls_the_schemas_accept(served: Served, stream: bool) -> None:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": TOOLS,
+            "tool_choice": "required", "parallel_tool_calls": False, "max_tokens": 64, "temperature": 0,
+            "stream": stream}
+    calls, content, finish = calls_of(served.port, body)
+    assert len(calls) == 1, (calls, content, finish)
+    assert_valid(calls[0])
+    assert content == ""
+    assert finish == "tool_calls"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_named_function_returns_its_call(served: Served, stream: bool) -> None:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "What time is it?"}], "tools": TOOLS,
+            "tool_choice": {"type": "function", "function": {"name": "clock"}}, "max_tokens": 64, "temperature": 0,
+            "stream": stream}
+    calls, content, finish = calls_of(served.port, body)
+    assert len(calls) == 1, (calls, content, finish)
+    assert_valid(calls[0], "clock")
+    assert finish == "tool_calls"
+
+
+def test_auto_with_gibberish_is_plain_content(served: Served) -> None:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Weather?"}], "tools": TOOLS,
+            "max_tokens": 16, "temperature": 0}
+    calls, content, finish = calls_of(served.port, body)
+    assert calls == [] and content and "<tool_call>" not in content
+    assert finish == "length"
+
+
+def test_the_openai_client_runs_a_two_turn_tool_loop(served: Served) -> None:
+    messages: list[Any] = [{"role": "user", "content": "Weather in Oslo?"}]
+    first = served.client.chat.completions.create(
+        model=MODEL, messages=messages, tools=TOOLS, tool_choice="required",  # type: ignore[arg-type]
+        parallel_tool_calls=False, max_tokens=64, temperature=0,
+    )
+    message = first.choices[0].message
+    assert first.choices[0].finish_reason == "tool_calls"
+    calls = message.tool_calls or []
+    assert len(calls) == 1
+    arguments = json.loads(calls[0].function.arguments)
+    jsonschema.validate(arguments, SCHEMAS[calls[0].function.name])
+    messages.append(message.model_dump(exclude_none=True))
+    messages.append({"role": "tool", "tool_call_id": calls[0].id, "content": "12 degrees"})
+    second = served.client.chat.completions.create(
+        model=MODEL, messages=messages, tools=TOOLS, max_tokens=8, temperature=0,  # type: ignore[arg-type]
+    )
+    assert second.choices[0].finish_reason == "length"
+    assert second.choices[0].message.content and not second.choices[0].message.tool_calls
