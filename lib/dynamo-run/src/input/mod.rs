@@ -7,17 +7,11 @@ pub mod endpoint;
 pub mod http;
 mod probe;
 
-use dynamo_llm::protocols::openai::{ChatCompletionRequest, ChatMessage, MessageContent};
+use dynamo_llm::protocols::openai::{ChatCompletionRequest, ChatMessage};
 
 /// A chat message with plain text content.
 pub(crate) fn message(role: &str, text: String) -> ChatMessage {
-    ChatMessage {
-        role: role.to_string(),
-        content: Some(MessageContent::Text(text)),
-        name: None,
-        tool_calls: None,
-        tool_call_id: None,
-    }
+    ChatMessage::text(role, text)
 }
 
 /// A streaming chat request for `model`, as the text, stdin and batch inputs send it.

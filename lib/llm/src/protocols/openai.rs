@@ -238,6 +238,19 @@ pub struct ChatMessage {
     pub tool_call_id: Option<String>,
 }
 
+impl ChatMessage {
+    /// A message of `role` with plain text content.
+    pub fn text(role: &str, text: String) -> Self {
+        ChatMessage {
+            role: role.to_string(),
+            content: Some(MessageContent::Text(text)),
+            name: None,
+            tool_calls: None,
+            tool_call_id: None,
+        }
+    }
+}
+
 /// `POST /v1/chat/completions` body.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ChatCompletionRequest {

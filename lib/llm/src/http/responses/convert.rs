@@ -8,7 +8,7 @@ use serde_json::Value;
 use super::events::{Delta, Ending};
 use super::protocol::{ContentPart, CreateRequest, Input, OutputItem, ResponseObject, Status};
 use crate::http::error::ApiError;
-use crate::protocols::openai::{ChatCompletionChunk, ChatCompletionRequest, ChatMessage, MessageContent};
+use crate::protocols::openai::{ChatCompletionChunk, ChatCompletionRequest, ChatMessage};
 use crate::protocols::unix_now;
 
 /// A fresh Response object for `model` with nothing generated yet.
@@ -180,13 +180,7 @@ fn item_message(item: &Value, i: usize) -> Result<Option<ChatMessage>, ApiError>
 }
 
 fn message(role: &str, text: String) -> ChatMessage {
-    ChatMessage {
-        role: role.to_string(),
-        content: Some(MessageContent::Text(text)),
-        name: None,
-        tool_calls: None,
-        tool_call_id: None,
-    }
+    ChatMessage::text(role, text)
 }
 
 /// The conversation a stored response ends: its input messages, then its answer as an
@@ -256,6 +250,7 @@ pub(crate) fn ending(chunk: &ChatCompletionChunk) -> Option<Ending> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocols::openai::MessageContent;
     use crate::http::request::parse_json;
 
     fn parse(json: &str) -> CreateRequest {
