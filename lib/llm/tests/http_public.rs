@@ -4,6 +4,7 @@
 //! raw sockets against echo engines.
 
 mod common;
+#[path = "../../runtime/tests/poll/mod.rs"]
 mod poll;
 
 use std::collections::HashMap;

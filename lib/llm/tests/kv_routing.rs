@@ -4,6 +4,7 @@
 //! share an in-memory discovery store; requests travel over the TCP request plane.
 
 mod common;
+#[path = "../../runtime/tests/poll/mod.rs"]
 mod poll;
 
 use std::sync::{Arc, Mutex};

@@ -3,6 +3,7 @@
 //! travel over the TCP request plane. All runtimes share an in-memory discovery store.
 
 mod common;
+#[path = "../../runtime/tests/poll/mod.rs"]
 mod poll;
 
 use std::sync::{Arc, Mutex};

@@ -1,4 +1,5 @@
-//! The one way the runtime's integration tests wait for a state: poll it until it holds,
+//! The one way the integration tests of dynamo-runtime and dynamo-llm (which includes this
+//! file by path) wait for a state: poll it until it holds,
 //! and fail the test, naming what was awaited, once a bound has passed.
 
 #![allow(dead_code)]
