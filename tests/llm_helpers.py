@@ -12,6 +12,8 @@ import http.client
 import json
 import os
 import sys
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -270,3 +272,13 @@ class HandlerContext:
 
     def is_stopped(self) -> bool:
         return self.stop_after is not None and self.items >= self.stop_after
+
+
+def planner_health(port: int) -> dict[str, Any]:
+    """The body of a planner's ``/health`` (the same body comes with its 503 while a signal
+    is not ok)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as e:
+        return json.loads(e.read())

@@ -8,15 +8,13 @@ from __future__ import annotations
 import json
 import signal
 import sys
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 from faults.load import Load
 from helpers import free_port, wait_until
-from llm_helpers import DYNAMO_RUN, MOCKER, Frontend, write_json
+from llm_helpers import DYNAMO_RUN, MOCKER, Frontend, planner_health, write_json
 
 #: Two sequences at a time and 20 ms steps: a 24-token request holds a slot ~0.5 s, so
 #: eight clients queue on one worker (TTFT well over 500 ms) and not on four.
@@ -39,14 +37,6 @@ def planner_yaml(path: Path, model: str, frontend_port: int, endpoint: str, sett
     return path
 
 
-def health(port: int) -> dict[str, Any]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
-            return json.loads(response.read())
-    except urllib.error.HTTPError as e:  # 503 while a signal is not ok: same body
-        return json.loads(e.read())
-
-
 @pytest.mark.timeout(150)
 async def test_scales_up_under_a_load_step_and_back_down_losing_nothing(
     backend: Any, workers: Any, namespace: str, model_dir: Path, tmp_path: Path
@@ -65,10 +55,10 @@ async def test_scales_up_under_a_load_step_and_back_down_losing_nothing(
     )
 
     def fleet() -> dict[str, int]:
-        return health(planner_port).get("fleet", {}).get("agg", {})
+        return planner_health(planner_port).get("fleet", {}).get("agg", {})
 
     def describe() -> str:
-        return f"planner health: {json.dumps(health(planner_port))[:3000]}\n{planner.describe()}"
+        return f"planner health: {json.dumps(planner_health(planner_port))[:3000]}\n{planner.describe()}"
 
     await frontend.wait_live()
     # The planner starts the minimum (one worker) by itself.
@@ -90,7 +80,7 @@ async def test_scales_up_under_a_load_step_and_back_down_losing_nothing(
     bad = [o for o in outcomes if o.kind != "ok"]
     assert not bad, f"{len(bad)} of {len(outcomes)} requests failed: {[o.detail for o in bad[:5]]}"
     assert len(light.outcomes) > 0
-    decisions = health(planner_port)["decisions"]
+    decisions = planner_health(planner_port)["decisions"]
     downs = [d for d in decisions if d["action"] == "down" and d["done"]]
     assert downs, decisions
 

@@ -12,14 +12,21 @@ import json
 import signal
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 from helpers import WorkerPool, free_port, wait_until
-from llm_helpers import MOCKER, Frontend, Response, chat_body, launch_frontend, post_json, start_mocker
+from llm_helpers import (
+    MOCKER,
+    Frontend,
+    Response,
+    chat_body,
+    launch_frontend,
+    planner_health,
+    post_json,
+    start_mocker,
+)
 
 pytestmark = [pytest.mark.parametrize("backend", ["embedded"], indirect=True)]
 
@@ -114,14 +121,6 @@ def planner_config(path: Path, model_dir: Path, endpoint: str, frontend_port: in
     }
     path.write_text(json.dumps(config))
     return path
-
-
-def planner_health(port: int) -> dict[str, Any]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
-            return json.loads(response.read())
-    except urllib.error.HTTPError as e:  # 503 while a signal is not ok: same body
-        return json.loads(e.read())
 
 
 @pytest.mark.timeout(240)
