@@ -86,6 +86,31 @@ pub struct StreamItem<T> {
     pub cached_tokens: Option<u32>,
 }
 
+/// A stream's token counts so far, from its items: the prompt as last reported, the
+/// completion summed, the cached prompt tokens as last reported.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TokenTally {
+    /// Prompt tokens.
+    pub prompt: u32,
+    /// Tokens generated.
+    pub completion: u32,
+    /// Prompt tokens the engine had cached, when it said.
+    pub cached: Option<u32>,
+}
+
+impl TokenTally {
+    /// Count one item.
+    pub fn add<T>(&mut self, item: &StreamItem<T>) {
+        if let Some(p) = item.prompt_tokens {
+            self.prompt = p;
+        }
+        self.completion += item.completion_tokens;
+        if item.cached_tokens.is_some() {
+            self.cached = item.cached_tokens;
+        }
+    }
+}
+
 impl<T> StreamItem<T> {
     /// An item with no token accounting.
     pub fn new(data: T) -> Self {

@@ -14,7 +14,7 @@ use super::error::ApiError;
 use super::guard::CancelOnDrop;
 use super::metrics::RequestMetrics;
 use super::streams::EventBody;
-use crate::engine::{EngineError, OpenAIStream, StreamItem};
+use crate::engine::{EngineError, OpenAIStream, StreamItem, TokenTally};
 use crate::protocols::openai::{ChatCompletionChunk, CompletionResponse, Usage};
 use crate::protocols::unix_now;
 
@@ -96,9 +96,7 @@ struct SseState<C> {
     metrics: RequestMetrics,
     include_usage: bool,
     meta: ChunkMeta,
-    prompt_tokens: u32,
-    completion_tokens: u32,
-    cached_tokens: Option<u32>,
+    tokens: TokenTally,
     shutdown: CancellationToken,
     phase: Phase,
 }
@@ -150,9 +148,7 @@ pub(crate) fn sse_bodies<C: StreamChunk>(
         metrics,
         include_usage: options.include_usage,
         meta: options.fallback_meta,
-        prompt_tokens: 0,
-        completion_tokens: 0,
-        cached_tokens: None,
+        tokens: TokenTally::default(),
         shutdown: options.shutdown,
         phase: Phase::Streaming,
     };
@@ -188,7 +184,7 @@ impl<C: StreamChunk> SseState<C> {
                     }
                     None if self.include_usage => {
                         self.phase = Phase::Closing;
-                        let usage = Usage::new(self.prompt_tokens, self.completion_tokens).with_cached(self.cached_tokens);
+                        let usage = Usage::new(self.tokens.prompt, self.tokens.completion).with_cached(self.tokens.cached);
                         let chunk = C::usage_only(self.meta.clone(), usage);
                         self.serialize(&chunk)
                     }
@@ -208,13 +204,7 @@ impl<C: StreamChunk> SseState<C> {
 
     fn chunk_event(&mut self, item: StreamItem<C>) -> EventBody {
         self.metrics.item(item.prompt_tokens, item.completion_tokens);
-        if let Some(p) = item.prompt_tokens {
-            self.prompt_tokens = p;
-        }
-        self.completion_tokens += item.completion_tokens;
-        if item.cached_tokens.is_some() {
-            self.cached_tokens = item.cached_tokens;
-        }
+        self.tokens.add(&item);
         self.meta = item.data.meta();
         self.serialize(&item.data)
     }

@@ -10,7 +10,7 @@ use super::convert;
 use super::events::{Ending, ResponseBuilder, StreamEvent};
 use super::protocol::{ResponseObject, ResponseUsage};
 use super::store::{SharedResponseStore, StoreError, StoredResponse};
-use crate::engine::{ChatStream, EngineError};
+use crate::engine::{ChatStream, EngineError, TokenTally};
 use crate::http::guard::CancelOnDrop;
 use crate::http::metrics::RequestMetrics;
 use crate::protocols::openai::ChatMessage;
@@ -33,9 +33,7 @@ pub(crate) struct Generation {
     done: bool,
     ending: Option<Ending>,
     error: Option<EngineError>,
-    prompt_tokens: u32,
-    completion_tokens: u32,
-    cached_tokens: Option<u32>,
+    tokens: TokenTally,
 }
 
 impl Generation {
@@ -60,9 +58,7 @@ impl Generation {
             done: false,
             ending: None,
             error: None,
-            prompt_tokens: 0,
-            completion_tokens: 0,
-            cached_tokens: None,
+            tokens: TokenTally::default(),
         }
     }
 
@@ -110,13 +106,7 @@ impl Generation {
             match item {
                 Some(Ok(item)) => {
                     self.metrics.item(item.prompt_tokens, item.completion_tokens);
-                    if let Some(p) = item.prompt_tokens {
-                        self.prompt_tokens = p;
-                    }
-                    self.completion_tokens += item.completion_tokens;
-                    if item.cached_tokens.is_some() {
-                        self.cached_tokens = item.cached_tokens;
-                    }
+                    self.tokens.add(&item);
                     if let Some(ending) = convert::ending(&item.data) {
                         self.ending = Some(ending);
                     }
@@ -154,7 +144,7 @@ impl Generation {
     }
 
     async fn end(&mut self, ending: Ending) -> Vec<StreamEvent> {
-        let usage = ResponseUsage::new(self.prompt_tokens, self.completion_tokens, self.cached_tokens);
+        let usage = ResponseUsage::new(self.tokens.prompt, self.tokens.completion, self.tokens.cached);
         let events = self.builder.finish(ending, Some(usage));
         self.done = true;
         if let Err(e) = self.save().await {
