@@ -56,6 +56,11 @@ async fn serve(config: &RunConfig, models: &Models, cancel: CancellationToken) -
     }
     let service = builder.build()?;
     let bound = service.bind().await?;
+    if let Some(runtime) = models.runtime() {
+        // A frontend registers no endpoint: it vouches for itself once it listens, so
+        // its system server's `/ready` (DYN_SYSTEM_ENABLED) follows the HTTP service.
+        runtime.set_ready(true);
+    }
     let auth = if config.api_key.is_some() { "; API key required" } else { "" };
     output::status(&format!("serving http on {} ({}{auth})", bound.local_addr(), models.describe()));
     bound.serve(cancel).await?;
