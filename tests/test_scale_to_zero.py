@@ -1,9 +1,11 @@
 """Scale to zero in real processes (embedded backend): a frontend with `--keep-models`
 keeps a model listed after its last worker leaves; a request for it waits (bounded) for
 a worker and is served when one comes, or gets 503 + `Retry-After` when the bound passes,
-and each such request is counted as demand. The planner (local connector, min 0,
-`scale_to_zero`) reads that demand, starts a mocker worker, and the waiting request is
-served; with no demand left it goes back to zero workers."""
+and each such request is counted as demand. A kept model is recorded in discovery, so a
+frontend started while the fleet is at zero (a cold frontend) lists it and serves its
+first request the same way. The planner (local connector, min 0, `scale_to_zero`) reads
+that demand, starts a mocker worker, and the waiting request is served; with no demand
+left it goes back to zero workers."""
 
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ from llm_helpers import (
     start_mocker,
 )
 
-pytestmark = [pytest.mark.parametrize("backend", ["embedded"], indirect=True)]
+embedded_only = pytest.mark.parametrize("backend", ["embedded"], indirect=True)
 
 #: Bound on a worker (or a model) appearing, and on the planner's passes.
 BOUND = 60.0
@@ -76,6 +78,7 @@ async def refused_for_no_worker(frontend: Frontend, model: str) -> tuple[Respons
     return last[-1]
 
 
+@embedded_only
 @pytest.mark.timeout(180)
 async def test_a_kept_model_waits_for_a_worker_or_refuses_with_retry_after(
     backend: Any, workers: WorkerPool, namespace: str, model_dir: Path
@@ -107,6 +110,40 @@ async def test_a_kept_model_waits_for_a_worker_or_refuses_with_retry_after(
     assert metric(long, "dynamo_frontend_requests_waiting_for_workers", model) == 0
 
 
+@pytest.mark.timeout(180)
+async def test_a_cold_frontend_lists_a_kept_model_and_serves_its_first_request(
+    backend: Any, workers: WorkerPool, namespace: str, model_dir: Path
+) -> None:
+    """The fleet goes to zero, every frontend restarts: a frontend with `--keep-models`
+    lists the model from its record before any worker registers, and its first request
+    waits (counted as demand) and is served once a worker comes. Without `--keep-models`
+    a frontend does not list it."""
+    endpoint = f"{namespace}.mocker.generate"
+    model = model_dir.name
+    first = await keep_models_frontend(workers, BOUND)
+    await register_then_leave(workers, endpoint, model_dir, first)
+    first.process.send_signal(signal.SIGTERM)
+    assert await first.process.wait_exit(30) == 0, first.process.describe()
+
+    cold = await keep_models_frontend(workers, BOUND)
+    await cold.wait_models([model], timeout=20)  # no worker runs: listed from the record
+    plain = launch_frontend(workers, "dyn", "--http-host", "127.0.0.1")
+    await plain.wait_live()
+    assert plain.models() == [], "a frontend without --keep-models lists only registered models"
+
+    body = chat_body(model, "wake", max_tokens=8)
+    waiting = asyncio.create_task(asyncio.to_thread(post_json, cold.port, "/v1/chat/completions", body, BOUND + 10))
+    await wait_until(lambda: metric(cold, "dynamo_frontend_requests_waiting_for_workers", model) == 1, 20,
+                     "the request to wait for a worker", ignore=(OSError,))
+    assert metric(cold, "dynamo_frontend_requests_without_workers_total", model) == 1
+    start_mocker(workers, endpoint, model_dir, name="worker-after-restart")
+    served = await asyncio.wait_for(waiting, BOUND + 20)
+    assert served.status == 200, served.body[:500]
+    assert json.loads(served.body)["usage"]["completion_tokens"] > 0, served.body[:500]
+    assert metric(cold, "dynamo_frontend_requests_waiting_for_workers", model) == 0
+    await plain.wait_models([model], timeout=BOUND)  # registered now: every frontend lists it
+
+
 def planner_config(path: Path, model_dir: Path, endpoint: str, frontend_port: int) -> Path:
     command = [*MOCKER, "--model-path", str(model_dir), "--endpoint", endpoint]
     config = {
@@ -123,6 +160,7 @@ def planner_config(path: Path, model_dir: Path, endpoint: str, frontend_port: in
     return path
 
 
+@embedded_only
 @pytest.mark.timeout(240)
 async def test_the_planner_starts_a_worker_for_a_request_at_zero_and_returns_to_zero(
     backend: Any, workers: WorkerPool, namespace: str, model_dir: Path, tmp_path: Path
