@@ -1,4 +1,4 @@
-"""The planner sizing a disaggregated fleet in real processes (embedded backend): an
+"""The planner sizing a disaggregated fleet in real processes (both backends): an
 HTTP frontend, and the prefill and decode mocker workers the planner starts with its
 local connector (roles `prefill` and `decode`). Every prompt is prefilled remotely on a
 slow prefill pool, so a load step pushes TTFT over its target: the planner grows the
@@ -19,7 +19,7 @@ from faults.load import Load
 from helpers import free_port, wait_until
 from llm_helpers import DYNAMO_RUN, MOCKER, Frontend, planner_health, write_json
 
-pytestmark = [pytest.mark.parametrize("backend", ["embedded"], indirect=True), pytest.mark.timeout(180)]
+pytestmark = pytest.mark.timeout(180)
 
 #: One prompt at a time at 5 ms per token: a ~45-token prompt holds a prefill worker
 #: ~0.25 s, so eight clients queue for seconds on one worker and not on three.
