@@ -9,15 +9,13 @@ drained. No request may fail."""
 from __future__ import annotations
 
 import json
-import signal
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from faults.load import Load
 from helpers import free_port, wait_until
-from llm_helpers import DYNAMO_RUN, MOCKER, Frontend, planner_health, write_json
+from llm_helpers import DYNAMO_RUN, MOCKER, Frontend, Planner, write_json
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -61,22 +59,15 @@ def planner_yaml(path: Path, tmp_path: Path, model_dir: Path, frontend_port: int
 async def test_grows_and_shrinks_the_prefill_role_losing_nothing(
     backend: Any, workers: Any, namespace: str, model_dir: Path, tmp_path: Path
 ) -> None:
-    port, planner_port = free_port(), free_port()
+    port = free_port()
     frontend = Frontend(
         workers.command([*DYNAMO_RUN, "in=http", "out=dyn", "--http-port", str(port), "--http-host", "127.0.0.1"],
                         name="frontend"),
         port,
     )
     config = planner_yaml(tmp_path / "planner.yaml", tmp_path, model_dir, port, namespace)
-    planner = workers.command(
-        [sys.executable, "-m", "dynamo.planner", "--config", str(config), "--port", str(planner_port)], name="planner"
-    )
-
-    def fleet(role: str) -> dict[str, int]:
-        return planner_health(planner_port).get("fleet", {}).get(role, {})
-
-    def describe() -> str:
-        return f"planner health: {json.dumps(planner_health(planner_port))[:3000]}\n{planner.describe()}"
+    planner = Planner(workers, config)
+    fleet, describe = planner.fleet, planner.describe
 
     await frontend.wait_live()
     # The planner starts the minimum of each role by itself.
@@ -100,8 +91,7 @@ async def test_grows_and_shrinks_the_prefill_role_losing_nothing(
     bad = [o for o in outcomes if o.kind != "ok"]
     assert not bad, f"{len(bad)} of {len(outcomes)} requests failed: {[o.detail for o in bad[:5]]}"
     assert fleet("decode") == {"ready": 1, "pending": 0}, describe()
-    decisions = planner_health(planner_port)["decisions"]
+    decisions = planner.health()["decisions"]
     assert any(d["role"] == "prefill" and d["action"] == "down" and d["done"] for d in decisions), decisions
 
-    planner.send_signal(signal.SIGTERM)
-    assert await planner.wait_exit(40) == 0, planner.describe()
+    await planner.stop()

@@ -12,20 +12,19 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import WorkerPool, free_port, wait_until
+from helpers import WorkerPool, wait_until
 from llm_helpers import (
     MOCKER,
     Frontend,
+    Planner,
     Response,
     chat_body,
     launch_frontend,
-    planner_health,
     post_json,
     start_mocker,
 )
@@ -170,20 +169,11 @@ async def test_the_planner_starts_a_worker_for_a_request_at_zero_and_returns_to_
     frontend = await keep_models_frontend(workers, BOUND)
     await register_then_leave(workers, endpoint, model_dir, frontend)
 
-    planner_port = free_port()
-    config = planner_config(tmp_path / "planner.yaml", model_dir, endpoint, frontend.port)
-    planner = workers.command(
-        [sys.executable, "-m", "dynamo.planner", "--config", str(config), "--port", str(planner_port)], name="planner"
-    )
-
-    def fleet() -> dict[str, int]:
-        return planner_health(planner_port).get("fleet", {}).get("agg", {})
-
-    def describe() -> str:
-        return f"planner health: {json.dumps(planner_health(planner_port))[:3000]}\n{planner.describe()}"
+    planner = Planner(workers, planner_config(tmp_path / "planner.yaml", model_dir, endpoint, frontend.port))
+    fleet, describe = planner.fleet, planner.describe
 
     # At zero with no demand the planner holds: nothing starts.
-    await wait_until(lambda: planner_health(planner_port).get("signals", {}).get("frontend_metrics", {}).get("state")
+    await wait_until(lambda: planner.health().get("signals", {}).get("frontend_metrics", {}).get("state")
                      == "ok", BOUND, describe, interval=0.2, ignore=(OSError, ValueError))
     assert fleet() == {"ready": 0, "pending": 0}, describe()
 
@@ -193,12 +183,11 @@ async def test_the_planner_starts_a_worker_for_a_request_at_zero_and_returns_to_
     response = await asyncio.to_thread(post_json, frontend.port, "/v1/chat/completions", wake, BOUND + 10)
     assert response.status == 200, f"{response.status} {response.body[:500]!r}\n{describe()}"
     assert time.monotonic() - start < BOUND
-    assert "demand at zero replicas: start one" in planner.describe(), describe()  # its log, on stderr
+    assert "demand at zero replicas: start one" in planner.process.describe(), describe()  # its log, on stderr
 
     # No demand left: back to zero, the model still listed.
     await wait_until(lambda: fleet() == {"ready": 0, "pending": 0}, BOUND, describe, interval=0.2,
                      ignore=(OSError, ValueError))
     assert frontend.models() == [model]
 
-    planner.send_signal(signal.SIGTERM)
-    assert await planner.wait_exit(40) == 0, planner.describe()
+    await planner.stop()
