@@ -129,7 +129,7 @@ mod tests {
     use dynamo_runtime::discovery::{MemDiscovery, MemStore};
 
     fn stored(id: &str) -> StoredResponse {
-        StoredResponse { response: new_response(id, "m", Status::Completed), input: Vec::new() }
+        StoredResponse { response: new_response(id, "m", Status::Completed), input: Vec::new(), input_items: Vec::new() }
     }
 
     #[tokio::test]

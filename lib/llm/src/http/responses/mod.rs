@@ -1,8 +1,9 @@
 //! `/v1/responses`, OpenAI's Responses API, over the chat pipeline: a request becomes a
-//! chat request ([`convert`]), the chat chunks become the Response object and its
-//! events ([`events`], driven by [`generation`]), kept in a [`store`] (in memory, or in
+//! chat request ([`convert`]; its input items [`input`], its function [`tools`]), the
+//! chat chunks become the Response object and its events ([`events`], driven by
+//! [`generation`]), kept in a [`store`] (in memory, or in
 //! discovery for a fleet of frontends) for `GET`, `DELETE`, `previous_response_id` and
-//! [`background`] responses. The routes are in [`handlers`].
+//! [`background`] responses and the [`input_items`] list. The routes are in [`handlers`].
 
 pub(crate) mod background;
 pub(crate) mod convert;
@@ -10,9 +11,12 @@ mod discovery_store;
 pub(crate) mod events;
 pub(crate) mod generation;
 pub(crate) mod handlers;
+pub(crate) mod input;
+pub(crate) mod input_items;
 mod memory;
 pub(crate) mod protocol;
 pub(crate) mod store;
+pub(crate) mod tools;
 
 use std::sync::Arc;
 use std::time::Duration;
