@@ -463,3 +463,25 @@ async def test_discovery_store_is_shared_by_frontends(
         a.close()
         b.close()
 
+
+@pytest.mark.parametrize("backend", ["etcd_nats"], indirect=True)
+async def test_discovery_store_keeps_at_most_responses_max(
+    backend: Any, workers: WorkerPool, namespace: str, model_dir: Path
+) -> None:
+    start_mocker(workers, f"{namespace}.mocker.generate", model_dir)
+    frontend = await start_frontend(workers, "dyn", "--responses-store", "discovery", "--responses-max", "3")
+    await frontend.wait_models([model_dir.name])
+    c = client(frontend)
+    try:
+        ids = []
+        for i in range(5):
+            # A new creation second each, and past the store's once-a-second check.
+            ids.append(c.responses.create(model=model_dir.name, input=f"w{i}", max_output_tokens=2).id)
+            time.sleep(1.1)
+        # The fourth and the fifth write each found one too many and evicted the oldest.
+        for gone in ids[:2]:
+            with pytest.raises(openai.NotFoundError):
+                c.responses.retrieve(gone)
+        assert [c.responses.retrieve(kept).id for kept in ids[2:]] == ids[2:]
+    finally:
+        c.close()

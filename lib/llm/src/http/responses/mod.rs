@@ -23,10 +23,10 @@ use std::time::Duration;
 
 use dynamo_runtime::discovery::Discovery;
 
-pub use discovery_store::RESPONSES_PREFIX;
+pub use discovery_store::{INDEX_PREFIX, RESPONSES_PREFIX};
 pub use store::{ResponseStore, SharedResponseStore, StoreError, StoreErrorKind, StoredResponse};
 
-/// Default bound on the responses the in-memory store keeps.
+/// Default bound on the responses a store keeps.
 pub const DEFAULT_RESPONSES_MAX: usize = 10_000;
 /// Default time a stored response is kept.
 pub const DEFAULT_RESPONSES_TTL: Duration = Duration::from_secs(3600);
@@ -36,8 +36,9 @@ pub fn memory_store(max: usize, ttl: Duration) -> SharedResponseStore {
     Arc::new(memory::MemoryStore::new(max, ttl))
 }
 
-/// The store in `discovery` (keys under [`RESPONSES_PREFIX`]), each response kept for
-/// `ttl`: every frontend on the same discovery answers for every response.
-pub fn discovery_store(discovery: Arc<dyn Discovery>, ttl: Duration) -> SharedResponseStore {
-    Arc::new(discovery_store::DiscoveryStore::new(discovery, ttl))
+/// The store in `discovery` (keys under [`RESPONSES_PREFIX`], counted by the keys under
+/// [`INDEX_PREFIX`]): about `max` responses (the oldest go first), each kept for `ttl`;
+/// every frontend on the same discovery answers for every response.
+pub fn discovery_store(discovery: Arc<dyn Discovery>, ttl: Duration, max: usize) -> SharedResponseStore {
+    Arc::new(discovery_store::DiscoveryStore::new(discovery, ttl, max))
 }
