@@ -120,3 +120,21 @@ fn admin_answer(result: Result<crate::drain::DrainStatus>) -> (StatusCode, Json<
         Err(e) => (StatusCode::SERVICE_UNAVAILABLE, Json(serde_json::json!({"error": e.to_string()}))),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_drain_body_is_empty_or_names_a_deadline() {
+        assert_eq!(drain_deadline(b""), Ok(None));
+        assert_eq!(drain_deadline(b" \n"), Ok(None));
+        assert_eq!(drain_deadline(b"{}"), Ok(None));
+        assert_eq!(drain_deadline(br#"{"deadline_s": null}"#), Ok(None));
+        assert_eq!(drain_deadline(br#"{"deadline_s": 2.5}"#), Ok(Some(std::time::Duration::from_millis(2500))));
+        assert_eq!(drain_deadline(br#"{"deadline_s": 0}"#), Ok(Some(std::time::Duration::ZERO)));
+        for bad in [&br#"{"deadline_s": -1}"#[..], br#"{"deadline_s": "5"}"#, b"[1]", b"{not json"] {
+            assert!(drain_deadline(bad).is_err(), "{}", String::from_utf8_lossy(bad));
+        }
+    }
+}
