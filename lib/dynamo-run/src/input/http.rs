@@ -34,7 +34,7 @@ async fn serve(config: &RunConfig, models: &Models, cancel: CancellationToken) -
     let responses = &config.responses;
     let store = match models.runtime() {
         Some(runtime) if responses.in_discovery => {
-            responses::discovery_store(runtime.planes().discovery().clone(), responses.ttl)
+            responses::discovery_store(runtime.planes().discovery().clone(), responses.ttl, responses.max)
         }
         _ => responses::memory_store(responses.max, responses.ttl),
     };
