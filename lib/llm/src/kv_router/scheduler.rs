@@ -33,6 +33,7 @@ use rand::Rng;
 
 use super::selector::{select, Candidate, SelectorWeights};
 use super::protocols::ForwardPassMetrics;
+use super::ttft::PrefillQueue;
 
 /// Sent blocks stay counted until metrics received this long after the send.
 pub const METRICS_LAG: Duration = Duration::from_millis(250);
@@ -201,6 +202,8 @@ struct WorkerLoad {
     tpot: RecentMedian,
     /// Seconds to the first item.
     ttft: Ewma,
+    /// Prefill work sent and not started, and the observed rate (see [`super::ttft`]).
+    prefill: PrefillQueue,
 }
 
 impl WorkerLoad {
@@ -346,6 +349,31 @@ impl LoadTracker {
     /// The first item of a stream from `worker` came `elapsed` after the request.
     pub fn record_ttft(&mut self, worker: u64, elapsed: Duration) {
         self.workers.entry(worker).or_default().ttft.add(elapsed.as_secs_f64());
+    }
+
+    /// A request of `units` prefill units was sent to `worker`: returns the units
+    /// waiting there ahead of it (see [`super::ttft`]).
+    pub fn prefill_sent(&mut self, worker: u64, units: u64) -> u64 {
+        self.workers.entry(worker).or_default().prefill.sent(units)
+    }
+
+    /// The request of `units` sent to `worker` with `ahead` units waiting got its first
+    /// item after `elapsed`.
+    pub fn prefill_first_item(&mut self, worker: u64, units: u64, ahead: u64, elapsed: Duration) {
+        self.workers.entry(worker).or_default().prefill.first_item(units, ahead, elapsed);
+    }
+
+    /// The request of `units` sent to `worker` ended without a first item.
+    pub fn prefill_abandoned(&mut self, worker: u64, units: u64) {
+        if let Some(load) = self.workers.get_mut(&worker) {
+            load.prefill.abandoned(units);
+        }
+    }
+
+    /// The estimated time to first token on `worker` of a request of `units` prefill
+    /// units sent now; `None` before the worker's first item was timed.
+    pub fn ttft_estimate(&self, worker: u64, units: u64) -> Option<Duration> {
+        self.workers.get(&worker).and_then(|l| l.prefill.estimate(units))
     }
 
     /// A stream from `worker` took `per_item` per item after its first (its last item's

@@ -1,0 +1,147 @@
+//! The router's estimate of a request's time to first token (TTFT) on a worker, from its
+//! own view: the prefill work it sent the worker that has no first item yet, and how fast
+//! the worker got through such work so far.
+//!
+//! Work is counted in *prefill units*: the prompt tokens the worker must compute (those
+//! not predicted in its prefix cache) when the router knows the tokens (KV routing), or
+//! one unit per request when it does not (round-robin and random over OpenAI-level
+//! requests: requests waiting × the TTFT per waiting request). A request sent with `ahead`
+//! units already waiting on its worker, and `own` units of its own, that gets its first
+//! item after `t` is a sample of `t / (ahead + own)` seconds per unit; the worker's rate is
+//! a moving average of those samples. The estimate for a new request is then
+//! `(waiting units + its own) × rate`. It is approximate: it counts only this router's
+//! requests (not other frontends'), and the rate folds in whatever else slows the
+//! worker's prefill (decode batches, a full cache) as it was when the samples were taken.
+
+use std::time::Duration;
+
+/// Weight of a new sample in the moving average of the seconds per prefill unit.
+const RATE_ALPHA: f64 = 0.2;
+
+/// One worker's prefill queue as the router sees it, and its observed rate.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct PrefillQueue {
+    /// Units of the requests sent to it that have no first item yet.
+    waiting_units: u64,
+    /// Moving average of seconds per unit; `None` before the first sample.
+    seconds_per_unit: Option<f64>,
+    /// Samples taken.
+    samples: u64,
+}
+
+impl PrefillQueue {
+    /// A request of `units` was sent: returns the units waiting ahead of it.
+    pub(crate) fn sent(&mut self, units: u64) -> u64 {
+        let ahead = self.waiting_units;
+        self.waiting_units = self.waiting_units.saturating_add(units);
+        ahead
+    }
+
+    /// The request of `units`, sent with `ahead` units waiting, got its first item after
+    /// `elapsed`: it no longer waits, and its time is a sample of the rate.
+    pub(crate) fn first_item(&mut self, units: u64, ahead: u64, elapsed: Duration) {
+        self.waiting_units = self.waiting_units.saturating_sub(units);
+        let sample = elapsed.as_secs_f64() / (ahead + units).max(1) as f64;
+        self.seconds_per_unit = Some(match self.seconds_per_unit {
+            None => sample,
+            Some(rate) => rate + RATE_ALPHA * (sample - rate),
+        });
+        self.samples += 1;
+    }
+
+    /// The request of `units` ended without a first item (failed, cancelled): it no
+    /// longer waits, and says nothing about the rate.
+    pub(crate) fn abandoned(&mut self, units: u64) {
+        self.waiting_units = self.waiting_units.saturating_sub(units);
+    }
+
+    /// The estimated TTFT of a request of `units` sent now; `None` until a first item
+    /// was timed.
+    pub(crate) fn estimate(&self, units: u64) -> Option<Duration> {
+        let rate = self.seconds_per_unit?;
+        let seconds = rate * self.waiting_units.saturating_add(units.max(1)) as f64;
+        Some(Duration::from_secs_f64(seconds.clamp(0.0, 1e9)))
+    }
+
+    /// Units waiting now.
+    #[cfg(test)]
+    fn waiting_units(&self) -> u64 {
+        self.waiting_units
+    }
+}
+
+/// How to combine the workers' estimates into the router's estimate for a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Aggregate {
+    /// The lowest: the router sends the request where it is cheapest (KV routing).
+    Best,
+    /// The mean: a load-blind policy (round-robin, random) sends it anywhere.
+    Mean,
+}
+
+/// The router's estimate from each candidate's own: `None` when any is unknown (a
+/// worker not timed yet may well be idle, so nothing can be said to exceed a target).
+pub fn combine(estimates: impl IntoIterator<Item = Option<Duration>>, how: Aggregate) -> Option<Duration> {
+    let all: Option<Vec<Duration>> = estimates.into_iter().collect();
+    let all = all.filter(|a| !a.is_empty())?;
+    match how {
+        Aggregate::Best => all.into_iter().min(),
+        Aggregate::Mean => Some(all.iter().sum::<Duration>() / u32::try_from(all.len()).unwrap_or(u32::MAX)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn no_estimate_before_a_first_item_is_timed() {
+        let mut q = PrefillQueue::default();
+        q.sent(100);
+        assert_eq!(q.estimate(50), None);
+    }
+
+    #[test]
+    fn the_estimate_grows_with_the_work_waiting_ahead() {
+        let mut q = PrefillQueue::default();
+        let ahead = q.sent(100);
+        assert_eq!(ahead, 0);
+        // 100 units in 100 ms: 1 ms per unit.
+        q.first_item(100, ahead, 100 * MS);
+        assert_eq!(q.waiting_units(), 0);
+        assert_eq!(q.estimate(50), Some(50 * MS));
+        let a = q.sent(200);
+        let b = q.sent(300);
+        assert_eq!((a, b), (0, 200));
+        // 500 units waiting, 50 of its own.
+        assert_eq!(q.estimate(50), Some(550 * MS));
+        // The second waited behind the first: 500 units in 1 s is 2 ms per unit, and the
+        // average moves a fifth of the way there.
+        q.first_item(300, b, 1000 * MS);
+        assert_eq!(q.waiting_units(), 200);
+        let rate = q.estimate(800).unwrap().as_secs_f64() / 1000.0;
+        assert!((rate - 1.2e-3).abs() < 1e-9, "{rate}");
+        q.abandoned(200);
+        assert_eq!(q.waiting_units(), 0);
+        q.abandoned(5);
+        assert_eq!(q.waiting_units(), 0, "never below zero");
+    }
+
+    #[test]
+    fn a_request_of_no_known_work_counts_as_one_unit() {
+        let mut q = PrefillQueue::default();
+        q.first_item(0, 0, 30 * MS);
+        assert_eq!(q.estimate(0), Some(30 * MS));
+    }
+
+    #[test]
+    fn the_router_takes_the_best_or_the_mean_and_nothing_when_one_is_unknown() {
+        let known = [Some(10 * MS), Some(30 * MS)];
+        assert_eq!(combine(known, Aggregate::Best), Some(10 * MS));
+        assert_eq!(combine(known, Aggregate::Mean), Some(20 * MS));
+        assert_eq!(combine([Some(10 * MS), None], Aggregate::Best), None);
+        assert_eq!(combine([], Aggregate::Best), None);
+    }
+}
