@@ -96,7 +96,7 @@ impl InflightGuard {
     /// Count `units` of prefill work waiting on the worker until the first item (or
     /// the end): the router's TTFT estimate ([`super::ttft`]).
     pub fn prefilling(mut self, units: u64) -> Self {
-        let ahead = self.tracker.load.lock().prefill_sent(self.worker, units);
+        let ahead = self.tracker.load.lock().prefill_sent(self.worker, units, self.started);
         self.prefill = Some((units, ahead));
         self
     }
@@ -109,6 +109,9 @@ impl InflightGuard {
     /// The request was sent at `at` rather than when the guard was taken (a replay's
     /// virtual clock).
     pub fn started_at(mut self, at: Instant) -> Self {
+        if self.prefill.is_some() {
+            self.tracker.load.lock().prefill_resent_at(self.worker, self.started, at);
+        }
         self.started = at;
         self
     }
@@ -125,7 +128,7 @@ impl InflightGuard {
             let mut load = self.tracker.load.lock();
             load.record_ttft(self.worker, now - self.started);
             if let Some((units, ahead)) = self.prefill.take() {
-                load.prefill_first_item(self.worker, units, ahead, now - self.started);
+                load.prefill_first_item(self.worker, units, ahead, self.started, now - self.started);
             }
         }
         self.last = Some(now);
@@ -146,7 +149,7 @@ impl InflightGuard {
         let mut load = self.tracker.load.lock();
         load.finish_request(self.worker, self.blocks);
         if let Some((units, _)) = self.prefill.take() {
-            load.prefill_abandoned(self.worker, units);
+            load.prefill_abandoned(self.worker, units, self.started);
         }
         if let (Some(first), Some(last), true) = (self.first, self.last, self.items >= 2) {
             load.record_tpot(self.worker, (last - first) / (self.items - 1));
@@ -205,15 +208,17 @@ mod tests {
         let tracker = InflightTracker::default();
         let mut first = tracker.start(3).prefilling(100);
         let second = tracker.start(3).prefilling(50);
-        assert_eq!(tracker.load().lock().ttft_estimate(3, 10), None, "nothing timed yet");
+        let estimate = |now| tracker.load().lock().ttft_estimate(3, 10, now);
+        let now = Instant::now();
+        assert_eq!(estimate(now), None, "nothing timed yet");
         first.observe_item();
-        let after_first = tracker.load().lock().ttft_estimate(3, 10).expect("timed");
+        // 60 units waiting (50 + its own 10), and the second has waited since it was sent.
+        let after_first = estimate(now).expect("timed");
         drop(second);
-        let after_second = tracker.load().lock().ttft_estimate(3, 10).unwrap();
-        // 60 units waiting (50 + its own 10), then only its own 10.
-        assert!(after_second < after_first || after_first.is_zero(), "{after_second:?} < {after_first:?}");
+        let after_second = estimate(now).unwrap();
+        assert!(after_second <= after_first, "{after_second:?} <= {after_first:?}");
         first.observe_item();
         first.end_at(Instant::now());
-        assert_eq!(tracker.load().lock().ttft_estimate(3, 10), Some(after_second), "released once");
+        assert_eq!(estimate(now), Some(after_second), "released once");
     }
 }

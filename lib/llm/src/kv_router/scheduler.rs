@@ -351,29 +351,36 @@ impl LoadTracker {
         self.workers.entry(worker).or_default().ttft.add(elapsed.as_secs_f64());
     }
 
-    /// A request of `units` prefill units was sent to `worker`: returns the units
-    /// waiting there ahead of it (see [`super::ttft`]).
-    pub fn prefill_sent(&mut self, worker: u64, units: u64) -> u64 {
-        self.workers.entry(worker).or_default().prefill.sent(units)
+    /// A request of `units` prefill units was sent to `worker` at `at`: returns the
+    /// units waiting there ahead of it (see [`super::ttft`]).
+    pub fn prefill_sent(&mut self, worker: u64, units: u64, at: Instant) -> u64 {
+        self.workers.entry(worker).or_default().prefill.sent(units, at)
     }
 
-    /// The request of `units` sent to `worker` with `ahead` units waiting got its first
-    /// item after `elapsed`.
-    pub fn prefill_first_item(&mut self, worker: u64, units: u64, ahead: u64, elapsed: Duration) {
-        self.workers.entry(worker).or_default().prefill.first_item(units, ahead, elapsed);
-    }
-
-    /// The request of `units` sent to `worker` ended without a first item.
-    pub fn prefill_abandoned(&mut self, worker: u64, units: u64) {
+    /// The request sent to `worker` at `from` counts as sent at `to`.
+    pub fn prefill_resent_at(&mut self, worker: u64, from: Instant, to: Instant) {
         if let Some(load) = self.workers.get_mut(&worker) {
-            load.prefill.abandoned(units);
+            load.prefill.resent_at(from, to);
+        }
+    }
+
+    /// The request of `units` sent to `worker` at `at` with `ahead` units waiting got
+    /// its first item after `elapsed`.
+    pub fn prefill_first_item(&mut self, worker: u64, units: u64, ahead: u64, at: Instant, elapsed: Duration) {
+        self.workers.entry(worker).or_default().prefill.first_item(units, ahead, at, elapsed);
+    }
+
+    /// The request of `units` sent to `worker` at `at` ended without a first item.
+    pub fn prefill_abandoned(&mut self, worker: u64, units: u64, at: Instant) {
+        if let Some(load) = self.workers.get_mut(&worker) {
+            load.prefill.abandoned(units, at);
         }
     }
 
     /// The estimated time to first token on `worker` of a request of `units` prefill
-    /// units sent now; `None` before the worker's first item was timed.
-    pub fn ttft_estimate(&self, worker: u64, units: u64) -> Option<Duration> {
-        self.workers.get(&worker).and_then(|l| l.prefill.estimate(units))
+    /// units sent at `now`; `None` before the worker's first item was timed.
+    pub fn ttft_estimate(&self, worker: u64, units: u64, now: Instant) -> Option<Duration> {
+        self.workers.get(&worker).and_then(|l| l.prefill.estimate(units, now))
     }
 
     /// A stream from `worker` took `per_item` per item after its first (its last item's

@@ -9,20 +9,27 @@
 //! units already waiting on its worker, and `own` units of its own, that gets its first
 //! item after `t` is a sample of `t / (ahead + own)` seconds per unit; the worker's rate is
 //! a moving average of those samples. The estimate for a new request is then
-//! `(waiting units + its own) × rate`. It is approximate: it counts only this router's
-//! requests (not other frontends'), and the rate folds in whatever else slows the
-//! worker's prefill (decode batches, a full cache) as it was when the samples were taken.
+//! `(waiting units + its own) × rate`, and at least how long the oldest request waiting
+//! there has waited already: the rate is learnt from first items, which come back a TTFT
+//! late, so under a sudden surge the rate trails the queue, while the oldest waiting
+//! request shows at once that the worker's queue is past a target. It is approximate: it
+//! counts only this router's requests (not other frontends'), and the rate folds in
+//! whatever else slows the worker's prefill (decode batches, a full cache) as it was when
+//! the samples were taken.
 
-use std::time::Duration;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
 /// Weight of a new sample in the moving average of the seconds per prefill unit.
 const RATE_ALPHA: f64 = 0.2;
 
 /// One worker's prefill queue as the router sees it, and its observed rate.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct PrefillQueue {
     /// Units of the requests sent to it that have no first item yet.
     waiting_units: u64,
+    /// When each of those requests was sent (a multiset).
+    waiting_since: BTreeMap<Instant, u32>,
     /// Moving average of seconds per unit; `None` before the first sample.
     seconds_per_unit: Option<f64>,
     /// Samples taken.
@@ -30,17 +37,38 @@ pub(crate) struct PrefillQueue {
 }
 
 impl PrefillQueue {
-    /// A request of `units` was sent: returns the units waiting ahead of it.
-    pub(crate) fn sent(&mut self, units: u64) -> u64 {
+    /// A request of `units` was sent at `at`: returns the units waiting ahead of it.
+    pub(crate) fn sent(&mut self, units: u64, at: Instant) -> u64 {
         let ahead = self.waiting_units;
         self.waiting_units = self.waiting_units.saturating_add(units);
+        *self.waiting_since.entry(at).or_default() += 1;
         ahead
     }
 
-    /// The request of `units`, sent with `ahead` units waiting, got its first item after
-    /// `elapsed`: it no longer waits, and its time is a sample of the rate.
-    pub(crate) fn first_item(&mut self, units: u64, ahead: u64, elapsed: Duration) {
+    /// The request sent at `from` counts as sent at `to` (a replay's virtual clock).
+    pub(crate) fn resent_at(&mut self, from: Instant, to: Instant) {
+        if self.forget(from) {
+            *self.waiting_since.entry(to).or_default() += 1;
+        }
+    }
+
+    /// Drop one request sent at `at` from the waiting ones; whether there was one.
+    fn forget(&mut self, at: Instant) -> bool {
+        match self.waiting_since.get_mut(&at) {
+            Some(1) => self.waiting_since.remove(&at).is_some(),
+            Some(n) => {
+                *n -= 1;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The request of `units` sent at `at`, with `ahead` units waiting, got its first
+    /// item after `elapsed`: it no longer waits, and its time is a sample of the rate.
+    pub(crate) fn first_item(&mut self, units: u64, ahead: u64, at: Instant, elapsed: Duration) {
         self.waiting_units = self.waiting_units.saturating_sub(units);
+        self.forget(at);
         let sample = elapsed.as_secs_f64() / (ahead + units).max(1) as f64;
         self.seconds_per_unit = Some(match self.seconds_per_unit {
             None => sample,
@@ -49,18 +77,21 @@ impl PrefillQueue {
         self.samples += 1;
     }
 
-    /// The request of `units` ended without a first item (failed, cancelled): it no
-    /// longer waits, and says nothing about the rate.
-    pub(crate) fn abandoned(&mut self, units: u64) {
+    /// The request of `units` sent at `at` ended without a first item (failed,
+    /// cancelled): it no longer waits, and says nothing about the rate.
+    pub(crate) fn abandoned(&mut self, units: u64, at: Instant) {
         self.waiting_units = self.waiting_units.saturating_sub(units);
+        self.forget(at);
     }
 
-    /// The estimated TTFT of a request of `units` sent now; `None` until a first item
-    /// was timed.
-    pub(crate) fn estimate(&self, units: u64) -> Option<Duration> {
+    /// The estimated TTFT of a request of `units` sent at `now`; `None` until a first
+    /// item was timed.
+    pub(crate) fn estimate(&self, units: u64, now: Instant) -> Option<Duration> {
         let rate = self.seconds_per_unit?;
         let seconds = rate * self.waiting_units.saturating_add(units.max(1)) as f64;
-        Some(Duration::from_secs_f64(seconds.clamp(0.0, 1e9)))
+        let queued = Duration::from_secs_f64(seconds.clamp(0.0, 1e9));
+        let oldest = self.waiting_since.keys().next().map_or(Duration::ZERO, |&since| now.saturating_duration_since(since));
+        Some(queued.max(oldest))
     }
 
     /// Units waiting now.
@@ -96,44 +127,75 @@ mod tests {
 
     const MS: Duration = Duration::from_millis(1);
 
+    fn t0() -> Instant {
+        Instant::now()
+    }
+
     #[test]
     fn no_estimate_before_a_first_item_is_timed() {
         let mut q = PrefillQueue::default();
-        q.sent(100);
-        assert_eq!(q.estimate(50), None);
+        let now = t0();
+        q.sent(100, now);
+        assert_eq!(q.estimate(50, now), None);
     }
 
     #[test]
     fn the_estimate_grows_with_the_work_waiting_ahead() {
         let mut q = PrefillQueue::default();
-        let ahead = q.sent(100);
+        let now = t0();
+        let ahead = q.sent(100, now);
         assert_eq!(ahead, 0);
         // 100 units in 100 ms: 1 ms per unit.
-        q.first_item(100, ahead, 100 * MS);
+        q.first_item(100, ahead, now, 100 * MS);
         assert_eq!(q.waiting_units(), 0);
-        assert_eq!(q.estimate(50), Some(50 * MS));
-        let a = q.sent(200);
-        let b = q.sent(300);
+        assert_eq!(q.estimate(50, now), Some(50 * MS));
+        let a = q.sent(200, now);
+        let b = q.sent(300, now);
         assert_eq!((a, b), (0, 200));
         // 500 units waiting, 50 of its own.
-        assert_eq!(q.estimate(50), Some(550 * MS));
+        assert_eq!(q.estimate(50, now), Some(550 * MS));
         // The second waited behind the first: 500 units in 1 s is 2 ms per unit, and the
         // average moves a fifth of the way there.
-        q.first_item(300, b, 1000 * MS);
+        q.first_item(300, b, now, 1000 * MS);
         assert_eq!(q.waiting_units(), 200);
-        let rate = q.estimate(800).unwrap().as_secs_f64() / 1000.0;
+        let rate = q.estimate(800, now).unwrap().as_secs_f64() / 1000.0;
         assert!((rate - 1.2e-3).abs() < 1e-9, "{rate}");
-        q.abandoned(200);
+        q.abandoned(200, now);
         assert_eq!(q.waiting_units(), 0);
-        q.abandoned(5);
+        q.abandoned(5, now);
         assert_eq!(q.waiting_units(), 0, "never below zero");
     }
 
     #[test]
     fn a_request_of_no_known_work_counts_as_one_unit() {
         let mut q = PrefillQueue::default();
-        q.first_item(0, 0, 30 * MS);
-        assert_eq!(q.estimate(0), Some(30 * MS));
+        let now = t0();
+        q.sent(0, now);
+        q.first_item(0, 0, now, 30 * MS);
+        assert_eq!(q.estimate(0, now), Some(30 * MS));
+    }
+
+    #[test]
+    fn a_request_waiting_long_already_raises_the_estimate_at_once() {
+        let mut q = PrefillQueue::default();
+        let start = t0();
+        q.sent(10, start);
+        q.first_item(10, 0, start, 10 * MS);
+        // A surge: the rate (1 ms per unit) says 21 ms, but the oldest request waiting
+        // has waited 900 ms already.
+        let oldest = q.sent(10, start);
+        q.sent(10, start + 500 * MS);
+        assert_eq!(oldest, 0);
+        assert_eq!(q.estimate(1, start + 900 * MS), Some(900 * MS));
+        // Its first item (timed at 10 ms: the rate stays 1 ms per unit).
+        q.first_item(10, 0, start, 10 * MS);
+        let later = start + 1000 * MS;
+        assert_eq!(q.estimate(1, later), Some(500 * MS), "the next oldest, sent at 500 ms");
+        // Retimed to a replay's clock, it counts from there.
+        q.resent_at(start + 500 * MS, start + 800 * MS);
+        assert_eq!(q.estimate(1, later), Some(200 * MS));
+        q.abandoned(10, start + 800 * MS);
+        assert!(q.estimate(1, later).unwrap() < 200 * MS, "nothing waits: the rate alone");
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! A candidate at random.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use rand::rngs::StdRng;
@@ -46,8 +46,8 @@ impl Selector for Random {
     }
 
     fn ttft_estimate(&self, _tokens: &[u32], candidates: &[u64]) -> Option<Duration> {
-        let load = self.waiting.load().lock();
-        combine(candidates.iter().map(|w| load.ttft_estimate(*w, 1)), Aggregate::Mean)
+        let (load, now) = (self.waiting.load().lock(), Instant::now());
+        combine(candidates.iter().map(|w| load.ttft_estimate(*w, 1, now)), Aggregate::Mean)
     }
 }
 

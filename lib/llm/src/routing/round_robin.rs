@@ -1,7 +1,7 @@
 //! Each candidate in turn.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::{Pick, SelectError, Selector};
 use crate::kv_router::ttft::{combine, Aggregate};
@@ -46,8 +46,8 @@ impl Selector for RoundRobin {
     }
 
     fn ttft_estimate(&self, _tokens: &[u32], candidates: &[u64]) -> Option<Duration> {
-        let load = self.waiting.load().lock();
-        combine(candidates.iter().map(|w| load.ttft_estimate(*w, 1)), Aggregate::Mean)
+        let (load, now) = (self.waiting.load().lock(), Instant::now());
+        combine(candidates.iter().map(|w| load.ttft_estimate(*w, 1, now)), Aggregate::Mean)
     }
 }
 
