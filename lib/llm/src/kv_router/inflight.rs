@@ -10,6 +10,7 @@ use std::time::Instant;
 use parking_lot::Mutex;
 
 use super::scheduler::LoadTracker;
+use super::ttft::Waiting;
 
 /// In-flight requests per worker, kept in a shared [`LoadTracker`]. Cheap to clone;
 /// clones share the counts.
@@ -71,8 +72,8 @@ pub struct InflightGuard {
     last: Option<Instant>,
     items: u32,
     on_end: Option<OnEnd>,
-    /// (units, units ahead) of its prefill while it waits for its first item.
-    prefill: Option<(u64, u64)>,
+    /// Its prefill while it waits for its first item.
+    prefill: Option<Waiting>,
     /// Released already ([`Self::end_at`]).
     ended: bool,
 }
@@ -96,8 +97,7 @@ impl InflightGuard {
     /// Count `units` of prefill work waiting on the worker until the first item (or
     /// the end): the router's TTFT estimate ([`super::ttft`]).
     pub fn prefilling(mut self, units: u64) -> Self {
-        let ahead = self.tracker.load.lock().prefill_sent(self.worker, units, self.started);
-        self.prefill = Some((units, ahead));
+        self.prefill = Some(self.tracker.load.lock().prefill_sent(self.worker, units, self.started));
         self
     }
 
@@ -127,8 +127,8 @@ impl InflightGuard {
             self.first = Some(now);
             let mut load = self.tracker.load.lock();
             load.record_ttft(self.worker, now - self.started);
-            if let Some((units, ahead)) = self.prefill.take() {
-                load.prefill_first_item(self.worker, units, ahead, self.started, now - self.started);
+            if let Some(waiting) = self.prefill.take() {
+                load.prefill_first_item(self.worker, waiting, self.started, now - self.started);
             }
         }
         self.last = Some(now);
@@ -148,8 +148,8 @@ impl InflightGuard {
         self.ended = true;
         let mut load = self.tracker.load.lock();
         load.finish_request(self.worker, self.blocks);
-        if let Some((units, _)) = self.prefill.take() {
-            load.prefill_abandoned(self.worker, units, self.started);
+        if let Some(waiting) = self.prefill.take() {
+            load.prefill_abandoned(self.worker, waiting.units, self.started);
         }
         if let (Some(first), Some(last), true) = (self.first, self.last, self.items >= 2) {
             load.record_tpot(self.worker, (last - first) / (self.items - 1));

@@ -474,7 +474,7 @@ mod tests {
         assert_eq!(router.ttft_estimate(&a, &[1], now), None, "no worker timed yet");
         // Time worker 1 at 1 ms per prefill token: 100 tokens in 100 ms.
         let timed = router.load().lock().prefill_sent(1, 100, now);
-        router.load().lock().prefill_first_item(1, 100, timed, now, Duration::from_millis(100));
+        router.load().lock().prefill_first_item(1, timed, now, Duration::from_millis(100));
         assert_eq!(router.ttft_estimate(&a, &[1], now), Some(Duration::from_millis(32)));
         // A routed request of A waits until its first item: 32 tokens ahead of the next.
         let d = router.route_at(&a, &[1], now).unwrap();

@@ -33,7 +33,7 @@ use rand::Rng;
 
 use super::selector::{select, Candidate, SelectorWeights};
 use super::protocols::ForwardPassMetrics;
-use super::ttft::PrefillQueue;
+use super::ttft::{PrefillQueue, Waiting};
 
 /// Sent blocks stay counted until metrics received this long after the send.
 pub const METRICS_LAG: Duration = Duration::from_millis(250);
@@ -351,9 +351,9 @@ impl LoadTracker {
         self.workers.entry(worker).or_default().ttft.add(elapsed.as_secs_f64());
     }
 
-    /// A request of `units` prefill units was sent to `worker` at `at`: returns the
-    /// units waiting there ahead of it (see [`super::ttft`]).
-    pub fn prefill_sent(&mut self, worker: u64, units: u64, at: Instant) -> u64 {
+    /// A request of `units` prefill units was sent to `worker` at `at`: how it waits
+    /// there (see [`super::ttft`]).
+    pub fn prefill_sent(&mut self, worker: u64, units: u64, at: Instant) -> Waiting {
         self.workers.entry(worker).or_default().prefill.sent(units, at)
     }
 
@@ -364,10 +364,9 @@ impl LoadTracker {
         }
     }
 
-    /// The request of `units` sent to `worker` at `at` with `ahead` units waiting got
-    /// its first item after `elapsed`.
-    pub fn prefill_first_item(&mut self, worker: u64, units: u64, ahead: u64, at: Instant, elapsed: Duration) {
-        self.workers.entry(worker).or_default().prefill.first_item(units, ahead, at, elapsed);
+    /// The request `waiting` sent to `worker` at `at` got its first item after `elapsed`.
+    pub fn prefill_first_item(&mut self, worker: u64, waiting: Waiting, at: Instant, elapsed: Duration) {
+        self.workers.entry(worker).or_default().prefill.first_item(waiting, at, elapsed);
     }
 
     /// The request of `units` sent to `worker` at `at` ended without a first item.
