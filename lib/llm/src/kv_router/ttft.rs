@@ -26,12 +26,12 @@ use std::time::{Duration, Instant};
 /// Weight of a new sample in the moving average of the seconds per prefill unit.
 const RATE_ALPHA: f64 = 0.2;
 /// Recent ratios of actual to estimated TTFT kept per worker.
-const SPREAD_WINDOW: usize = 64;
+const SPREAD_WINDOW: usize = 128;
 /// Ratios needed before they scale the estimate.
 const SPREAD_MIN_SAMPLES: usize = 8;
 /// The quantile of the ratios that scales the estimate: a target is about the slow
 /// requests (a p99), not the typical one.
-pub const SPREAD_QUANTILE: f64 = 0.95;
+pub const SPREAD_QUANTILE: f64 = 0.99;
 
 /// A request waiting for its first item on a worker, as [`PrefillQueue::sent`] counted it.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -258,7 +258,7 @@ mod tests {
                 assert_eq!(q.spread, None, "not enough ratios yet");
             }
         }
-        assert_eq!(q.spread, Some(3.0), "the 95th percentile of the ratios");
+        assert_eq!(q.spread, Some(3.0), "the 99th percentile of the ratios");
         assert_eq!(q.estimate(10, now), q.by_rate(10).map(|d| d.mul_f64(3.0)));
     }
 
