@@ -3,13 +3,14 @@ open-loop at a multiple of its capacity (docs/performance.md, "Overload").
 
     python benches/overload.py                                   # 2 workers, 2x capacity
     python benches/overload.py --workers 2 --overload 2 --duration 20 --max-inflight-requests 8
+    python benches/overload.py --router-mode kv --max-inflight-requests 0 --admission-ttft-ms 1000
 
 Processes (started here on free loopback ports, embedded backend): ``python -m
 dynamo.mocker --num-workers W`` and two frontends over it: ``dynamo-run in=http out=dyn``
 without limits (to measure capacity) and the same with ``--max-inflight-requests N
-[--max-queued-tokens T]`` (under test; ``--no-limit``: without them, the baseline). Each
-request is a streaming chat request of about ``--prompt-words`` tokens asking
-``--max-tokens`` tokens.
+[--max-queued-tokens T] [--admission-ttft-ms MS]`` (under test; ``--no-limit``: without
+them, the baseline), both with ``--router-mode``. Each request is a streaming chat request
+of about ``--prompt-words`` tokens asking ``--max-tokens`` tokens.
 
 1. Capacity: a closed loop of ``--capacity-clients`` clients (enough to saturate the
    fleet) on the unlimited frontend for ``--duration`` seconds; capacity = completed
@@ -147,8 +148,11 @@ def main() -> None:
     parser.add_argument("--num-gpu-blocks", type=int, default=256,
                         help="KV blocks per mocker worker (default 256: about 16 requests at once each, so that "
                              "the fleet saturates and its capacity is a number)")
-    parser.add_argument("--max-inflight-requests", type=int, default=32, help="per-model limit (default 32)")
+    parser.add_argument("--max-inflight-requests", type=int, default=32, help="per-model limit (default 32; 0: none)")
     parser.add_argument("--max-queued-tokens", type=int, default=None, help="per-model limit (default none)")
+    parser.add_argument("--admission-ttft-ms", type=int, default=None,
+                        help="TTFT target: refuse at admission on the router's estimate (default none)")
+    parser.add_argument("--router-mode", default="round-robin", help="the frontends' router mode (default round-robin)")
     parser.add_argument("--no-limit", action="store_true", help="baseline: the overload without admission limits")
     parser.add_argument("--capacity-clients", type=int, default=64,
                         help="closed-loop clients that measure capacity (default 64)")
@@ -172,19 +176,28 @@ def main() -> None:
         port, open_port = free_port(), free_port()
         engine_args = log_dir / "mocker.json"
         engine_args.write_text(json.dumps({"speedup_ratio": args.speedup_ratio, "num_gpu_blocks": args.num_gpu_blocks}))
-        limits = [] if args.no_limit else ["--max-inflight-requests", str(args.max_inflight_requests)]
+        limits = []
+        if args.max_inflight_requests and not args.no_limit:
+            limits += ["--max-inflight-requests", str(args.max_inflight_requests)]
         if args.max_queued_tokens and not args.no_limit:
             limits += ["--max-queued-tokens", str(args.max_queued_tokens)]
+        if args.admission_ttft_ms and not args.no_limit:
+            limits += ["--admission-ttft-ms", str(args.admission_ttft_ms)]
+        routing = ["--router-mode", args.router_mode]
         try:
             processes.start("mockers", [sys.executable, "-m", "dynamo.mocker", "--model-path", str(args.model_path),
                                         "--model-name", MODEL, "--endpoint", "dyn://bench.mocker.generate",
                                         "--num-workers", str(args.workers), "--extra-engine-args", str(engine_args)],
                             env)
-            processes.start("frontend", [*DYNAMO_RUN, "in=http", "out=dyn", "--http-port", str(port), *limits], env)
-            processes.start("frontend-open", [*DYNAMO_RUN, "in=http", "out=dyn", "--http-port", str(open_port)], env)
+            processes.start("frontend", [*DYNAMO_RUN, "in=http", "out=dyn", "--http-port", str(port), *routing,
+                                         *limits], env)
+            processes.start("frontend-open", [*DYNAMO_RUN, "in=http", "out=dyn", "--http-port", str(open_port),
+                                              *routing], env)
             wait_for_models(port, [MODEL], processes)
             wait_for_models(open_port, [MODEL], processes)
             run_async(closed_loop(open_port, args.workers, 2.0, payloads, args.request_timeout))  # warm-up
+            # The frontend under test times its workers too (its TTFT estimate starts there).
+            run_async(closed_loop(port, args.workers, 2.0, payloads, args.request_timeout))
             capacity_run = run_async(closed_loop(open_port, args.capacity_clients, args.duration, payloads,
                                                  args.request_timeout))
             capacity = capacity_run.completed / capacity_run.seconds
@@ -196,7 +209,9 @@ def main() -> None:
             processes.stop()
         figures: dict[str, Any] = {
             "workers": args.workers,
-            "max_inflight_requests": None if args.no_limit else args.max_inflight_requests,
+            "router_mode": args.router_mode,
+            "max_inflight_requests": None if args.no_limit else (args.max_inflight_requests or None),
+            "admission_ttft_ms": None if args.no_limit else args.admission_ttft_ms,
             "capacity_clients": args.capacity_clients,
             "capacity_req_per_s": round(capacity, 2),
             "capacity_ttft_p99_ms": ms(capacity_run.ttft, 99),

@@ -250,13 +250,15 @@ def test_python_m_dynamo_frontend_flags() -> None:
     assert streams[streams.index("--stream-grace-s") + 1] == "5.0"
     assert streams[streams.index("--stream-buffer-bytes") + 1] == "4096"
     assert "--stream-retention-s" not in streams and "--migration-limit" not in dynamo_run_argv(parse_args([]))
-    admission = dynamo_run_argv(parse_args(["--max-inflight-requests", "8", "--max-queued-tokens", "4096"]))
+    admission = dynamo_run_argv(parse_args(["--max-inflight-requests", "8", "--max-queued-tokens", "4096",
+                                            "--admission-ttft-ms", "750"]))
     assert admission[admission.index("--max-inflight-requests") + 1] == "8"
     assert admission[admission.index("--max-queued-tokens") + 1] == "4096"
+    assert admission[admission.index("--admission-ttft-ms") + 1] == "750"
     assert "--max-inflight-requests" not in dynamo_run_argv(parse_args([])), "no limit by default"
     for bad in (["--endpoint", "a.b"], ["--http-port", "70000"], ["--router-mode", "nope"],
                 ["--resend-limit", "-1"], ["--resend-limit", "x"], ["--max-inflight-requests", "0"],
-                ["--max-queued-tokens", "-5"]):
+                ["--max-queued-tokens", "-5"], ["--admission-ttft-ms", "0"]):
         with pytest.raises(SystemExit) as exit_info:
             parse_args(bad)
         assert exit_info.value.code == 2

@@ -775,6 +775,9 @@ def run_routing_lab(
     temperature: float = 0.0,
     busy_threshold: float | None = None,
     engine_args: str | None = None,
+    max_inflight_requests: int | None = None,
+    max_queued_tokens: int | None = None,
+    admission_ttft_ms: float | None = None,
 ) -> dict[str, Any]:
     """Replay a Mooncake-format trace (JSON lines: ``timestamp`` ms, ``input_length``,
     ``output_length``, ``hash_ids``) through ``workers`` simulated mocker engines on a
@@ -782,11 +785,14 @@ def run_routing_lab(
     ``random``), without the GIL. ``python -m dynamo.router.lab`` is its command line.
     ``engine_args`` is a JSON object of mocker settings (docs/mocker.md); the lab's
     workers have 26,624 KV blocks (an 80 GB GPU serving an 8B model) unless it sets
-    ``num_gpu_blocks``.
+    ``num_gpu_blocks``. ``max_inflight_requests``, ``max_queued_tokens`` and
+    ``admission_ttft_ms`` are the frontend's admission limits (docs/reliability.md),
+    applied to each arrival on the virtual clock.
 
     Returns:
-        ``policy``, ``requests``, ``completed``, ``rejected``, ``hit_rate``,
-        ``ttft_p50_ms``, ``ttft_p99_ms``, ``itl_p50_ms``, ``throughput_tok_s``,
+        ``policy``, ``requests``, ``completed``, ``admitted``, ``refused`` (by
+        admission), ``rejected``, ``hit_rate``, ``ttft_p50_ms``, ``ttft_p99_ms`` (of
+        the admitted requests), ``itl_p50_ms``, ``throughput_tok_s``,
         ``load_imbalance``, ``per_worker`` (requests each), ``simulated_s`` and
         ``ttft_ms`` (every request's TTFT).
 

@@ -4,7 +4,9 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
+use dynamo_llm::http::AdmissionLimits;
 use dynamo_llm::routing_lab::{self as lab, LabConfig, LabError, Policy};
 use dynamo_llm::kv_router::{KvRouter, KvRouterConfig, ScheduleError, SchedulerConfig, SelectorWeights};
 use dynamo_runtime::Client;
@@ -101,9 +103,10 @@ fn lab_error(e: LabError) -> PyErr {
 
 /// Replay the Mooncake-format trace at `trace_path` through `workers` simulated mocker
 /// engines on a virtual clock, routing with `policy` (`kv`, `approx`, `round-robin`,
-/// `random`); returns the report as a dict. Runs without the GIL.
+/// `random`), each arrival first through the frontend's admission limits when given;
+/// returns the report as a dict. Runs without the GIL.
 #[pyfunction]
-#[pyo3(signature = (trace_path, policy, workers=4, trace_block_size=512, seed=0, slow_worker_factor=1.0, time_scale=1.0, overlap_weight=8.0, temperature=0.0, busy_threshold=None, engine_args=None))]
+#[pyo3(signature = (trace_path, policy, workers=4, trace_block_size=512, seed=0, slow_worker_factor=1.0, time_scale=1.0, overlap_weight=8.0, temperature=0.0, busy_threshold=None, engine_args=None, max_inflight_requests=None, max_queued_tokens=None, admission_ttft_ms=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn run_routing_lab<'py>(
     py: Python<'py>,
@@ -118,6 +121,9 @@ pub fn run_routing_lab<'py>(
     temperature: f64,
     busy_threshold: Option<f64>,
     engine_args: Option<&str>,
+    max_inflight_requests: Option<usize>,
+    max_queued_tokens: Option<u64>,
+    admission_ttft_ms: Option<f64>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let policy: Policy = policy.parse().map_err(lab_error)?;
     let engine = lab::lab_engine_args(engine_args).map_err(|e| PyValueError::new_err(format!("engine_args: {e}")))?;
@@ -133,6 +139,14 @@ pub fn run_routing_lab<'py>(
         slow_worker_factor,
         time_scale,
         seed,
+        admission: AdmissionLimits {
+            max_inflight_requests,
+            max_queued_tokens,
+            ttft_target: admission_ttft_ms
+                .map(|ms| Duration::try_from_secs_f64(ms / 1000.0))
+                .transpose()
+                .map_err(|e| PyValueError::new_err(format!("admission_ttft_ms: {e}")))?,
+        },
     };
     config.validate().map_err(lab_error)?;
     let report = py.detach(|| lab::read_trace(&trace_path).and_then(|trace| lab::run(&trace, policy, &config))).map_err(lab_error)?;
@@ -140,6 +154,8 @@ pub fn run_routing_lab<'py>(
     d.set_item("policy", report.policy.as_str())?;
     d.set_item("requests", report.requests)?;
     d.set_item("completed", report.completed)?;
+    d.set_item("admitted", report.admitted)?;
+    d.set_item("refused", report.refused)?;
     d.set_item("rejected", report.rejected)?;
     d.set_item("hit_rate", report.hit_rate)?;
     d.set_item("ttft_p50_ms", report.ttft_p50_ms)?;

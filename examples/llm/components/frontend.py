@@ -4,9 +4,9 @@ stopped with it.
 
 Configuration keys: ``port`` (default 8000), ``host`` (default 0.0.0.0), ``endpoint``
 (default ``{Processor's namespace}.Processor.chat/completions``), ``router-mode``, the
-admission limits ``max-inflight-requests`` and ``max-queued-tokens``, and the
-``/v1/responses`` store: ``responses-store``, ``responses-ttl-s``, ``responses-max``
-(docs/responses.md).
+admission limits ``max-inflight-requests``, ``max-queued-tokens`` and
+``admission-ttft-ms``, and the ``/v1/responses`` store: ``responses-store``,
+``responses-ttl-s``, ``responses-max`` (docs/responses.md).
 
     python -m components.frontend -f configs/agg.yaml   # alone (from examples/llm)
 """
@@ -28,7 +28,7 @@ logger = logging.getLogger("frontend")
 
 DEFAULT_PORT = 8000
 #: Admission limits, passed to the HTTP frontend as flags (docs/reliability.md).
-ADMISSION_KEYS = ("max-inflight-requests", "max-queued-tokens")
+ADMISSION_KEYS = ("max-inflight-requests", "max-queued-tokens", "admission-ttft-ms")
 #: Seconds the HTTP frontend gets to drain after SIGTERM before SIGKILL.
 STOP_GRACE = 20.0
 

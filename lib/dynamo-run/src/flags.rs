@@ -67,6 +67,12 @@ pub struct Flags {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub max_queued_tokens: Option<u64>,
 
+    /// TTFT target in milliseconds: a request is answered 429 with Retry-After at
+    /// admission when the router's estimate of its time to first token on the best
+    /// worker already exceeds it.
+    #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub admission_ttft_ms: Option<u64>,
+
     /// Seconds a connection gets to send a request's headers, counted from when the
     /// server starts waiting for them (closes slowloris and idle keep-alive connections).
     #[arg(long, value_name = "SECONDS", default_value_t = dynamo_llm::http::DEFAULT_HEADER_TIMEOUT.as_secs_f64(), value_parser = positive_seconds)]
@@ -593,6 +599,7 @@ impl Flags {
             admission: dynamo_llm::http::AdmissionLimits {
                 max_inflight_requests: self.max_inflight_requests,
                 max_queued_tokens: self.max_queued_tokens,
+                ttft_target: self.admission_ttft_ms.map(std::time::Duration::from_millis),
             },
         };
         if let Some(name) = &self.model_name {
@@ -702,6 +709,8 @@ mod tests {
         let limited = config(&["in=http", "--max-inflight-requests", "4", "--max-queued-tokens", "900"]).unwrap();
         assert_eq!(limited.http_limits.admission.max_inflight_requests, Some(4));
         assert_eq!(limited.http_limits.admission.max_queued_tokens, Some(900));
+        let targeted = config(&["in=http", "--admission-ttft-ms", "750"]).unwrap();
+        assert_eq!(targeted.http_limits.admission.ttft_target, Some(std::time::Duration::from_millis(750)));
         assert_eq!(c.router_mode, RouterMode::RoundRobin);
         assert!(!c.responses.in_discovery);
         let c = config(&["in=http", "out=dyn", "--responses-store", "discovery", "--responses-ttl-s", "2.5", "--responses-max", "7"]).unwrap();
@@ -814,6 +823,7 @@ mod tests {
         assert!(usage_error(&["--http-max-inflight", "0"]).contains("--http-max-inflight"));
         assert!(usage_error(&["--max-inflight-requests", "0"]).contains("--max-inflight-requests"));
         assert!(usage_error(&["--max-queued-tokens", "0"]).contains("--max-queued-tokens"));
+        assert!(usage_error(&["--admission-ttft-ms", "0"]).contains("--admission-ttft-ms"));
         assert!(usage_error(&["--http-header-timeout", "0"]).contains("--http-header-timeout"));
         assert!(usage_error(&["in=http", "--api-key", " "]).contains("--api-key"));
         assert!(usage_error(&["--context-length", "0"]).contains("--context-length"));

@@ -18,12 +18,20 @@
 //! 0, `random` seeded, and `kv`/`approx` through a [`KvSelector`] replaying on the lab's
 //! virtual clock with seeded draws (so a request's load and blocks stop counting on its
 //! worker as the frontend's do).
+//!
+//! Admission: with [`LabConfig::admission`] set, each arrival passes the frontend's own
+//! admission decisions ([`crate::http::admission`]: requests in flight, queued prompt
+//! tokens, the TTFT target against the selector's estimate) on the virtual clock before it
+//! is routed; the report counts the requests admitted and refused, and its TTFT
+//! percentiles are those of the admitted requests.
 
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::engines::mocker::{MockerArgs, SimOutput, SimWorker};
+use crate::http::admission::{inflight_refusal, queued_tokens_refusal, ttft_refusal};
+use crate::http::AdmissionLimits;
 use crate::kv_router::{KvCacheEvent, KvRouter, KvRouterConfig, RouterEvent, SchedulerConfig};
 use crate::lab_trace::percentile;
 pub use crate::lab_trace::{
@@ -31,6 +39,9 @@ pub use crate::lab_trace::{
     DEFAULT_TRACE_BLOCK_SIZE,
 };
 use crate::routing::{self, KvSelector, Outcome, Pick, RouterMode, Selector};
+
+/// The model name of the lab's admission decisions (their messages only).
+const LAB_MODEL: &str = "lab";
 
 /// How the lab chooses a worker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -91,6 +102,8 @@ pub struct LabConfig {
     pub time_scale: f64,
     /// Seed of the random choices (ties, temperature, `random`).
     pub seed: u64,
+    /// The frontend's admission limits (none by default).
+    pub admission: AdmissionLimits,
 }
 
 impl Default for LabConfig {
@@ -103,6 +116,7 @@ impl Default for LabConfig {
             slow_worker_factor: 1.0,
             time_scale: 1.0,
             seed: 0,
+            admission: AdmissionLimits::default(),
         }
     }
 }
@@ -123,6 +137,10 @@ impl LabConfig {
         if !(self.time_scale.is_finite() && self.time_scale > 0.0) {
             return invalid(format!("the time scale must be > 0, got {}", self.time_scale));
         }
+        let a = &self.admission;
+        if a.max_inflight_requests == Some(0) || a.max_queued_tokens == Some(0) || a.ttft_target == Some(Duration::ZERO) {
+            return invalid(format!("admission limits must be above 0, got {a:?}"));
+        }
         self.engine.validate().map_err(|e| LabError::Invalid(format!("engine arguments: {e}")))?;
         self.scheduler.validate().map_err(LabError::Invalid)
     }
@@ -137,12 +155,16 @@ pub struct LabReport {
     pub requests: usize,
     /// Requests that produced all their tokens.
     pub completed: usize,
+    /// Requests admitted and sent to a worker.
+    pub admitted: usize,
+    /// Requests refused by admission (429 at the frontend).
+    pub refused: usize,
     /// Requests refused (a prompt larger than a worker's cache, or all workers busy).
     pub rejected: usize,
     /// Prompt blocks found in the workers' prefix caches / looked up.
     pub hit_rate: f64,
-    /// Time to first token, milliseconds, of every request that produced one, in
-    /// arrival order.
+    /// Time to first token, milliseconds, of every request that produced one (admitted
+    /// ones), in arrival order.
     pub ttft_ms: Vec<f64>,
     /// Median time to first token (ms).
     pub ttft_p50_ms: f64,
@@ -163,14 +185,13 @@ pub struct LabReport {
 
 #[derive(Debug)]
 struct Stream {
-    worker: usize,
     /// The selector's pick, told how the request ended when it finishes.
     pick: Pick,
     arrival: f64,
-    /// Times of its first and latest tokens, and its tokens.
-    first: Option<f64>,
+    /// Prompt tokens, queued (for admission) until its first token.
+    prompt_tokens: u64,
+    /// Time of its latest token.
     last: Option<f64>,
-    tokens: u32,
 }
 
 /// Replay `trace` with `policy`.
@@ -211,6 +232,9 @@ pub fn run(trace: &[TraceRequest], policy: Policy, config: &LabConfig) -> Result
     let mut event_id = 0u64;
     let (mut first_arrival, mut last_token) = (None::<f64>, 0f64);
     let mut next = 0;
+    // Admission's counts: requests in flight and prompt tokens without a first token.
+    let (mut admitted, mut refused, mut inflight, mut queued_tokens) = (0usize, 0usize, 0usize, 0u64);
+    let limits = &config.admission;
     let uses_router = matches!(policy, Policy::Kv | Policy::Approx);
     // The frontend's selectors, started where the lab's replay is reproducible.
     let kv = uses_router.then(|| Arc::new(KvSelector::replaying(router.clone(), base, config.seed)));
@@ -245,8 +269,20 @@ pub fn run(trace: &[TraceRequest], policy: Policy, config: &LabConfig) -> Result
                 samples += 1;
                 let tokens = synthesize_tokens(&trace[i], i, config.trace_block_size);
                 set_clock(t);
+                let prompt_tokens = tokens.len() as u64;
+                let refusal = inflight_refusal(limits, LAB_MODEL, inflight)
+                    .or_else(|| queued_tokens_refusal(limits, LAB_MODEL, queued_tokens, prompt_tokens))
+                    .or_else(|| {
+                        let estimate = limits.ttft_target.and_then(|_| selector.ttft_estimate(&tokens, &ids));
+                        ttft_refusal(limits, LAB_MODEL, estimate)
+                    });
+                if refusal.is_some() {
+                    refused += 1;
+                    continue;
+                }
                 let pick = match selector.select(&tokens, &ids) {
-                    Ok(pick) => pick,
+                    // Its timing runs on the virtual clock.
+                    Ok(pick) => Pick { load: pick.load.map(|l| l.started_at(at(t))), ..pick },
                     Err(_) => {
                         // Every worker busy (503 at the frontend).
                         rejected += 1;
@@ -260,7 +296,11 @@ pub fn run(trace: &[TraceRequest], policy: Policy, config: &LabConfig) -> Result
                     continue;
                 }
                 per_worker[w] += 1;
-                streams[i] = Some(Stream { worker: w, pick, arrival: t, first: None, last: None, tokens: 0 });
+                admitted += 1;
+                inflight += 1;
+                queued_tokens += prompt_tokens;
+                streams[i] =
+                    Some(Stream { pick, arrival: t, prompt_tokens, last: None });
                 if step_end[w].is_none() {
                     step_end[w] = workers[w].start_step().map(|ms| t + ms);
                 }
@@ -273,30 +313,28 @@ pub fn run(trace: &[TraceRequest], policy: Policy, config: &LabConfig) -> Result
                     if out.token {
                         tokens_out += 1;
                         last_token = last_token.max(t);
+                        // The selector times the stream (TTFT, time per item) as the
+                        // frontend's streams are timed.
+                        if let Some(load) = stream.pick.load.as_mut() {
+                            load.observe_item_at(at(t));
+                        }
                         match stream.last {
                             None => {
                                 ttft[out.request as usize] = t - stream.arrival;
-                                if uses_router {
-                                    let elapsed = Duration::from_secs_f64((t - stream.arrival) / 1000.0);
-                                    router.load().lock().record_ttft(ids[stream.worker], elapsed);
-                                }
+                                queued_tokens -= stream.prompt_tokens;
                             }
                             Some(last) => itl.push((t - last) as f32),
                         }
-                        stream.first.get_or_insert(t);
                         stream.last = Some(t);
-                        stream.tokens += 1;
                     }
                     if out.finished {
                         if out.token || stream.last.is_some() {
                             completed += 1;
                         } else {
                             rejected += 1;
+                            queued_tokens -= stream.prompt_tokens;
                         }
-                        if let (true, Some(first), Some(last)) = (uses_router && stream.tokens >= 2, stream.first, stream.last) {
-                            let per_token = Duration::from_secs_f64((last - first) / 1000.0 / f64::from(stream.tokens - 1));
-                            router.load().lock().record_tpot(ids[stream.worker], per_token);
-                        }
+                        inflight -= 1;
                         if let Some(ended) = streams[out.request as usize].take() {
                             set_clock(t);
                             selector.on_end(ended.pick, Outcome::Completed);
@@ -342,6 +380,8 @@ pub fn run(trace: &[TraceRequest], policy: Policy, config: &LabConfig) -> Result
         policy,
         requests: trace.len(),
         completed,
+        admitted,
+        refused,
         rejected,
         hit_rate: if queried == 0 { 0.0 } else { hit as f64 / queried as f64 },
         ttft_p50_ms: percentile(&sorted, 0.5),
@@ -423,6 +463,46 @@ mod tests {
             penalised.per_worker,
             unpenalised.per_worker
         );
+    }
+
+    #[test]
+    fn admission_refuses_on_the_virtual_clock_and_keeps_the_admitted_ttft_down() {
+        // Sessions arriving faster than four workers serve them.
+        let trace = conversations(16, 12, 2.0);
+        for policy in [Policy::Kv, Policy::RoundRobin] {
+            let open = run(&trace, policy, &config()).unwrap();
+            assert_eq!((open.admitted, open.refused), (trace.len(), 0), "no limits: all admitted");
+            let target = Duration::from_secs_f64(open.ttft_p50_ms / 1000.0);
+            let limits = AdmissionLimits { ttft_target: Some(target), ..AdmissionLimits::default() };
+            let targeted = LabConfig { admission: limits, ..config() };
+            let report = run(&trace, policy, &targeted).unwrap();
+            assert!(report.refused > 0, "{policy:?}: a target at the open run's median TTFT refuses some");
+            assert_eq!(report.admitted + report.refused, trace.len());
+            assert_eq!(report.completed, report.admitted);
+            // KV routing sends a request where the estimate is lowest; round-robin sends
+            // it in turn (its estimate is the fleet's mean), and a session whose last
+            // turn was refused loses its cached prefix: only its median improves.
+            let (admitted, open) = match policy {
+                Policy::Kv => (report.ttft_p99_ms, open.ttft_p99_ms),
+                _ => (report.ttft_p50_ms, open.ttft_p50_ms),
+            };
+            assert!(
+                admitted < open,
+                "{policy:?}: admitted TTFT {admitted} ms vs {open} ms without the target"
+            );
+            assert_eq!(run(&trace, policy, &targeted).unwrap(), report, "same seed, same report");
+        }
+        let capped = LabConfig {
+            admission: AdmissionLimits { max_inflight_requests: Some(4), ..AdmissionLimits::default() },
+            ..config()
+        };
+        let report = run(&trace, Policy::Kv, &capped).unwrap();
+        assert!(report.refused > 0 && report.admitted + report.refused == trace.len(), "{report:?}");
+        let tokens = LabConfig {
+            admission: AdmissionLimits { max_queued_tokens: Some(1_000), ..AdmissionLimits::default() },
+            ..config()
+        };
+        assert!(run(&trace, Policy::Kv, &tokens).unwrap().refused > 0);
     }
 
     #[test]

@@ -233,6 +233,46 @@ async fn a_model_past_its_inflight_limit_gets_429_and_other_models_are_served() 
 }
 
 #[tokio::test]
+async fn a_response_holds_its_models_share_until_its_generation_ends() {
+    let limits = HttpLimits {
+        admission: AdmissionLimits { max_inflight_requests: Some(1), ..Default::default() },
+        ..limits()
+    };
+    let service = start(HttpService::builder().limits(limits), Duration::from_millis(100)).await;
+    let addr = service.local_addr();
+    let inflight = r#"dynamo_frontend_admission_inflight_requests{model="echo"}"#;
+    let response = |extra: Value| {
+        let mut body = json!({"model": "echo", "input": "a long answer to hold the share"});
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        serde_json::to_vec(&body).unwrap()
+    };
+
+    // A streamed response takes the model's one share, like a chat request.
+    let mut streamed = bounded("a streamed response", open(addr, "POST", "/v1/responses", Some(response(json!({"stream": true}))))).await;
+    assert_eq!(streamed.status, 200);
+    bounded("its first event", streamed.next_event()).await.unwrap();
+    let refused = post_json(addr, "/v1/responses", &json!({"model": "echo", "input": "x"}), "").await;
+    assert_eq!(refused.status, 429, "{refused:?}");
+    assert_eq!(refused.headers.get("retry-after").map(String::as_str), Some("1"));
+    assert_eq!(post_json(addr, "/v1/chat/completions", &chat("echo", "y"), "").await.status, 429);
+    drop(streamed);
+    poll::eventually("the streamed response lets go", WAIT, async || (metric(addr, inflight).await == 0.0).then_some(())).await;
+
+    // A background response holds it until its generation ends, with no client at all.
+    let background = post_json(addr, "/v1/responses", &serde_json::from_slice(&response(json!({"background": true}))).unwrap(), "").await;
+    assert_eq!(background.status, 200, "{background:?}");
+    assert_eq!(metric(addr, inflight).await, 1.0);
+    assert_eq!(post_json(addr, "/v1/chat/completions", &chat("echo", "z"), "").await.status, 429);
+    poll::eventually("the background generation ends and lets go", WAIT, async || {
+        (post_json(addr, "/v1/chat/completions", &chat("echo", "w"), "").await.status == 200).then_some(())
+    })
+    .await;
+    let rejected = r#"dynamo_frontend_admission_rejected_total{model="echo",reason="inflight_requests"}"#;
+    assert!(metric(addr, rejected).await >= 3.0);
+    service.shutdown().await.unwrap();
+}
+
+#[tokio::test]
 async fn queued_prompt_tokens_are_limited_and_a_cancelled_request_releases_them() {
     let manager = Arc::new(ModelManager::new());
     let card = ModelDeploymentCard::builtin("bytes").with_context_length(2048).unwrap();

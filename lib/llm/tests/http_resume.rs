@@ -3,6 +3,8 @@
 //! (both frontends sharing one in-memory discovery store as their directory).
 
 mod common;
+#[path = "../../runtime/tests/poll/mod.rs"]
+mod poll;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -12,7 +14,7 @@ use bytes::Bytes;
 use common::bounded;
 use dynamo_llm::engines::echo::EchoFull;
 use dynamo_llm::http::streams::{DiscoveryDirectory, StreamsConfig};
-use dynamo_llm::http::{HttpService, HttpServiceBuilder, RunningHttpService};
+use dynamo_llm::http::{AdmissionLimits, HttpLimits, HttpService, HttpServiceBuilder, RunningHttpService};
 use dynamo_llm::model_manager::ModelManager;
 use dynamo_runtime::discovery::{MemDiscovery, MemStore};
 use http_body_util::{BodyExt, Full};
@@ -121,6 +123,31 @@ async fn start(builder: HttpServiceBuilder) -> RunningHttpService {
 
 const RESUMABLE: (&str, &str) = ("x-dynamo-resumable", "true");
 const PROMPT: &str = "the quick brown fox jumps over the lazy dog";
+
+#[tokio::test]
+async fn a_detached_stream_holds_its_models_share_until_its_generation_ends() {
+    let limits = HttpLimits {
+        admission: AdmissionLimits { max_inflight_requests: Some(1), ..Default::default() },
+        ..HttpLimits::default()
+    };
+    let service = start(HttpService::builder().limits(limits)).await;
+    let addr = service.local_addr();
+    // About two seconds of generation at 10 ms per token.
+    let long = PROMPT.repeat(5);
+    let mut client = open(addr, "POST", "/v1/chat/completions", &[RESUMABLE], Some(&chat(&long))).await;
+    assert_eq!(client.status, 200);
+    client.next().await.expect("a first event");
+    drop(client);
+    // The client left; its generation goes on, and so does its share.
+    let refused = open(addr, "POST", "/v1/chat/completions", &[], Some(&chat("x"))).await;
+    assert_eq!(refused.status, 429, "a detached generation still holds the model's one share");
+    drop(refused);
+    poll::eventually("the generation ends and lets go", common::WAIT, async || {
+        (open(addr, "POST", "/v1/chat/completions", &[], Some(&chat("y"))).await.status == 200).then_some(())
+    })
+    .await;
+    service.shutdown().await.unwrap();
+}
 
 #[tokio::test]
 async fn a_dropped_client_resumes_after_its_last_event() {

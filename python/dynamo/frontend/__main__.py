@@ -26,7 +26,7 @@ PLANE_FLAGS = {
 }
 
 #: The admission flags, passed through to ``dynamo-run`` as they are.
-ADMISSION_FLAGS = ("max_inflight_requests", "max_queued_tokens")
+ADMISSION_FLAGS = ("max_inflight_requests", "max_queued_tokens", "admission_ttft_ms")
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -69,6 +69,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                            help="most requests of one model in flight; more get 429 + Retry-After")
     admission.add_argument("--max-queued-tokens", type=int,
                            help="most prompt tokens of one model waiting for their first token; more get 429")
+    admission.add_argument("--admission-ttft-ms", type=int,
+                           help="TTFT target (ms): 429 at admission when the router's estimate for the best "
+                                "worker already exceeds it")
     kv = parser.add_argument_group("--router-mode kv (docs/kv-routing.md)")
     kv.add_argument("--kv-overlap-weight", type=float, help="weight of a KV block still to prefill (default 8)")
     kv.add_argument("--router-temperature", type=float, help="softmax temperature over the workers' cost (default 0)")

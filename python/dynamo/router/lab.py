@@ -1,7 +1,10 @@
 """``python -m dynamo.router.lab TRACE.jsonl``: the routing lab. Replays a Mooncake-format
 trace through N simulated mocker engines on a virtual clock (no sleeping), once per routing
 policy, and prints per policy the prefix-cache hit rate, TTFT p50/p99, ITL p50, throughput
-and load imbalance; with matplotlib installed it also writes a PNG of the TTFT CDFs.
+and load imbalance; with matplotlib installed it also writes a PNG of the TTFT CDFs. With
+the frontend's admission limits (``--max-inflight-requests``, ``--max-queued-tokens``,
+``--admission-ttft-ms``) each arrival passes them first: the table counts the requests
+admitted and refused, and its TTFT columns are the admitted requests'.
 
 An operator uses it to choose a policy and its weights before a deployment (see
 docs/kv-routing.md, "Routing lab").
@@ -31,6 +34,8 @@ COLUMNS = (
     ("ITL p50 ms", "itl_p50_ms", "{:.2f}"),
     ("tok/s", "throughput_tok_s", "{:.0f}"),
     ("imbalance", "load_imbalance", "{:.2f}"),
+    ("admitted", "admitted", "{}"),
+    ("refused", "refused", "{}"),
     ("rejected", "rejected", "{}"),
     ("wall s", "wall_s", "{:.1f}"),
 )
@@ -76,7 +81,16 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--plot", type=Path, help="PNG of the TTFT CDFs (default: TRACE stem + _ttft.png)")
     parser.add_argument("--no-plot", action="store_true", help="write no PNG")
     parser.add_argument("--json", type=Path, help="also write the reports (without samples) as JSON here")
+    admission = parser.add_argument_group("the frontend's admission, per arrival (docs/reliability.md)")
+    admission.add_argument("--max-inflight-requests", type=int, help="most requests in flight; more are refused")
+    admission.add_argument("--max-queued-tokens", type=int, help="most prompt tokens waiting for a first token")
+    admission.add_argument("--admission-ttft-ms", type=float,
+                           help="refuse when the router's TTFT estimate for the best worker exceeds this")
     args = parser.parse_args(argv)
+    for flag in ("max_inflight_requests", "max_queued_tokens", "admission_ttft_ms"):
+        value = getattr(args, flag)
+        if value is not None and value <= 0:
+            parser.error(f"--{flag.replace('_', '-')} must be above 0, got {value}")
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     unknown = [p for p in policies if p not in POLICIES]
     if unknown or not policies:
@@ -178,6 +192,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 slow_worker_factor=args.slow_worker_factor, time_scale=args.time_scale,
                 overlap_weight=args.kv_overlap_weight, temperature=args.router_temperature,
                 busy_threshold=args.busy_threshold, engine_args=engine_args,
+                max_inflight_requests=args.max_inflight_requests, max_queued_tokens=args.max_queued_tokens,
+                admission_ttft_ms=args.admission_ttft_ms,
             )
             report["wall_s"] = time.perf_counter() - start
             print(f"{policy}: {report['completed']}/{report['requests']} requests in "

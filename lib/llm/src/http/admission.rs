@@ -1,25 +1,35 @@
 //! Admission control: the one place where the frontend refuses generation requests
 //! for load. The global cap on requests in flight (503), and each model's limits on
-//! requests in flight and on queued prompt tokens (429). Every refusal is answered at once with `Retry-After`; nothing waits
-//! for room.
+//! requests in flight and on queued prompt tokens, and its TTFT target (429). Every
+//! refusal is answered at once with `Retry-After`; nothing waits for room.
+//!
+//! The decisions are pure functions of a model's counts ([`inflight_refusal`],
+//! [`queued_tokens_refusal`], [`ttft_refusal`]): the tickets below apply them to the
+//! frontend's requests, and the routing lab to its simulated ones. The TTFT target is
+//! checked at the request's first pick ([`check_ttft_target`]), against the estimate of
+//! the selector that picks ([`crate::routing::Selector::ttft_estimate`]).
 //!
 //! A request's share is a [`Ticket`]: taken before the engine is called, charged with
 //! the prompt's tokens once the pipeline has tokenized it ([`charge_prompt_tokens`],
 //! through a task-local scope around the engine call), relieved of them at the first
-//! item, and released entirely when the response body ends or is dropped (a client
-//! that goes away, a failed or refused request): nothing is left counted.
+//! item, and released entirely when the engine's stream is dropped ([`ticketed`]: the
+//! generation ended, failed or was cancelled, also for a detached stream whose client
+//! left) or the request fails before it has one: nothing is left counted.
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::Response;
 use bytes::Bytes;
+use futures::stream::BoxStream;
+use futures::StreamExt;
 use parking_lot::Mutex;
 use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
 use tokio::sync::Semaphore;
@@ -42,6 +52,8 @@ pub(crate) enum RefusalReason {
     InflightRequests,
     /// The model's limit on queued prompt tokens (429).
     QueuedTokens,
+    /// The router's TTFT estimate exceeds the model's TTFT target (429).
+    TtftTarget,
 }
 
 impl RefusalReason {
@@ -51,6 +63,7 @@ impl RefusalReason {
             RefusalReason::GlobalInflight => "global_inflight",
             RefusalReason::InflightRequests => "inflight_requests",
             RefusalReason::QueuedTokens => "queued_tokens",
+            RefusalReason::TtftTarget => "ttft_target",
         }
     }
 }
@@ -69,6 +82,42 @@ impl From<Refusal> for EngineError {
     fn from(r: Refusal) -> Self {
         EngineError::Overloaded(r.message)
     }
+}
+
+/// The refusal of a request to `model`, which has `inflight` requests in flight already.
+pub(crate) fn inflight_refusal(limits: &AdmissionLimits, model: &str, inflight: usize) -> Option<Refusal> {
+    let max = limits.max_inflight_requests?;
+    (inflight >= max).then(|| Refusal {
+        reason: RefusalReason::InflightRequests,
+        message: format!("model '{model}' has {max} requests in flight, its limit; retry later"),
+    })
+}
+
+/// The refusal of `tokens` more prompt tokens for `model`, which has `queued` queued
+/// already. A prompt alone over the limit is admitted when nothing else is queued, so
+/// that a long prompt is slow, not refused forever.
+pub(crate) fn queued_tokens_refusal(limits: &AdmissionLimits, model: &str, queued: u64, tokens: u64) -> Option<Refusal> {
+    let max = limits.max_queued_tokens?;
+    (queued > 0 && queued.saturating_add(tokens) > max).then(|| Refusal {
+        reason: RefusalReason::QueuedTokens,
+        message: format!(
+            "model '{model}' has {queued} prompt tokens queued; {tokens} more would pass its limit of {max}; retry later"
+        ),
+    })
+}
+
+/// The refusal of a request to `model` whose time to first token the router estimates
+/// at `estimate` (`None`: it cannot say, and the request is admitted).
+pub(crate) fn ttft_refusal(limits: &AdmissionLimits, model: &str, estimate: Option<Duration>) -> Option<Refusal> {
+    let (target, estimate) = (limits.ttft_target?, estimate?);
+    (estimate > target).then(|| Refusal {
+        reason: RefusalReason::TtftTarget,
+        message: format!(
+            "model '{model}': the estimated time to first token on the best worker is {} ms, over the target of {} ms; retry later",
+            estimate.as_millis(),
+            target.as_millis()
+        ),
+    })
 }
 
 /// The admission counters in `/metrics`.
@@ -146,15 +195,9 @@ impl Admission {
         let counts = self.models.lock().entry(model.to_string()).or_default().clone();
         {
             let mut c = counts.lock();
-            if let Some(max) = self.limits.max_inflight_requests {
-                if c.inflight >= max {
-                    drop(c);
-                    return Err(self.refused(
-                        model,
-                        RefusalReason::InflightRequests,
-                        format!("model '{model}' has {max} requests in flight, its limit; retry later"),
-                    ));
-                }
+            if let Some(refusal) = inflight_refusal(&self.limits, model, c.inflight) {
+                drop(c);
+                return Err(self.refused(model, refusal));
             }
             c.inflight += 1;
         }
@@ -173,9 +216,9 @@ impl Admission {
         self.metrics.admitted.with_label_values(&[&ticket.model]).inc();
     }
 
-    fn refused(&self, model: &str, reason: RefusalReason, message: String) -> Refusal {
-        self.metrics.rejected.with_label_values(&[model, reason.as_str()]).inc();
-        Refusal { reason, message }
+    fn refused(&self, model: &str, refusal: Refusal) -> Refusal {
+        self.metrics.rejected.with_label_values(&[model, refusal.reason.as_str()]).inc();
+        refusal
     }
 
     /// Requests of `model` holding a ticket now.
@@ -203,23 +246,13 @@ pub(crate) struct Ticket {
 
 impl Ticket {
     /// Count `tokens` more prompt tokens as queued, or refuse (counted) when that would
-    /// take the model past its limit. A prompt alone over the limit is admitted when
-    /// nothing else is queued, so that a long prompt is slow, not refused forever.
+    /// take the model past its limit ([`queued_tokens_refusal`]).
     pub(crate) fn charge(&self, tokens: u64) -> Result<(), Refusal> {
         {
             let mut c = self.counts.lock();
-            if let Some(max) = self.limits.max_queued_tokens {
-                if c.queued_tokens > 0 && c.queued_tokens.saturating_add(tokens) > max {
-                    let queued = c.queued_tokens;
-                    drop(c);
-                    return Err(self.refused(
-                        RefusalReason::QueuedTokens,
-                        format!(
-                            "model '{}' has {queued} prompt tokens queued; {tokens} more would pass its limit of {max}; retry later",
-                            self.model
-                        ),
-                    ));
-                }
+            if let Some(refusal) = queued_tokens_refusal(&self.limits, &self.model, c.queued_tokens, tokens) {
+                drop(c);
+                return Err(self.refused(refusal));
             }
             c.queued_tokens = c.queued_tokens.saturating_add(tokens);
         }
@@ -239,9 +272,21 @@ impl Ticket {
         }
     }
 
-    fn refused(&self, reason: RefusalReason, message: String) -> Refusal {
-        self.metrics.rejected.with_label_values(&[&self.model, reason.as_str()]).inc();
-        Refusal { reason, message }
+    /// Refuse (counted) when the model has a TTFT target and `estimate` (asked only
+    /// then) says the request would miss it ([`ttft_refusal`]).
+    pub(crate) fn check_ttft(&self, estimate: impl FnOnce() -> Option<Duration>) -> Result<(), Refusal> {
+        if self.limits.ttft_target.is_none() {
+            return Ok(());
+        }
+        match ttft_refusal(&self.limits, &self.model, estimate()) {
+            Some(refusal) => Err(self.refused(refusal)),
+            None => Ok(()),
+        }
+    }
+
+    fn refused(&self, refusal: Refusal) -> Refusal {
+        self.metrics.rejected.with_label_values(&[&self.model, refusal.reason.as_str()]).inc();
+        refusal
     }
 }
 
@@ -272,6 +317,20 @@ pub(crate) async fn with_ticket<F: Future>(ticket: Arc<Ticket>, call: F) -> F::O
 /// outside an admitted HTTP request (text and batch inputs, tests).
 pub(crate) fn charge_prompt_tokens(tokens: usize) -> Result<(), EngineError> {
     CURRENT.try_with(|t| t.charge(tokens as u64)).unwrap_or(Ok(())).map_err(EngineError::from)
+}
+
+/// The engine stream of an admitted request, holding its `ticket` until the stream is
+/// dropped, that is until its generation ends, whoever reads it (an SSE body, a
+/// detached resumable stream that outlives its client, a background response), and
+/// relieving the ticket's queued tokens at its first item.
+pub(crate) fn ticketed<T: Send + 'static>(stream: BoxStream<'static, T>, ticket: Arc<Ticket>) -> BoxStream<'static, T> {
+    stream.inspect(move |_| ticket.first_token()).boxed()
+}
+
+/// Check the current request's TTFT target against `estimate` (the selector's, asked
+/// only when the model has a target); no effect outside an admitted HTTP request.
+pub(crate) fn check_ttft_target(estimate: impl FnOnce() -> Option<Duration>) -> Result<(), EngineError> {
+    CURRENT.try_with(|t| t.check_ttft(estimate)).unwrap_or(Ok(())).map_err(EngineError::from)
 }
 
 /// The answer to a refused request: 429 `rate_limit_exceeded` with `Retry-After`, or
@@ -400,6 +459,62 @@ mod tests {
         long.charge(500).expect("nothing else queued");
         let short = a.admit("m").unwrap();
         assert_eq!(short.charge(1).unwrap_err().reason, RefusalReason::QueuedTokens);
+    }
+
+    #[test]
+    fn the_decisions_are_pure_functions_of_the_counts() {
+        let none = AdmissionLimits::default();
+        assert_eq!(inflight_refusal(&none, "m", usize::MAX), None);
+        assert_eq!(queued_tokens_refusal(&none, "m", u64::MAX, 1), None);
+        assert_eq!(ttft_refusal(&none, "m", Some(Duration::MAX)), None);
+        let limits = AdmissionLimits {
+            max_inflight_requests: Some(2),
+            max_queued_tokens: Some(100),
+            ttft_target: Some(Duration::from_millis(500)),
+        };
+        assert_eq!(inflight_refusal(&limits, "m", 1), None);
+        assert_eq!(inflight_refusal(&limits, "m", 2).unwrap().reason, RefusalReason::InflightRequests);
+        assert_eq!(queued_tokens_refusal(&limits, "m", 0, 1_000), None, "alone over the limit");
+        assert_eq!(queued_tokens_refusal(&limits, "m", 60, 40), None);
+        assert_eq!(queued_tokens_refusal(&limits, "m", 60, 41).unwrap().reason, RefusalReason::QueuedTokens);
+        assert_eq!(ttft_refusal(&limits, "m", None), None, "no estimate: admitted");
+        assert_eq!(ttft_refusal(&limits, "m", Some(Duration::from_millis(500))), None, "at the target");
+        let late = ttft_refusal(&limits, "m", Some(Duration::from_millis(501))).unwrap();
+        assert_eq!(late.reason, RefusalReason::TtftTarget);
+        assert!(late.message.contains("501 ms") && late.message.contains("500 ms"), "{}", late.message);
+    }
+
+    #[tokio::test]
+    async fn the_ttft_target_refuses_on_the_estimate_and_is_counted() {
+        let target = Duration::from_millis(200);
+        let (a, _r) = admission(AdmissionLimits { ttft_target: Some(target), ..AdmissionLimits::default() });
+        check_ttft_target(|| Some(Duration::MAX)).expect("outside a request nothing is checked");
+        let t = a.admit("m").unwrap();
+        with_ticket(t.clone(), async { check_ttft_target(|| Some(Duration::from_millis(150))) }).await.unwrap();
+        with_ticket(t.clone(), async { check_ttft_target(|| None) }).await.expect("no estimate yet");
+        let refused = with_ticket(t.clone(), async { check_ttft_target(|| Some(Duration::from_millis(250))) }).await;
+        assert!(matches!(refused, Err(EngineError::Overloaded(ref m)) if m.contains("250 ms")), "{refused:?}");
+        assert_eq!(rejected(&a, "m", RefusalReason::TtftTarget), 1);
+        // Without a target the estimate is not even asked for.
+        let (free, _r) = admission(AdmissionLimits::default());
+        let t = free.admit("m").unwrap();
+        with_ticket(t, async { check_ttft_target(|| unreachable!("no target, no estimate")) }).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_ticketed_stream_holds_its_share_until_it_is_dropped() {
+        let (a, _r) = admission(AdmissionLimits { max_inflight_requests: Some(1), ..AdmissionLimits::default() });
+        let t = a.admit("m").unwrap();
+        t.charge(30).unwrap();
+        let mut stream = ticketed(futures::stream::iter([1, 2, 3]).boxed(), t);
+        assert_eq!(a.queued_tokens("m"), 30);
+        assert_eq!(stream.next().await, Some(1));
+        assert_eq!(a.queued_tokens("m"), 0, "the first item relieves the queued tokens");
+        while stream.next().await.is_some() {}
+        assert_eq!(a.inflight("m"), 1, "held until dropped, not just exhausted");
+        assert!(a.admit("m").is_err());
+        drop(stream);
+        assert_eq!(a.inflight("m"), 0);
     }
 
     #[tokio::test]

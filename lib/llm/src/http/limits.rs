@@ -50,6 +50,9 @@ pub struct AdmissionLimits {
     /// yet (counted after tokenization, so only models the frontend tokenizes for).
     /// A prompt longer than the limit is admitted only when nothing else is queued.
     pub max_queued_tokens: Option<u64>,
+    /// Refuse a request at admission when the router's estimate of its time to first
+    /// token on the best worker already exceeds this ([`crate::routing::Selector::ttft_estimate`]).
+    pub ttft_target: Option<Duration>,
 }
 
 impl Default for HttpLimits {

@@ -16,7 +16,7 @@ use futures::StreamExt;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::admission::{hold_until_done, refusal_response, with_ticket, Ticket};
+use super::admission::{refusal_response, ticketed, with_ticket, Ticket};
 use super::connections::overloaded;
 use super::error::ApiError;
 use super::guard::CancelOnDrop;
@@ -68,7 +68,7 @@ struct Plan {
     /// Detach the stream into the registry (`X-Dynamo-Resumable: true`).
     resumable: bool,
     ctx: RequestContext,
-    /// The request's admission share, held until its response ends.
+    /// The request's admission share, held by its engine stream until its generation ends.
     ticket: Arc<Ticket>,
 }
 
@@ -256,10 +256,7 @@ where
     C: StreamChunk,
     F: Fold<C> + Send,
 {
-    let ticket = plan.ticket.clone();
-    let response = respond_inner(state, plan, call, fold).await;
-    // A stream keeps its share of the model's limits until its last event.
-    let mut response = hold_until_done(response, ticket);
+    let mut response = respond_inner(state, plan, call, fold).await;
     response.extensions_mut().insert(EngineLogged);
     response
 }
@@ -284,7 +281,9 @@ where
         _ = shutdown.cancelled() => Err(shutting_down()),
     };
     let mut stream = match started {
-        Ok(s) => s,
+        // The stream keeps the request's share of the model's limits until its
+        // generation ends (a detached stream's too, after its client left).
+        Ok(s) => ticketed(s, ticket.clone()),
         Err(EngineError::Overloaded(message)) if !state.manager.is_routable(&plan.model) => {
             return overloaded(&format!("{message}; no worker serves the model now"));
         }
@@ -297,7 +296,6 @@ where
             item = stream.next() => item,
             _ = shutdown.cancelled() => Some(Err(shutting_down())),
         };
-        ticket.first_token();
         if let Some(Err(e)) = first {
             return ApiError::from(e).into_response();
         }
@@ -316,7 +314,6 @@ where
         };
         match item {
             Some(Ok(item)) => {
-                ticket.first_token();
                 metrics.item(item.prompt_tokens, item.completion_tokens);
                 fold.push(item);
             }

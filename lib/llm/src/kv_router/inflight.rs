@@ -10,6 +10,7 @@ use std::time::Instant;
 use parking_lot::Mutex;
 
 use super::scheduler::LoadTracker;
+use super::ttft::Waiting;
 
 /// In-flight requests per worker, kept in a shared [`LoadTracker`]. Cheap to clone;
 /// clones share the counts.
@@ -48,6 +49,7 @@ impl InflightTracker {
             last: None,
             items: 0,
             on_end: None,
+            prefill: None,
             ended: false,
         }
     }
@@ -70,6 +72,8 @@ pub struct InflightGuard {
     last: Option<Instant>,
     items: u32,
     on_end: Option<OnEnd>,
+    /// Its prefill while it waits for its first item.
+    prefill: Option<Waiting>,
     /// Released already ([`Self::end_at`]).
     ended: bool,
 }
@@ -90,17 +94,42 @@ impl InflightGuard {
         self
     }
 
+    /// Count `units` of prefill work waiting on the worker until the first item (or
+    /// the end): the router's TTFT estimate ([`super::ttft`]).
+    pub fn prefilling(mut self, units: u64) -> Self {
+        self.prefill = Some(self.tracker.load.lock().prefill_sent(self.worker, units, self.started));
+        self
+    }
+
     /// The worker the request went to.
     pub fn worker(&self) -> u64 {
         self.worker
     }
 
+    /// The request was sent at `at` rather than when the guard was taken (a replay's
+    /// virtual clock).
+    pub fn started_at(mut self, at: Instant) -> Self {
+        if self.prefill.is_some() {
+            self.tracker.load.lock().prefill_resent_at(self.worker, self.started, at);
+        }
+        self.started = at;
+        self
+    }
+
     /// An item of the response arrived now.
     pub fn observe_item(&mut self) {
-        let now = Instant::now();
+        self.observe_item_at(Instant::now());
+    }
+
+    /// An item of the response arrived at `now`.
+    pub fn observe_item_at(&mut self, now: Instant) {
         if self.first.is_none() {
             self.first = Some(now);
-            self.tracker.load.lock().record_ttft(self.worker, now - self.started);
+            let mut load = self.tracker.load.lock();
+            load.record_ttft(self.worker, now - self.started);
+            if let Some(waiting) = self.prefill.take() {
+                load.prefill_first_item(self.worker, waiting, self.started, now - self.started);
+            }
         }
         self.last = Some(now);
         self.items += 1;
@@ -119,6 +148,9 @@ impl InflightGuard {
         self.ended = true;
         let mut load = self.tracker.load.lock();
         load.finish_request(self.worker, self.blocks);
+        if let Some(waiting) = self.prefill.take() {
+            load.prefill_abandoned(self.worker, waiting.units, self.started);
+        }
         if let (Some(first), Some(last), true) = (self.first, self.last, self.items >= 2) {
             load.record_tpot(self.worker, (last - first) / (self.items - 1));
         }
@@ -169,5 +201,24 @@ mod tests {
         assert_eq!(tracker.get(7), 0, "ended: released, and not again at its drop");
         let timing = tracker.load().lock().timing(7).expect("items were timed");
         assert_eq!(timing.samples, 1, "one stream of two items");
+    }
+
+    #[test]
+    fn prefill_waits_until_the_first_item_or_the_end() {
+        let tracker = InflightTracker::default();
+        let mut first = tracker.start(3).prefilling(100);
+        let second = tracker.start(3).prefilling(50);
+        let estimate = |now| tracker.load().lock().ttft_estimate(3, 10, now);
+        let now = Instant::now();
+        assert_eq!(estimate(now), None, "nothing timed yet");
+        first.observe_item();
+        // 60 units waiting (50 + its own 10), and the second has waited since it was sent.
+        let after_first = estimate(now).expect("timed");
+        drop(second);
+        let after_second = estimate(now).unwrap();
+        assert!(after_second <= after_first, "{after_second:?} <= {after_first:?}");
+        first.observe_item();
+        first.end_at(Instant::now());
+        assert_eq!(estimate(now), Some(after_second), "released once");
     }
 }

@@ -20,6 +20,7 @@ use super::protocols::{compute_block_hash_for_seq, LoadMetricsEvent, RouterEvent
 use super::radix::{RadixTree, SnapshotBlock};
 use super::replica::{self, ReplicaHost, ReplicaState, SyncMessage};
 use super::scheduler::{new_blocks, LoadTracker, ScheduleError, SchedulerConfig};
+use super::ttft::{combine, Aggregate};
 
 /// Default tokens per KV-cache block, when the model does not say.
 pub const DEFAULT_BLOCK_SIZE: u32 = 16;
@@ -76,6 +77,8 @@ pub struct KvDecision {
     pub overlap_blocks: usize,
     /// Full blocks in the request.
     pub request_blocks: usize,
+    /// Prompt tokens the worker must compute: those not in its predicted prefix.
+    pub prefill_tokens: u64,
     /// The id of its blocks in the load tracker's count of what was sent.
     pub sent: u64,
 }
@@ -167,6 +170,7 @@ impl KvRouter {
             worker: chosen.worker,
             overlap_blocks: chosen.overlap_blocks,
             request_blocks: hashes.len(),
+            prefill_tokens: self.prefill_tokens(token_ids.len(), chosen.overlap_blocks),
             sent: chosen.sent,
         };
         if self.replica.is_syncing() {
@@ -182,6 +186,32 @@ impl KvRouter {
         Ok(decision)
     }
 
+    /// Prompt tokens of a prompt of `tokens` that a worker holding `overlap_blocks` of
+    /// its leading blocks must compute.
+    fn prefill_tokens(&self, tokens: usize, overlap_blocks: usize) -> u64 {
+        tokens.saturating_sub(overlap_blocks.saturating_mul(self.config.block_size as usize)) as u64
+    }
+
+    /// The router's estimate of the time to first token of a prompt of `token_ids` on
+    /// the best of the `live` workers: each worker's prefill work waiting plus the
+    /// prompt's tokens not in its predicted prefix, at its observed rate
+    /// ([`super::ttft`]), and at least the wait of its oldest request without a first
+    /// item. `None` while a live worker has no timed first item.
+    pub fn ttft_estimate(&self, token_ids: &[u32], live: &[u64], now: Instant) -> Option<Duration> {
+        let hashes = compute_block_hash_for_seq(token_ids, self.config.block_size as usize);
+        let overlap = {
+            let mut index = self.index.lock();
+            index.expire(now);
+            index.find_matches(&hashes)
+        };
+        let load = self.inflight.load().lock();
+        let estimates = live.iter().map(|worker| {
+            let cached = overlap.scores.get(worker).map_or(0, |&n| n as usize);
+            load.ttft_estimate(*worker, self.prefill_tokens(token_ids.len(), cached), now)
+        });
+        combine(estimates, Aggregate::Best)
+    }
+
     /// Count a request in flight on `worker` until the guard is dropped.
     pub fn start_request(&self, worker: u64) -> InflightGuard {
         self.inflight.start(worker)
@@ -191,8 +221,10 @@ impl KvRouter {
     /// load of a worker that publishes no metrics) until the guard is dropped, when its
     /// blocks also stop counting in the worker's predicted load.
     pub fn start_decision(&self, decision: &KvDecision) -> InflightGuard {
-        let guard =
-            self.inflight.start_with_blocks(decision.worker, decision.new_blocks(), Some(decision.sent));
+        let guard = self
+            .inflight
+            .start_with_blocks(decision.worker, decision.new_blocks(), Some(decision.sent))
+            .prefilling(decision.prefill_tokens);
         if !self.replica.is_syncing() {
             return guard;
         }
@@ -432,5 +464,30 @@ mod tests {
         let d = router.route(&[1, 2, 3], &[5]).unwrap();
         assert_eq!((d.worker, d.request_blocks, d.overlap_blocks), (5, 0, 0));
         assert_eq!(KvRouterConfig::with_block_size(Some(0)).block_size, DEFAULT_BLOCK_SIZE);
+    }
+
+    #[test]
+    fn the_ttft_estimate_counts_the_waiting_work_and_the_uncached_prompt() {
+        let router = router();
+        let now = Instant::now();
+        let a = prompt(0, 32);
+        assert_eq!(router.ttft_estimate(&a, &[1], now), None, "no worker timed yet");
+        // Time worker 1 at 1 ms per prefill token: 100 tokens in 100 ms.
+        let timed = router.load().lock().prefill_sent(1, 100, now);
+        router.load().lock().prefill_first_item(1, timed, now, Duration::from_millis(100));
+        assert_eq!(router.ttft_estimate(&a, &[1], now), Some(Duration::from_millis(32)));
+        // A routed request of A waits until its first item: 32 tokens ahead of the next.
+        let d = router.route_at(&a, &[1], now).unwrap();
+        assert_eq!(d.prefill_tokens, 32);
+        let guard = router.start_decision(&d);
+        // The next A finds its 8 blocks predicted there: the waiting work is left, and
+        // one unit of its own (a request costs at least one).
+        assert_eq!(router.ttft_estimate(&a, &[1], now), Some(Duration::from_millis(33)));
+        let b = prompt(1000, 16);
+        assert_eq!(router.ttft_estimate(&b, &[1], now), Some(Duration::from_millis(48)));
+        // Worker 2 has not been timed: nothing can be said.
+        assert_eq!(router.ttft_estimate(&b, &[1, 2], now), None);
+        drop(guard);
+        assert_eq!(router.ttft_estimate(&b, &[1], now), Some(Duration::from_millis(16)), "no longer waiting");
     }
 }

@@ -33,6 +33,7 @@ use rand::Rng;
 
 use super::selector::{select, Candidate, SelectorWeights};
 use super::protocols::ForwardPassMetrics;
+use super::ttft::{PrefillQueue, Waiting};
 
 /// Sent blocks stay counted until metrics received this long after the send.
 pub const METRICS_LAG: Duration = Duration::from_millis(250);
@@ -201,6 +202,8 @@ struct WorkerLoad {
     tpot: RecentMedian,
     /// Seconds to the first item.
     ttft: Ewma,
+    /// Prefill work sent and not started, and the observed rate (see [`super::ttft`]).
+    prefill: PrefillQueue,
 }
 
 impl WorkerLoad {
@@ -346,6 +349,37 @@ impl LoadTracker {
     /// The first item of a stream from `worker` came `elapsed` after the request.
     pub fn record_ttft(&mut self, worker: u64, elapsed: Duration) {
         self.workers.entry(worker).or_default().ttft.add(elapsed.as_secs_f64());
+    }
+
+    /// A request of `units` prefill units was sent to `worker` at `at`: how it waits
+    /// there (see [`super::ttft`]).
+    pub fn prefill_sent(&mut self, worker: u64, units: u64, at: Instant) -> Waiting {
+        self.workers.entry(worker).or_default().prefill.sent(units, at)
+    }
+
+    /// The request sent to `worker` at `from` counts as sent at `to`.
+    pub fn prefill_resent_at(&mut self, worker: u64, from: Instant, to: Instant) {
+        if let Some(load) = self.workers.get_mut(&worker) {
+            load.prefill.resent_at(from, to);
+        }
+    }
+
+    /// The request `waiting` sent to `worker` at `at` got its first item after `elapsed`.
+    pub fn prefill_first_item(&mut self, worker: u64, waiting: Waiting, at: Instant, elapsed: Duration) {
+        self.workers.entry(worker).or_default().prefill.first_item(waiting, at, elapsed);
+    }
+
+    /// The request of `units` sent to `worker` at `at` ended without a first item.
+    pub fn prefill_abandoned(&mut self, worker: u64, units: u64, at: Instant) {
+        if let Some(load) = self.workers.get_mut(&worker) {
+            load.prefill.abandoned(units, at);
+        }
+    }
+
+    /// The estimated time to first token on `worker` of a request of `units` prefill
+    /// units sent at `now`; `None` before the worker's first item was timed.
+    pub fn ttft_estimate(&self, worker: u64, units: u64, now: Instant) -> Option<Duration> {
+        self.workers.get(&worker).and_then(|l| l.prefill.estimate(units, now))
     }
 
     /// A stream from `worker` took `per_item` per item after its first (its last item's

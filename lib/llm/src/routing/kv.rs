@@ -2,7 +2,7 @@
 //! cost (prefill of the blocks it does not hold, plus its decode load).
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use rand::rngs::StdRng;
@@ -89,6 +89,10 @@ impl Selector for KvSelector {
         if let Some(load) = choice.load {
             load.end_at(self.now());
         }
+    }
+
+    fn ttft_estimate(&self, tokens: &[u32], candidates: &[u64]) -> Option<Duration> {
+        self.router.ttft_estimate(tokens, candidates, self.now())
     }
 }
 

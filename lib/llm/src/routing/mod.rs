@@ -8,6 +8,11 @@
 //! - A selector's life cycle per request: [`Selector::select`] picks the instance, and
 //!   [`Selector::on_end`] is told once how the request ended there (completed, failed,
 //!   cancelled, or the instance gone); [`TrackedStream`] calls it for a stream that ran.
+//! - [`Selector::ttft_estimate`]: the time to first token the policy expects for a
+//!   request now (admission's TTFT target): the KV router's for the best worker; for
+//!   round-robin and random, the mean over the candidates of requests waiting for a
+//!   first item × the time per waiting request they observed
+//!   ([`crate::kv_router::ttft`]).
 //!
 //! Imports run one way: `routing` uses `kv_router`; the remote engine
 //! ([`crate::remote`]) and the routing lab use `routing`. A new policy is a new file
@@ -22,6 +27,7 @@ mod tracked;
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::kv_router::{InflightGuard, KvRouter};
 
@@ -89,6 +95,15 @@ pub trait Selector: Send + Sync + fmt::Debug {
     /// ran). Bookkeeping the pick started ends here.
     fn on_end(&self, choice: Pick, outcome: Outcome) {
         let _ = (choice, outcome);
+    }
+
+    /// The selector's estimate of the time to first token of a request of prompt
+    /// `tokens` (empty when unknown) sent now among `candidates`; `None` when it cannot
+    /// say (nothing timed yet, or a policy that does not track its workers). Admission
+    /// compares it with the TTFT target.
+    fn ttft_estimate(&self, tokens: &[u32], candidates: &[u64]) -> Option<Duration> {
+        let _ = (tokens, candidates);
+        None
     }
 }
 

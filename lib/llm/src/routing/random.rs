@@ -1,27 +1,33 @@
 //! A candidate at random.
 
+use std::time::{Duration, Instant};
+
 use parking_lot::Mutex;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::{Pick, SelectError, Selector};
+use crate::kv_router::ttft::{combine, Aggregate};
+use crate::kv_router::InflightTracker;
 
 /// Picks a candidate uniformly at random.
 #[derive(Debug, Default)]
 pub struct Random {
     /// The draws of a reproducible replay; the thread's generator when `None`.
     seeded: Option<Mutex<StdRng>>,
+    /// Requests waiting for a first item per instance, and its timing (the TTFT estimate).
+    waiting: InflightTracker,
 }
 
 impl Random {
     /// Drawing from the thread's generator.
     pub fn new() -> Self {
-        Random { seeded: None }
+        Random { seeded: None, waiting: InflightTracker::default() }
     }
 
     /// Drawing from a generator seeded with `seed`: the same picks every run.
     pub fn seeded(seed: u64) -> Self {
-        Random { seeded: Some(Mutex::new(StdRng::seed_from_u64(seed))) }
+        Random { seeded: Some(Mutex::new(StdRng::seed_from_u64(seed))), waiting: InflightTracker::default() }
     }
 }
 
@@ -34,7 +40,14 @@ impl Selector for Random {
             Some(rng) => rng.lock().random_range(0..candidates.len()),
             None => rand::random::<u32>() as usize % candidates.len(),
         };
-        Ok(Pick::of(candidates[index]))
+        let instance = candidates[index];
+        // One prefill unit per request: the frontend does not know the prompt's work.
+        Ok(Pick { load: Some(self.waiting.start(instance).prefilling(1)), ..Pick::of(instance) })
+    }
+
+    fn ttft_estimate(&self, _tokens: &[u32], candidates: &[u64]) -> Option<Duration> {
+        let (load, now) = (self.waiting.load().lock(), Instant::now());
+        combine(candidates.iter().map(|w| load.ttft_estimate(*w, 1, now)), Aggregate::Mean)
     }
 }
 

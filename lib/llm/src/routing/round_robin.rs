@@ -1,13 +1,18 @@
 //! Each candidate in turn.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use super::{Pick, SelectError, Selector};
+use crate::kv_router::ttft::{combine, Aggregate};
+use crate::kv_router::InflightTracker;
 
 /// Picks the candidates in turn (by position among the candidates of each request).
 #[derive(Debug)]
 pub struct RoundRobin {
     next: AtomicUsize,
+    /// Requests waiting for a first item per instance, and its timing (the TTFT estimate).
+    waiting: InflightTracker,
 }
 
 impl RoundRobin {
@@ -19,7 +24,7 @@ impl RoundRobin {
 
     /// Starting at position `start` (reproducible replays).
     pub fn starting_at(start: usize) -> Self {
-        RoundRobin { next: AtomicUsize::new(start) }
+        RoundRobin { next: AtomicUsize::new(start), waiting: InflightTracker::default() }
     }
 }
 
@@ -35,7 +40,14 @@ impl Selector for RoundRobin {
             return Err(SelectError::NoCandidates);
         }
         let index = self.next.fetch_add(1, Ordering::Relaxed) % candidates.len();
-        Ok(Pick::of(candidates[index]))
+        let instance = candidates[index];
+        // One prefill unit per request: the frontend does not know the prompt's work.
+        Ok(Pick { load: Some(self.waiting.start(instance).prefilling(1)), ..Pick::of(instance) })
+    }
+
+    fn ttft_estimate(&self, _tokens: &[u32], candidates: &[u64]) -> Option<Duration> {
+        let (load, now) = (self.waiting.load().lock(), Instant::now());
+        combine(candidates.iter().map(|w| load.ttft_estimate(*w, 1, now)), Aggregate::Mean)
     }
 }
 
@@ -49,5 +61,22 @@ mod tests {
         let picks: Vec<u64> = (0..4).map(|_| rr.select(&[], &[7, 8, 9]).unwrap().instance).collect();
         assert_eq!(picks, vec![7, 8, 9, 7]);
         assert_eq!(rr.select(&[], &[]).unwrap_err(), SelectError::NoCandidates);
+    }
+
+    #[test]
+    fn the_estimate_is_requests_waiting_times_the_observed_ttft() {
+        let rr = RoundRobin::starting_at(0);
+        let mut first = rr.select(&[], &[7]).unwrap();
+        assert_eq!(rr.ttft_estimate(&[], &[7]), None, "nothing timed yet");
+        std::thread::sleep(Duration::from_millis(5));
+        first.load.as_mut().unwrap().observe_item();
+        let alone = rr.ttft_estimate(&[], &[7]).expect("timed");
+        assert!(alone >= Duration::from_millis(5), "{alone:?}");
+        let second = rr.select(&[], &[7]).unwrap();
+        let behind = rr.ttft_estimate(&[], &[7]).unwrap();
+        assert!(behind.abs_diff(alone * 2) <= Duration::from_nanos(2), "one waiting ahead: {behind:?}");
+        drop(second);
+        assert_eq!(rr.ttft_estimate(&[], &[7]), Some(alone));
+        assert_eq!(rr.ttft_estimate(&[], &[7, 8]), None, "an instance not timed yet");
     }
 }

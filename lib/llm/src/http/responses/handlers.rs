@@ -18,6 +18,7 @@ use super::generation::{Generation, Saver};
 use super::protocol::{CreateRequest, Deleted, ResponseObject};
 use super::store::{StoreError, StoreErrorKind, StoredResponse};
 use crate::engine::{EngineError, RequestContext};
+use crate::http::admission::{refusal_response, ticketed, with_ticket};
 use crate::http::error::ApiError;
 use crate::http::guard::CancelOnDrop;
 use crate::http::layers::{EngineLogged, RequestId};
@@ -62,6 +63,10 @@ async fn create_inner(state: Arc<AppState>, request_id: RequestId, body: Body) -
     let request: CreateRequest = parse_json(&bytes)?;
     convert::check_supported(&request)?;
     let engine = state.manager.chat_engine(&request.model)?;
+    let ticket = match state.admission.admit(&request.model) {
+        Ok(t) => t,
+        Err(refusal) => return Ok(refusal_response(refusal, state.manager.is_routable(&request.model))),
+    };
     let mut conversation = match &request.previous_response_id {
         Some(previous) => {
             let stored = state.responses.get(previous).await?.ok_or_else(|| {
@@ -88,9 +93,12 @@ async fn create_inner(state: Arc<AppState>, request_id: RequestId, body: Body) -
     });
     let shutdown = state.shutdown.clone();
     let stream = tokio::select! {
-        s = engine.chat(chat, ctx) => s?,
+        // The stream holds the request's admission share until its generation ends
+        // (a background one's too).
+        s = with_ticket(ticket.clone(), engine.chat(chat, ctx)) => ticketed(s?, ticket.clone()),
         _ = shutdown.cancelled() => return Err(ApiError::unavailable("the server is shutting down")),
     };
+    state.admission.admitted(&ticket);
     let mut generation = Generation::new(response.clone(), stream, guard, metrics, shutdown, saver);
     if request.background {
         // Saved as queued first, so that a GET right after this answer finds it.
