@@ -8,6 +8,7 @@
 //! and yields [`protocols::common::LLMEngineOutput`] (token ids). The preprocessor and
 //! detokenizer turn a token engine into an OpenAI engine.
 
+pub mod admission;
 pub mod aggregate;
 pub mod chat_output;
 pub mod detokenizer;

@@ -71,7 +71,7 @@ impl Pipeline {
     /// Run the engine on a preprocessed request and detokenize its output.
     async fn generate(&self, pre: &Preprocessed, ctx: RequestContext) -> Result<TokenStream, EngineError> {
         // Admission: the prompt's tokens are queued until its first token (or refused).
-        crate::http::admission::charge_prompt_tokens(pre.request.token_ids.len())?;
+        crate::admission::charge_prompt_tokens(pre.request.token_ids.len())?;
         let stream = self.engine.generate(pre.request.clone(), ctx.clone()).await?;
         Ok(detokenize(self.preprocessor.tokenizer(), &pre.request, stream, ctx))
     }

@@ -30,8 +30,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::engines::mocker::{MockerArgs, SimOutput, SimWorker};
-use crate::http::admission::{inflight_refusal, queued_tokens_refusal, ttft_refusal};
-use crate::http::AdmissionLimits;
+use crate::admission::{inflight_refusal, queued_tokens_refusal, ttft_refusal, AdmissionLimits};
 use crate::kv_router::{KvCacheEvent, KvRouter, KvRouterConfig, RouterEvent, SchedulerConfig};
 use crate::lab_trace::percentile;
 pub use crate::lab_trace::{
@@ -406,16 +405,16 @@ mod tests {
         let mut next_id = 1;
         let mut prompts: Vec<Vec<u64>> = vec![vec![0]; sessions as usize];
         for turn in 0..turns {
-            for s in 0..sessions as usize {
-                prompts[s].extend([next_id, next_id + 1]);
+            for (s, prompt) in prompts.iter_mut().enumerate() {
+                prompt.extend([next_id, next_id + 1]);
                 next_id += 2;
                 let t = (turn * sessions + s as u64) as f64 * gap_ms;
-                let blocks = prompts[s].len();
+                let blocks = prompt.len();
                 trace.push(TraceRequest {
                     timestamp: t,
                     input_length: blocks * 64 - 10,
                     output_length: 20,
-                    hash_ids: prompts[s].clone(),
+                    hash_ids: prompt.clone(),
                 });
             }
         }

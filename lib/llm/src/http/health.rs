@@ -72,7 +72,7 @@ mod tests {
 
     use tokio_util::sync::CancellationToken;
 
-    use super::super::admission::Admission;
+    use crate::admission::Admission;
     use super::super::limits::HttpLimits;
     use super::super::metrics::HttpMetrics;
     use super::*;

@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+pub use crate::admission::AdmissionLimits;
+
 /// Default most open connections.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 /// Default most generation requests in flight.
@@ -38,21 +40,6 @@ pub struct HttpLimits {
     pub default_max_tokens: u32,
     /// Each model's admission limits (none by default).
     pub admission: AdmissionLimits,
-}
-
-/// Limits applied to each model separately (docs/reliability.md, "Admission"): a
-/// request beyond one is answered 429 with `Retry-After` at once, never queued.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct AdmissionLimits {
-    /// Most generation requests of one model in flight (a stream until its end).
-    pub max_inflight_requests: Option<usize>,
-    /// Most prompt tokens of one model's admitted requests that have no first token
-    /// yet (counted after tokenization, so only models the frontend tokenizes for).
-    /// A prompt longer than the limit is admitted only when nothing else is queued.
-    pub max_queued_tokens: Option<u64>,
-    /// Refuse a request at admission when the router's estimate of its time to first
-    /// token on the best worker already exceeds this ([`crate::routing::Selector::ttft_estimate`]).
-    pub ttft_target: Option<Duration>,
 }
 
 impl Default for HttpLimits {

@@ -16,7 +16,8 @@ use futures::StreamExt;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::admission::{refusal_response, ticketed, with_ticket, Ticket};
+use super::admission::refusal_response;
+use crate::admission::{ticketed, with_ticket, Ticket};
 use super::connections::overloaded;
 use super::error::ApiError;
 use super::guard::CancelOnDrop;

@@ -23,7 +23,8 @@ use super::metrics::HttpMetrics;
 use super::state::{AppState, HealthCheck};
 use super::responses::{self, SharedResponseStore};
 use super::streams::{StreamDirectory, StreamRegistry, StreamsConfig};
-use super::admission::{self, Admission, GlobalCap};
+use super::admission::{self, GlobalCap};
+use crate::admission::Admission;
 use super::{connections, health, layers, openai, streams};
 use crate::model_manager::ModelManager;
 

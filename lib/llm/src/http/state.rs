@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-use super::admission::Admission;
+use crate::admission::Admission;
 use super::limits::HttpLimits;
 use super::metrics::HttpMetrics;
 use super::responses::background::BackgroundCancels;

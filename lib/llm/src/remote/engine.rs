@@ -228,7 +228,7 @@ impl Sender {
         if avoid.is_empty() {
             // A request's first pick is its last admission check: its TTFT target against
             // the selector's estimate (an admitted request's resends are not refused).
-            crate::http::admission::check_ttft_target(|| self.selector.ttft_estimate(tokens, &candidates))
+            crate::admission::check_ttft_target(|| self.selector.ttft_estimate(tokens, &candidates))
                 .map_err(SendError::Failed)?;
         }
         self.selector.select(tokens, &candidates).map_err(|e| SendError::Failed(EngineError::Unavailable(e.to_string())))
