@@ -1,5 +1,5 @@
 """Tool calling on the real engine (issue 24): ``dynamo-run in=http out=vllm`` serving the
-tiny random-weight model with a tool-capable chat template written here (one that
+tiny random-weight model with a tool-capable chat template (``tool_fixtures``: one that
 renders ``tools`` with ``tojson``, as real templates do) and ``--tool-call-parser
 hermes``. ``tool_choice`` required and named, streamed and not, return calls whose
 arguments the tools' schemas accept — from a model whose text is gibberish, because the
@@ -20,41 +20,9 @@ import pytest
 from engine_fleet import ENGINE_FLAGS, MODEL, engine_env, models_of, stop_all, wait_http
 from helpers import WorkerPool, free_port
 from llm_helpers import DYNAMO_RUN, local_env, post_json, streamed_content
+from tool_fixtures import SCHEMAS, TOOL_TEMPLATE, TOOLS
 
 pytestmark = pytest.mark.timeout(300)
-
-#: Hermes-style: the tools as JSON lines in the system turn, calls and results as tags.
-TOOL_TEMPLATE = (
-    "{{ bos_token }}"
-    "{% if tools %}<|system|>\nYou may call these functions:\n<tools>\n"
-    "{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}</tools>\n</s>\n{% endif %}"
-    "{% for m in messages %}"
-    "{% if m.role == 'tool' %}<|tool|>\n<tool_response>{{ m.content }}</tool_response></s>\n"
-    "{% elif m.tool_calls %}<|assistant|>\n{% for c in m.tool_calls %}"
-    "<tool_call>{\"name\": \"{{ c.function.name }}\", \"arguments\": {{ c.function.arguments | tojson }}}</tool_call>"
-    "{% endfor %}</s>\n"
-    "{% else %}<|{{ m.role }}|>\n{{ m.content }}</s>\n{% endif %}"
-    "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
-)
-
-#: Finite arguments (enums and a boolean), so even gibberish closes the JSON.
-FORECAST = {
-    "type": "function",
-    "function": {
-        "name": "forecast",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}, "metric": {"type": "boolean"}},
-            "required": ["city", "metric"],
-            "additionalProperties": False,
-        },
-    },
-}
-CLOCK = {"type": "function", "function": {"name": "clock", "parameters": {
-    "type": "object", "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}},
-    "required": ["zone"], "additionalProperties": False}}}
-TOOLS = [FORECAST, CLOCK]
-SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 
 
 class Served:
