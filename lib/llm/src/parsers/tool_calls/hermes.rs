@@ -3,6 +3,7 @@
 //! this format), and other ChatML models fine-tuned on it.
 
 use super::call_json::name_and_arguments;
+use super::content::ContentUntil;
 use super::emit::CallEmitter;
 use super::{ParsedDelta, ToolCallParser};
 use crate::parsers::marker::{MarkerSearch, Search};
@@ -13,7 +14,7 @@ const END: &str = "</tool_call>";
 /// The `hermes` parser.
 pub(super) struct Hermes {
     emitter: CallEmitter,
-    start: MarkerSearch,
+    start: ContentUntil,
     end: MarkerSearch,
     /// Inside a tag: the text since `<tool_call>`.
     body: Option<String>,
@@ -21,7 +22,7 @@ pub(super) struct Hermes {
 
 impl Hermes {
     pub(super) fn new(emitter: CallEmitter) -> Self {
-        Hermes { emitter, start: MarkerSearch::new(&[START]), end: MarkerSearch::new(&[END]), body: None }
+        Hermes { emitter, start: ContentUntil::new(&[START]), end: MarkerSearch::new(&[END]), body: None }
     }
 
     /// A closed (or, at the end, unclosed) tag's body: a call, or its text as content.
@@ -44,13 +45,9 @@ impl ToolCallParser for Hermes {
         let mut text = delta.to_string();
         loop {
             match self.body.take() {
-                None => match self.start.push(&text) {
-                    Search::Pending(safe) => {
-                        self.emitter.content(&safe, &mut out.content);
-                        return out;
-                    }
-                    Search::Found { before, after, .. } => {
-                        self.emitter.content(&before, &mut out.content);
+                None => match self.start.push(&text, &mut self.emitter, &mut out.content) {
+                    None => return out,
+                    Some(after) => {
                         self.body = Some(String::new());
                         text = after;
                     }
@@ -74,10 +71,7 @@ impl ToolCallParser for Hermes {
     fn finish(&mut self) -> ParsedDelta {
         let mut out = ParsedDelta::default();
         match self.body.take() {
-            None => {
-                let rest = self.start.flush();
-                self.emitter.content(&rest, &mut out.content);
-            }
+            None => self.start.finish(&mut self.emitter, &mut out.content),
             Some(mut body) => {
                 body.push_str(&self.end.flush());
                 out.cut = true;
