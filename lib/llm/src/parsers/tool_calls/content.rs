@@ -19,6 +19,10 @@ impl ContentUntil {
     /// marker is found, returns the text after it, not read yet: the caller goes on
     /// with it in its next state.
     pub(super) fn push(&mut self, text: &str, emitter: &mut CallEmitter, out: &mut String) -> Option<String> {
+        if self.search.passes_whole(text) {
+            emitter.content(text, out);
+            return None;
+        }
         match self.search.push(text) {
             Search::Pending(safe) => {
                 emitter.content(&safe, out);

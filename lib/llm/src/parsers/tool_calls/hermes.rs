@@ -2,6 +2,8 @@
 //! call. Hermes 2/3 (NousResearch), Qwen 2.5 and Qwen3 (their chat templates write
 //! this format), and other ChatML models fine-tuned on it.
 
+use std::borrow::Cow;
+
 use super::call_json::name_and_arguments;
 use super::content::ContentUntil;
 use super::emit::CallEmitter;
@@ -42,14 +44,14 @@ impl Hermes {
 impl ToolCallParser for Hermes {
     fn push(&mut self, delta: &str) -> ParsedDelta {
         let mut out = ParsedDelta::default();
-        let mut text = delta.to_string();
+        let mut text = Cow::Borrowed(delta);
         loop {
             match self.body.take() {
                 None => match self.start.push(&text, &mut self.emitter, &mut out.content) {
                     None => return out,
                     Some(after) => {
                         self.body = Some(String::new());
-                        text = after;
+                        text = Cow::Owned(after);
                     }
                 },
                 Some(mut body) => match self.end.push(&text) {
@@ -61,7 +63,7 @@ impl ToolCallParser for Hermes {
                     Search::Found { before, after, .. } => {
                         body.push_str(&before);
                         self.close(&body, true, &mut out);
-                        text = after;
+                        text = Cow::Owned(after);
                     }
                 },
             }
