@@ -20,9 +20,11 @@ Scenarios (the processes are started here, on free loopback ports):
   a ``<tool_call>`` of about 200 bytes (``call``), then plain prose of the same bytes
   (``prose``; the bench checks that both variants report the same output tokens). Each
   is measured with ``tools`` (the output goes through the tool-call parser: for ``call``
-  one call, finish ``tool_calls``; for ``prose`` no call, the same content events) and
-  without, ``--repeats`` times per level with the variants alternating: the median and
-  spread of the frontend CPU per request of each, and of the per-repeat ratio.
+  one call, finish ``tool_calls``; for ``prose`` no call, the same content events),
+  without, and with ``tools`` and ``tool_choice: none`` (the request side's cost, no
+  parser), ``--repeats`` times per level with the variants' order alternating: the
+  median and spread of the frontend CPU per request of each, and of the per-repeat
+  ratio with tools / without.
 * ``mocker``: ``dynamo-run in=http out=dyn`` in front of ``python -m dynamo.mocker
   --num-workers 2`` (``num_gpu_blocks: 640`` each, the mocker's default timing model, its
   tokenizer from ``--model-path``), embedded backend (file discovery, TCP planes). The
@@ -315,7 +317,10 @@ def tools_scenario(args: argparse.Namespace, log_dir: Path) -> list[Result]:
             if tokens[0] != tokens[1]:
                 raise RuntimeError(f"{output_name}: {tokens[0]} output tokens without tools, {tokens[1]} with")
             print(f"  output {output_name!r}: {tokens[0]} tokens either way", flush=True)
-            variants = [("no tools", [json.dumps(plain).encode()]), ("tools", [json.dumps(with_tools).encode()])]
+            # `tool_choice: none`: the same body as with tools, no parser: the request side's share.
+            no_choice = {**with_tools, "tool_choice": "none"}
+            variants = [("no tools", [json.dumps(plain).encode()]), ("tools", [json.dumps(with_tools).encode()]),
+                        ("tools, choice none", [json.dumps(no_choice).encode()])]
             for _, bodies in variants:
                 measure("tools", port, 8, bodies, duration=1.0, requests=None, client_procs=1)  # warm-up
             for concurrency in args.concurrency:
@@ -331,7 +336,8 @@ def tools_scenario(args: argparse.Namespace, log_dir: Path) -> list[Result]:
                         cpu[name].append(result.frontend_cpu_us or 0.0)
                 ratios = [t / n for t, n in zip(cpu["tools"], cpu["no tools"], strict=True) if n]
                 print(f"  {output_name}, {concurrency} streams, {args.repeats} repeats: frontend CPU µs/req "
-                      f"without tools {spread(cpu['no tools'])}, with tools {spread(cpu['tools'])}; "
+                      f"without tools {spread(cpu['no tools'])}, with tools {spread(cpu['tools'])} "
+                      f"(tool_choice none: {spread(cpu['tools, choice none'])}); "
                       f"ratio per repeat {spread(ratios, '.3f')}", flush=True)
         return results
     finally:
