@@ -17,9 +17,14 @@ Scenarios (the processes are started here, on free loopback ports):
 * ``tools``: ``dynamo-run in=http out=echo_core --tool-call-parser hermes`` (byte-level
   card, one token per byte, ``DYN_TOKEN_ECHO_DELAY_MS=0``): each streaming request's raw
   prompt (``nvext.use_raw_prompt``) is echoed back as the "model output": a sentence and
-  a ``<tool_call>`` of about 200 bytes. Measured twice per level, with ``tools`` (the
-  output goes through the tool-call parser: one call, finish ``tool_calls``) and without
-  (the same text as plain content); the frontend CPU per request of each, and the ratio.
+  a ``<tool_call>`` of about 200 bytes (``call``), then plain prose of the same bytes
+  (``prose``; the bench checks that both variants report the same output tokens). Each
+  is measured with ``tools`` (the output goes through the tool-call parser: for ``call``
+  one call, finish ``tool_calls``; for ``prose`` no call, the same content events),
+  without, and with ``tools`` and ``tool_choice: none`` (the request side's cost, no
+  parser), ``--repeats`` times per level with the variants' order alternating: the
+  median and spread of the frontend CPU per request of each, and of the per-repeat
+  ratio with tools / without.
 * ``mocker``: ``dynamo-run in=http out=dyn`` in front of ``python -m dynamo.mocker
   --num-workers 2`` (``num_gpu_blocks: 640`` each, the mocker's default timing model, its
   tokenizer from ``--model-path``), embedded backend (file discovery, TCP planes). The
@@ -50,6 +55,7 @@ import multiprocessing
 import os
 import random
 import signal
+import statistics
 import sys
 import tempfile
 import time
@@ -266,11 +272,34 @@ TOOLS_OUTPUT = (
     '<tool_call>{"name": "get_weather", "arguments": {"city": "San Francisco", "unit": "celsius", '
     '"days": 3, "details": {"wind": true, "humidity": true, "note": "a \\"quoted\\" note, ünïcode"}}}</tool_call>'
 )
+#: Plain prose of the same length in bytes (so the same tokens on the byte-level card):
+#: with `tools`, the parser reads it all and finds no call, so the stream is the same
+#: content events as without; the parser's cost on the hot path, undiluted.
+PLAIN_OUTPUT = ("The weather in San Francisco is mild today, with some wind and a little humidity. " * 4)[
+    : len(TOOLS_OUTPUT.encode())
+]
 WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
 
 
+def completion_tokens(port: int, body: dict[str, Any]) -> int:
+    """The output tokens of one streamed request (`stream_options.include_usage`)."""
+    payload = json.dumps({**body, "stream_options": {"include_usage": True}}).encode()
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=payload,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        lines = response.read().decode().splitlines()
+    for line in lines:
+        if line.startswith("data: {") and json.loads(line[6:]).get("usage"):
+            return int(json.loads(line[6:])["usage"]["completion_tokens"])
+    raise RuntimeError(f"no usage in the response: {lines[-3:]!r}")
+
+
 def tools_scenario(args: argparse.Namespace, log_dir: Path) -> list[Result]:
+    """Frontend CPU per request with and without `tools`, for two outputs of the same
+    tokens: a call (`call`) and plain prose (`prose`). Each (output, level) is measured
+    `--repeats` times, the variants alternating, and reported as the median and the
+    spread (min-max) of the CPU per request and of the per-repeat ratio."""
     processes = Processes(log_dir)
     port = free_port()
     env = {**base_env(log_dir), "DYN_TOKEN_ECHO_DELAY_MS": "0"}
@@ -279,26 +308,47 @@ def tools_scenario(args: argparse.Namespace, log_dir: Path) -> list[Result]:
                                                       str(port), "--model-name", "bytes", "--tool-call-parser",
                                                       "hermes"], env)
         wait_for_models(port, ["bytes"], processes)
-        plain = {"model": "bytes", "messages": [{"role": "user", "content": TOOLS_OUTPUT}], "stream": True,
-                 "nvext": {"use_raw_prompt": True}}
-        variants = [("no tools", [json.dumps(plain).encode()]),
-                    ("tools", [json.dumps({**plain, "tools": [WEATHER_TOOL]}).encode()])]
-        for _, bodies in variants:
-            measure("tools", port, 8, bodies, duration=1.0, requests=None, client_procs=1)  # warm-up
         results = []
-        for concurrency in args.concurrency:
-            cpu: dict[str, float] = {}
-            for name, bodies in variants:
-                result = measure_with_cpu(frontend.pid, f"tools ({name})", port, concurrency, bodies,
-                                          duration=args.duration, requests=None, client_procs=args.client_procs)
-                report(result)
-                results.append(result)
-                cpu[name] = result.frontend_cpu_us or 0.0
-            if cpu["no tools"]:
-                print(f"  frontend CPU with tools / without: {cpu['tools'] / cpu['no tools']:.3f}", flush=True)
+        for output_name, output in [("call", TOOLS_OUTPUT), ("prose", PLAIN_OUTPUT)]:
+            plain = {"model": "bytes", "messages": [{"role": "user", "content": output}], "stream": True,
+                     "nvext": {"use_raw_prompt": True}}
+            with_tools = {**plain, "tools": [WEATHER_TOOL]}
+            tokens = (completion_tokens(port, plain), completion_tokens(port, with_tools))
+            if tokens[0] != tokens[1]:
+                raise RuntimeError(f"{output_name}: {tokens[0]} output tokens without tools, {tokens[1]} with")
+            print(f"  output {output_name!r}: {tokens[0]} tokens either way", flush=True)
+            # `tool_choice: none`: the same body as with tools, no parser: the request side's share.
+            no_choice = {**with_tools, "tool_choice": "none"}
+            variants = [("no tools", [json.dumps(plain).encode()]), ("tools", [json.dumps(with_tools).encode()]),
+                        ("tools, choice none", [json.dumps(no_choice).encode()])]
+            for _, bodies in variants:
+                measure("tools", port, 8, bodies, duration=1.0, requests=None, client_procs=1)  # warm-up
+            for concurrency in args.concurrency:
+                cpu: dict[str, list[float]] = {name: [] for name, _ in variants}
+                for repeat in range(args.repeats):
+                    order = variants if repeat % 2 == 0 else variants[::-1]
+                    for name, bodies in order:
+                        result = measure_with_cpu(frontend.pid, f"tools/{output_name} ({name})", port, concurrency,
+                                                  bodies, duration=args.duration, requests=None,
+                                                  client_procs=args.client_procs)
+                        report(result)
+                        results.append(result)
+                        cpu[name].append(result.frontend_cpu_us or 0.0)
+                ratios = [t / n for t, n in zip(cpu["tools"], cpu["no tools"], strict=True) if n]
+                print(f"  {output_name}, {concurrency} streams, {args.repeats} repeats: frontend CPU µs/req "
+                      f"without tools {spread(cpu['no tools'])}, with tools {spread(cpu['tools'])} "
+                      f"(tool_choice none: {spread(cpu['tools, choice none'])}); "
+                      f"ratio per repeat {spread(ratios, '.3f')}", flush=True)
         return results
     finally:
         processes.stop()
+
+
+def spread(values: list[float], fmt: str = ".1f") -> str:
+    """`median (min-max)` of `values`."""
+    if not values:
+        return "n/a"
+    return f"{statistics.median(values):{fmt}} ({min(values):{fmt}}-{max(values):{fmt}})"
 
 
 def prefix_workload(count: int, seed: int = 7) -> list[bytes]:
@@ -436,6 +486,8 @@ def main() -> None:
     parser.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[32, 128],
                         help="comma-separated client counts (default 32,128)")
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per echo level (default 10)")
+    parser.add_argument("--repeats", type=int, default=5,
+                        help="measurements per variant and level in the tools scenario (default 5)")
     parser.add_argument("--requests", type=int, default=640, help="requests per mocker level (default 640)")
     parser.add_argument("--speedup-ratio", type=float, default=1.0,
                         help="the mocker's speedup_ratio (default 1: its timing model in real time)")

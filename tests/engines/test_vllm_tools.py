@@ -1,10 +1,12 @@
 """Tool calling on the real engine (issue 24): ``dynamo-run in=http out=vllm`` serving the
-tiny random-weight model with a tool-capable chat template written here (one that
+tiny random-weight model with a tool-capable chat template (``tool_fixtures``: one that
 renders ``tools`` with ``tojson``, as real templates do) and ``--tool-call-parser
-hermes``. ``tool_choice`` required and named, streamed and not, return calls whose
-arguments the tools' schemas accept — from a model whose text is gibberish, because the
-frontend constrains the engine to the calls' JSON, without free whitespace — and the
-official ``openai`` client runs a two-turn tool loop unchanged.
+hermes``, beside vLLM's own server started with the same template and parser.
+``tool_choice`` required and named, streamed and not, return calls whose arguments the
+tools' schemas accept — from a model whose text is gibberish, because the frontend
+constrains the engine to the calls' JSON, without free whitespace; ``auto``, also after
+a tool result in the history, answers what vLLM's server answers; and the official
+``openai`` client runs a two-turn tool loop unchanged.
 """
 
 from __future__ import annotations
@@ -17,49 +19,29 @@ from typing import Any
 import jsonschema
 import openai
 import pytest
-from engine_fleet import ENGINE_FLAGS, MODEL, engine_env, models_of, stop_all, wait_http
+from engine_fleet import (
+    ENGINE_FLAGS,
+    MODEL,
+    engine_env,
+    launch_vllm_server,
+    models_of,
+    stop_all,
+    wait_http,
+    wait_vllm_server,
+)
 from helpers import WorkerPool, free_port
 from llm_helpers import DYNAMO_RUN, local_env, post_json, streamed_content
+from tool_fixtures import SCHEMAS, TOOL_TEMPLATE, TOOLS
 
 pytestmark = pytest.mark.timeout(300)
 
-#: Hermes-style: the tools as JSON lines in the system turn, calls and results as tags.
-TOOL_TEMPLATE = (
-    "{{ bos_token }}"
-    "{% if tools %}<|system|>\nYou may call these functions:\n<tools>\n"
-    "{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}</tools>\n</s>\n{% endif %}"
-    "{% for m in messages %}"
-    "{% if m.role == 'tool' %}<|tool|>\n<tool_response>{{ m.content }}</tool_response></s>\n"
-    "{% elif m.tool_calls %}<|assistant|>\n{% for c in m.tool_calls %}"
-    "<tool_call>{\"name\": \"{{ c.function.name }}\", \"arguments\": {{ c.function.arguments | tojson }}}</tool_call>"
-    "{% endfor %}</s>\n"
-    "{% else %}<|{{ m.role }}|>\n{{ m.content }}</s>\n{% endif %}"
-    "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
-)
-
-#: Finite arguments (enums and a boolean), so even gibberish closes the JSON.
-FORECAST = {
-    "type": "function",
-    "function": {
-        "name": "forecast",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}, "metric": {"type": "boolean"}},
-            "required": ["city", "metric"],
-            "additionalProperties": False,
-        },
-    },
-}
-CLOCK = {"type": "function", "function": {"name": "clock", "parameters": {
-    "type": "object", "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}},
-    "required": ["zone"], "additionalProperties": False}}}
-TOOLS = [FORECAST, CLOCK]
-SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
-
 
 class Served:
-    def __init__(self, port: int):
+    """Our server (``port``, ``client``) and vLLM's (``vllm_port``) on the same model."""
+
+    def __init__(self, port: int, vllm_port: int):
         self.port = port
+        self.vllm_port = vllm_port
         self.client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0,
                                     timeout=120)
 
@@ -77,8 +59,13 @@ def served(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         "--", *ENGINE_FLAGS,
     ]
     process = pool.command(argv, name="dynamo-run-vllm-tools")
+    vllm_server, vllm_port = launch_vllm_server(
+        pool, tiny_model, "--chat-template", str(template), "--tool-call-parser", "hermes", "--enable-auto-tool-choice",
+        "--seed", "0",
+    )
     wait_http(process, port, "/v1/models", lambda r: models_of(r) == [MODEL])
-    yield Served(port)
+    wait_vllm_server(vllm_server, vllm_port)
+    yield Served(port, vllm_port)
     stop_all(pool)
 
 
@@ -130,6 +117,34 @@ def test_auto_with_gibberish_is_plain_content(served: Served) -> None:
     calls, content, finish = calls_of(served.port, body)
     assert calls == [] and content and "<tool_call>" not in content
     assert finish == "length"
+
+
+#: ``auto`` conversations: a first turn, and one after a call and its result.
+AUTO_CONVERSATIONS = {
+    "first turn": [{"role": "user", "content": "Weather in Paris?"}],
+    "after a tool result": [
+        {"role": "user", "content": "Weather in Oslo, in Celsius?"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_0", "type": "function", "function": {
+            "name": "forecast", "arguments": '{"city": "Oslo", "metric": true}'}}]},
+        {"role": "tool", "tool_call_id": "call_0", "content": "12 degrees, light rain"},
+    ],
+}
+
+
+def answer_of(port: int, body: dict[str, Any]) -> tuple[str, list[tuple[str, Any]], str]:
+    """(content, calls as (name, parsed arguments), finish_reason): ids differ by server."""
+    calls, content, finish = calls_of(port, body)
+    return content, [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls], finish
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("conversation", list(AUTO_CONVERSATIONS))
+def test_auto_answers_what_vllms_server_answers(served: Served, conversation: str, stream: bool) -> None:
+    body = {"model": MODEL, "messages": AUTO_CONVERSATIONS[conversation], "tools": TOOLS, "tool_choice": "auto",
+            "max_tokens": 24, "temperature": 0, "seed": 0, "stream": stream}
+    ours = answer_of(served.port, body)
+    assert ours[0], ours  # the model said something: the comparison is not of two empty answers
+    assert ours == answer_of(served.vllm_port, body)
 
 
 def test_the_openai_client_runs_a_two_turn_tool_loop(served: Served) -> None:

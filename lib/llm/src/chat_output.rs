@@ -4,6 +4,8 @@
 //! was constrained to), and comes out as `content`, `reasoning_content` and
 //! `tool_calls`; the finish reason becomes `tool_calls` when the answer ended in calls.
 
+use std::borrow::Cow;
+
 use serde_json::Value;
 
 use crate::parsers::tool_calls::new_call_id;
@@ -103,13 +105,13 @@ impl ChatOutput {
                     d.content.push_str(&last.content);
                 }
                 out.reasoning = d.reasoning;
-                d.content
+                Cow::Owned(d.content)
             }
-            None => text.to_string(),
+            None => Cow::Borrowed(text),
         };
         let mut cut = false;
         match &mut self.calls {
-            Calls::None => out.content = answer,
+            Calls::None => out.content = answer.into_owned(),
             Calls::Parser(parser) => {
                 let mut d = parser.push(&answer);
                 if finish.is_some() {

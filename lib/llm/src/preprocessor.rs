@@ -8,6 +8,7 @@
 
 pub mod blocking;
 pub mod prompt;
+mod tojson;
 
 use std::sync::Arc;
 

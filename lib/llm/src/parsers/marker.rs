@@ -15,17 +15,24 @@ pub(crate) enum Search {
 #[derive(Debug)]
 pub(crate) struct MarkerSearch {
     markers: &'static [&'static str],
+    /// The markers' first bytes: text without any of them holds no marker, nor the
+    /// start of one.
+    first_bytes: Vec<u8>,
     /// The tail of the text so far that is a proper prefix of some marker.
     held: String,
 }
 
 impl MarkerSearch {
     pub(crate) fn new(markers: &'static [&'static str]) -> Self {
-        MarkerSearch { markers, held: String::new() }
+        let first_bytes = markers.iter().filter_map(|m| m.as_bytes().first().copied()).collect();
+        MarkerSearch { markers, first_bytes, held: String::new() }
     }
 
     /// Feed `text`; costs O(len(text) + longest marker).
     pub(crate) fn push(&mut self, text: &str) -> Search {
+        if self.passes_whole(text) {
+            return Search::Pending(text.to_string());
+        }
         let mut s = std::mem::take(&mut self.held);
         s.push_str(text);
         let found = self.markers.iter().enumerate().filter_map(|(i, m)| s.find(m).map(|at| (at, i))).min();
@@ -38,6 +45,13 @@ impl MarkerSearch {
         self.held = s[s.len() - keep..].to_string();
         s.truncate(s.len() - keep);
         Search::Pending(s)
+    }
+
+    /// Whether `text`, pushed now, would pass on whole (nothing held, and none of its
+    /// bytes starts a marker): most deltas are plain words, and this one pass over
+    /// their bytes is all they need.
+    pub(crate) fn passes_whole(&self, text: &str) -> bool {
+        self.held.is_empty() && !text.bytes().any(|b| self.first_bytes.contains(&b))
     }
 
     /// The held tail, once the stream has ended (it was no marker after all).
@@ -66,6 +80,17 @@ impl MarkerSearch {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn text_without_a_markers_first_byte_passes_whole() {
+        let mut search = MarkerSearch::new(&["<tool_call>", "[TOOL_CALLS]"]);
+        assert_eq!(search.push("plain words"), Search::Pending("plain words".into()));
+        // After a held prefix, the next plain text completes the check against it.
+        assert_eq!(search.push("a <to"), Search::Pending("a ".into()));
+        assert_eq!(search.push("day"), Search::Pending("<today".into()));
+        let mut none = MarkerSearch::new(&[]);
+        assert_eq!(none.push("<x"), Search::Pending("<x".into()));
+    }
 
     #[test]
     fn holds_a_partial_marker_and_finds_it_across_deltas() {

@@ -1,14 +1,18 @@
 //! Chat template rendering with minijinja, set up to behave like HuggingFace's
 //! `apply_chat_template`: `trim_blocks` + `lstrip_blocks`, Python string/dict methods
 //! (`.strip()`, `.items()` … via minijinja-contrib's pycompat), `raise_exception`,
-//! a `tojson` that writes JSON the way Python's `json.dumps` does, and `strftime_now`.
+//! transformers' `tojson` ([`super::tojson`]) and `strftime_now`; the tools and
+//! messages reach the template as vLLM's server gives them to it, so the prompt is the
+//! one vLLM renders for the same request.
 
-use minijinja::value::{Kwargs, Value};
+use minijinja::value::Value;
 use minijinja::{Environment, Error, ErrorKind};
-use serde::Serialize;
+use serde_json::Map;
+
+use super::tojson::tojson;
 
 use crate::model_card::ModelDeploymentCard;
-use crate::protocols::openai::ChatMessage;
+use crate::protocols::openai::{ChatMessage, MessageContent};
 
 const DEFAULT: &str = "default";
 const TOOL_USE: &str = "tool_use";
@@ -107,7 +111,7 @@ impl PromptFormatter {
         let name = if tools.is_some() && self.has_tool_template { TOOL_USE } else { DEFAULT };
         let mut ctx = kwargs.cloned().unwrap_or_default();
         ctx.insert("messages".into(), messages.iter().map(message_value).collect());
-        ctx.insert("tools".into(), tools.map_or(serde_json::Value::Null, |t| t.to_vec().into()));
+        ctx.insert("tools".into(), tools.map_or(serde_json::Value::Null, |t| t.iter().map(tool_value).collect()));
         ctx.insert("bos_token".into(), self.bos_token.as_deref().unwrap_or("").into());
         ctx.insert("eos_token".into(), self.eos_token.as_deref().unwrap_or("").into());
         ctx.insert("add_generation_prompt".into(), add_generation_prompt.into());
@@ -115,45 +119,87 @@ impl PromptFormatter {
     }
 }
 
-/// A message as templates see it: `content` is a string (text parts joined), `null`
-/// only for an assistant message that carries tool calls instead.
-fn message_value(m: &ChatMessage) -> serde_json::Value {
-    let mut v = serde_json::Map::new();
-    v.insert("role".into(), m.role.clone().into());
-    let content = match (&m.content, &m.tool_calls) {
-        (Some(c), _) => c.text().into(),
-        (None, Some(_)) => serde_json::Value::Null,
-        (None, None) => "".into(),
+/// A tool as vLLM's server gives it to the template (`tool.model_dump()` of its
+/// `ChatCompletionToolsParam`): `type` and `function` with `name`, `description` and
+/// `parameters` (`null` when not sent), then `strict` and `defer_loading` only when
+/// sent (a tool's own `defer_loading` is also its function's); other fields dropped.
+fn tool_value(tool: &serde_json::Value) -> serde_json::Value {
+    let Some(tool) = tool.as_object() else { return tool.clone() };
+    let given = |map: Option<&Map<String, serde_json::Value>>, key: &str| {
+        map.and_then(|m| m.get(key)).filter(|v| !v.is_null()).cloned()
     };
-    v.insert("content".into(), content);
-    if let Some(name) = &m.name {
-        v.insert("name".into(), name.clone().into());
+    let function = tool.get("function").and_then(serde_json::Value::as_object);
+    let defer_loading = given(Some(tool), "defer_loading");
+    let mut f = Map::new();
+    for key in ["name", "description", "parameters"] {
+        f.insert(key.into(), given(function, key).unwrap_or_default());
     }
+    if let Some(strict) = given(function, "strict") {
+        f.insert("strict".into(), strict);
+    }
+    if let Some(defer) = given(function, "defer_loading").or_else(|| defer_loading.clone()) {
+        f.insert("defer_loading".into(), defer);
+    }
+    let mut t = Map::new();
+    t.insert("type".into(), given(Some(tool), "type").unwrap_or_else(|| "function".into()));
+    t.insert("function".into(), f.into());
+    if let Some(defer) = defer_loading {
+        t.insert("defer_loading".into(), defer);
+    }
+    t.into()
+}
+
+/// A message as vLLM's server gives it to a template that takes text content:
+/// `content` a string (text parts joined by newlines; empty when not sent), then
+/// `tool_calls` (an assistant's) or `tool_call_id` (a tool result's), then `name`.
+fn message_value(m: &ChatMessage) -> serde_json::Value {
+    let mut v = Map::new();
+    v.insert("role".into(), m.role.clone().into());
+    let content = match &m.content {
+        Some(MessageContent::Text(text)) => text.clone(),
+        Some(MessageContent::Parts(parts)) => parts.iter().filter_map(|p| p.text.as_deref()).collect::<Vec<_>>().join("\n"),
+        None => String::new(),
+    };
+    v.insert("content".into(), content.into());
     if let Some(calls) = &m.tool_calls {
-        v.insert("tool_calls".into(), calls_with_object_arguments(calls));
+        v.insert("tool_calls".into(), calls_as_templates_take_them(calls));
     }
     if let Some(id) = &m.tool_call_id {
         v.insert("tool_call_id".into(), id.clone().into());
     }
+    if let Some(name) = &m.name {
+        v.insert("name".into(), name.clone().into());
+    }
     serde_json::Value::Object(v)
 }
 
-/// An assistant message's `tool_calls` with each `function.arguments` JSON string
-/// parsed into its value: templates write arguments with `tojson` and expect a
-/// mapping (HF's convention; vLLM converts them the same way). Text that is not JSON
-/// stays a string.
-fn calls_with_object_arguments(calls: &serde_json::Value) -> serde_json::Value {
-    let mut calls = calls.clone();
-    if let Some(list) = calls.as_array_mut() {
-        for call in list {
-            if let Some(arguments) = call.get_mut("function").and_then(|f| f.get_mut("arguments")) {
+/// An assistant message's `tool_calls` as vLLM passes them: each call's `id`,
+/// `function` (`arguments`, `name`) and `type`, in that order (the fields of OpenAI's
+/// typed call), with the `arguments` JSON string parsed into its value: templates
+/// write arguments with `tojson` and expect a mapping (HF's convention). Text that is
+/// not JSON stays a string.
+fn calls_as_templates_take_them(calls: &serde_json::Value) -> serde_json::Value {
+    let Some(list) = calls.as_array() else { return calls.clone() };
+    let pick = |from: &serde_json::Value, keys: &[&str]| -> Map<String, serde_json::Value> {
+        keys.iter().filter_map(|k| Some(((*k).to_string(), from.get(*k)?.clone()))).collect()
+    };
+    let calls = list.iter().map(|call| {
+        if !call.is_object() {
+            return call.clone();
+        }
+        let mut out = pick(call, &["id", "function", "type"]);
+        if let Some(function) = out.get_mut("function").filter(|f| f.is_object()) {
+            let mut f = pick(function, &["arguments", "name"]);
+            if let Some(arguments) = f.get_mut("arguments") {
                 if let Some(parsed) = arguments.as_str().and_then(|s| serde_json::from_str(s).ok()) {
                     *arguments = parsed;
                 }
             }
+            *function = f.into();
         }
-    }
-    calls
+        out.into()
+    });
+    calls.collect()
 }
 
 /// `raise_exception(msg)`: templates use it to reject conversations they cannot format.
@@ -171,55 +217,9 @@ fn strftime_now(format: String) -> Result<Value, Error> {
     Ok(Value::from(chrono::Local::now().format_with_items(items.into_iter()).to_string()))
 }
 
-/// `tojson(indent=None)`: JSON as Python's `json.dumps(..., ensure_ascii=False)`
-/// writes it (`", "` and `": "` separators; no HTML escaping), which is what HF
-/// templates were written against. Other keyword arguments are accepted and ignored.
-fn tojson(value: &Value, kwargs: Kwargs) -> Result<Value, Error> {
-    let indent: Option<usize> = kwargs.get("indent")?;
-    let mut out = Vec::new();
-    let result = match indent {
-        Some(n) => {
-            let pad = vec![b' '; n];
-            let mut ser =
-                serde_json::Serializer::with_formatter(&mut out, serde_json::ser::PrettyFormatter::with_indent(&pad));
-            value.serialize(&mut ser)
-        }
-        None => value.serialize(&mut serde_json::Serializer::with_formatter(&mut out, PythonFormatter)),
-    };
-    result.map_err(|e| Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
-    let text = String::from_utf8(out).map_err(|e| Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
-    Ok(Value::from_safe_string(text))
-}
-
-/// Compact JSON with Python's default separators.
-struct PythonFormatter;
-
-impl serde_json::ser::Formatter for PythonFormatter {
-    fn begin_array_value<W: ?Sized + std::io::Write>(&mut self, writer: &mut W, first: bool) -> std::io::Result<()> {
-        if first {
-            Ok(())
-        } else {
-            writer.write_all(b", ")
-        }
-    }
-
-    fn begin_object_key<W: ?Sized + std::io::Write>(&mut self, writer: &mut W, first: bool) -> std::io::Result<()> {
-        if first {
-            Ok(())
-        } else {
-            writer.write_all(b", ")
-        }
-    }
-
-    fn begin_object_value<W: ?Sized + std::io::Write>(&mut self, writer: &mut W) -> std::io::Result<()> {
-        writer.write_all(b": ")
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocols::openai::MessageContent;
 
     fn msg(role: &str, content: &str) -> ChatMessage {
         ChatMessage {
@@ -253,12 +253,12 @@ mod tests {
     }
 
     #[test]
-    fn python_methods_and_tojson() {
-        let t = "{{ messages[0].content.strip() }}|{% for k, v in tools[0].items() %}{{ k }}={{ v | tojson }};{% endfor %}|{{ tools | tojson }}";
+    fn python_methods_and_tojson_keep_the_clients_key_order() {
+        let t = "{{ messages[0].content.strip() }}|{% for k, v in x.items() %}{{ k }}={{ v | tojson }};{% endfor %}|{{ x | tojson }}";
         let f = PromptFormatter::new(t, None, None, None).unwrap();
-        let tools = vec![serde_json::json!({"name": "f<x>", "args": [1, 2]})];
-        let out = f.render(&[msg("user", "  padded  ")], Some(&tools)).unwrap();
-        assert_eq!(out, r#"padded|args=[1, 2];name="f<x>";|[{"args": [1, 2], "name": "f<x>"}]"#);
+        let kwargs = serde_json::json!({"x": {"name": "f<x>", "args": [1, 2]}});
+        let out = f.render_with(&[msg("user", "  padded  ")], None, kwargs.as_object()).unwrap();
+        assert_eq!(out, r#"padded|name="f<x>";args=[1, 2];|{"name": "f<x>", "args": [1, 2]}"#);
     }
 
     #[test]
@@ -288,12 +288,12 @@ mod tests {
             serde_json::from_value(serde_json::json!({"role": "tool", "tool_call_id": "call_1", "content": "18C"})).unwrap();
         let messages = [msg("user", "weather?"), assistant, tool];
         let out = f.render(&messages, Some(&tools)).unwrap();
-        // serde_json keeps object keys sorted (its `preserve_order` feature is off), so
-        // `tojson` writes them sorted where Python keeps the client's order.
+        // The tool as vLLM's server dumps it (a `null` description), keys in the
+        // client's order.
         assert_eq!(
             out,
-            "<tools>{\"function\": {\"name\": \"get_weather\", \"parameters\": {\"properties\": {\"city\": {\"type\": \
-\"string\"}}, \"type\": \"object\"}}, \"type\": \"function\"}\n</tools>\n<|user|>weather?\
+            "<tools>{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": null, \
+\"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}}}}\n</tools>\n<|user|>weather?\
 <|assistant|><tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}</tool_call>\
 <|tool|><tool_response id=call_1>18C</tool_response><|assistant|>"
         );
@@ -301,6 +301,37 @@ mod tests {
         let kwargs = serde_json::json!({"enable_thinking": false});
         let out = f.render_with(&[msg("user", "hi")], None, kwargs.as_object()).unwrap();
         assert_eq!(out, "<|user|>hi<|assistant|><think></think>");
+    }
+
+    #[test]
+    fn tools_are_dumped_as_vllm_dumps_them() {
+        let tool = serde_json::json!({"function": {"strict": true, "parameters": {"type": "object"}, "name": "f",
+            "extra": 1}, "type": "function", "defer_loading": false});
+        assert_eq!(
+            serde_json::to_string(&tool_value(&tool)).unwrap(),
+            r#"{"type":"function","function":{"name":"f","description":null,"parameters":{"type":"object"},"strict":true,"defer_loading":false},"defer_loading":false}"#
+        );
+        let bare = serde_json::json!({"function": {"name": "g"}});
+        assert_eq!(
+            serde_json::to_string(&tool_value(&bare)).unwrap(),
+            r#"{"type":"function","function":{"name":"g","description":null,"parameters":null}}"#
+        );
+    }
+
+    #[test]
+    fn messages_reach_the_template_as_vllm_gives_them() {
+        let m: ChatMessage = serde_json::from_value(serde_json::json!({"role": "assistant", "name": "a",
+            "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{\"b\": 1, \"a\": 2}"},
+                "id": "call_1", "extra": 0}]}))
+        .unwrap();
+        assert_eq!(
+            serde_json::to_string(&message_value(&m)).unwrap(),
+            r#"{"role":"assistant","content":"","tool_calls":[{"id":"call_1","function":{"arguments":{"b":1,"a":2},"name":"f"},"type":"function"}],"name":"a"}"#
+        );
+        let parts: ChatMessage = serde_json::from_value(serde_json::json!({"role": "user",
+            "content": [{"type": "text", "text": "one"}, {"type": "text", "text": "two"}]}))
+        .unwrap();
+        assert_eq!(message_value(&parts)["content"], "one\ntwo");
     }
 
     #[test]

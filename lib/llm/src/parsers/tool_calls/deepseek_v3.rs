@@ -4,6 +4,7 @@
 //! then `<｜tool▁calls▁end｜>`. The markers are special tokens: the detokenizer must keep
 //! them (skip_special_tokens off).
 
+use super::content::ContentUntil;
 use super::emit::CallEmitter;
 use super::{ParsedDelta, ToolCallParser};
 use crate::parsers::marker::{MarkerSearch, Search};
@@ -15,7 +16,7 @@ const CALL_END: &str = "<｜tool▁call▁end｜>";
 const SEP: &str = "<｜tool▁sep｜>";
 
 enum State {
-    Content(MarkerSearch),
+    Content(ContentUntil),
     /// Inside the calls block, between calls.
     Block(MarkerSearch),
     /// Inside a call: its text so far.
@@ -30,7 +31,7 @@ pub(super) struct DeepSeekV3 {
 
 impl DeepSeekV3 {
     pub(super) fn new(emitter: CallEmitter) -> Self {
-        DeepSeekV3 { emitter, state: State::Content(MarkerSearch::new(&[CALLS_BEGIN])) }
+        DeepSeekV3 { emitter, state: State::Content(ContentUntil::new(&[CALLS_BEGIN])) }
     }
 
     fn close(&mut self, body: &str, closed: bool, out: &mut ParsedDelta) {
@@ -58,16 +59,14 @@ impl ToolCallParser for DeepSeekV3 {
         let mut out = ParsedDelta::default();
         let mut text = delta.to_string();
         loop {
-            let state = std::mem::replace(&mut self.state, State::Content(MarkerSearch::new(&[])));
+            let state = std::mem::replace(&mut self.state, State::Content(ContentUntil::new(&[])));
             match state {
-                State::Content(mut search) => match search.push(&text) {
-                    Search::Pending(safe) => {
-                        self.emitter.content(&safe, &mut out.content);
-                        self.state = State::Content(search);
+                State::Content(mut content) => match content.push(&text, &mut self.emitter, &mut out.content) {
+                    None => {
+                        self.state = State::Content(content);
                         return out;
                     }
-                    Search::Found { before, after, .. } => {
-                        self.emitter.content(&before, &mut out.content);
+                    Some(after) => {
                         self.state = State::Block(MarkerSearch::new(&[CALL_BEGIN, CALLS_END]));
                         text = after;
                     }
@@ -82,7 +81,7 @@ impl ToolCallParser for DeepSeekV3 {
                         text = after;
                     }
                     Search::Found { after, .. } => {
-                        self.state = State::Content(MarkerSearch::new(&[CALLS_BEGIN]));
+                        self.state = State::Content(ContentUntil::new(&[CALLS_BEGIN]));
                         text = after;
                     }
                 },
@@ -105,11 +104,8 @@ impl ToolCallParser for DeepSeekV3 {
 
     fn finish(&mut self) -> ParsedDelta {
         let mut out = ParsedDelta::default();
-        match std::mem::replace(&mut self.state, State::Content(MarkerSearch::new(&[]))) {
-            State::Content(mut search) => {
-                let rest = search.flush();
-                self.emitter.content(&rest, &mut out.content);
-            }
+        match std::mem::replace(&mut self.state, State::Content(ContentUntil::new(&[]))) {
+            State::Content(mut content) => content.finish(&mut self.emitter, &mut out.content),
             State::Block(_) => out.cut = true,
             State::Call(mut search, mut body) => {
                 body.push_str(&search.flush());

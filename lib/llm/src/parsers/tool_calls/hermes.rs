@@ -2,7 +2,10 @@
 //! call. Hermes 2/3 (NousResearch), Qwen 2.5 and Qwen3 (their chat templates write
 //! this format), and other ChatML models fine-tuned on it.
 
+use std::borrow::Cow;
+
 use super::call_json::name_and_arguments;
+use super::content::ContentUntil;
 use super::emit::CallEmitter;
 use super::{ParsedDelta, ToolCallParser};
 use crate::parsers::marker::{MarkerSearch, Search};
@@ -13,7 +16,7 @@ const END: &str = "</tool_call>";
 /// The `hermes` parser.
 pub(super) struct Hermes {
     emitter: CallEmitter,
-    start: MarkerSearch,
+    start: ContentUntil,
     end: MarkerSearch,
     /// Inside a tag: the text since `<tool_call>`.
     body: Option<String>,
@@ -21,7 +24,7 @@ pub(super) struct Hermes {
 
 impl Hermes {
     pub(super) fn new(emitter: CallEmitter) -> Self {
-        Hermes { emitter, start: MarkerSearch::new(&[START]), end: MarkerSearch::new(&[END]), body: None }
+        Hermes { emitter, start: ContentUntil::new(&[START]), end: MarkerSearch::new(&[END]), body: None }
     }
 
     /// A closed (or, at the end, unclosed) tag's body: a call, or its text as content.
@@ -41,18 +44,14 @@ impl Hermes {
 impl ToolCallParser for Hermes {
     fn push(&mut self, delta: &str) -> ParsedDelta {
         let mut out = ParsedDelta::default();
-        let mut text = delta.to_string();
+        let mut text = Cow::Borrowed(delta);
         loop {
             match self.body.take() {
-                None => match self.start.push(&text) {
-                    Search::Pending(safe) => {
-                        self.emitter.content(&safe, &mut out.content);
-                        return out;
-                    }
-                    Search::Found { before, after, .. } => {
-                        self.emitter.content(&before, &mut out.content);
+                None => match self.start.push(&text, &mut self.emitter, &mut out.content) {
+                    None => return out,
+                    Some(after) => {
                         self.body = Some(String::new());
-                        text = after;
+                        text = Cow::Owned(after);
                     }
                 },
                 Some(mut body) => match self.end.push(&text) {
@@ -64,7 +63,7 @@ impl ToolCallParser for Hermes {
                     Search::Found { before, after, .. } => {
                         body.push_str(&before);
                         self.close(&body, true, &mut out);
-                        text = after;
+                        text = Cow::Owned(after);
                     }
                 },
             }
@@ -74,10 +73,7 @@ impl ToolCallParser for Hermes {
     fn finish(&mut self) -> ParsedDelta {
         let mut out = ParsedDelta::default();
         match self.body.take() {
-            None => {
-                let rest = self.start.flush();
-                self.emitter.content(&rest, &mut out.content);
-            }
+            None => self.start.finish(&mut self.emitter, &mut out.content),
             Some(mut body) => {
                 body.push_str(&self.end.flush());
                 out.cut = true;

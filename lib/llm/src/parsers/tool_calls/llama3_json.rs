@@ -5,16 +5,16 @@
 
 use super::balance::BracketScanner;
 use super::call_json::name_and_arguments;
+use super::content::ContentUntil;
 use super::emit::CallEmitter;
 use super::{ParsedDelta, ToolCallParser};
-use crate::parsers::marker::{MarkerSearch, Search};
 
 const PYTHON_TAG: &str = "<|python_tag|>";
 
 enum State {
     /// Only whitespace (or part of `<|python_tag|>`) so far.
     Start(String),
-    Content(MarkerSearch),
+    Content(ContentUntil),
     /// Calls may follow: before the first one, or after `;`.
     Between,
     /// Inside a call's JSON object.
@@ -30,7 +30,7 @@ pub(super) struct Llama3Json {
 }
 
 fn content_state() -> State {
-    State::Content(MarkerSearch::new(&[PYTHON_TAG]))
+    State::Content(ContentUntil::new(&[PYTHON_TAG]))
 }
 
 impl Llama3Json {
@@ -66,14 +66,12 @@ impl ToolCallParser for Llama3Json {
                     }
                     text = lead;
                 }
-                State::Content(mut search) => match search.push(&text) {
-                    Search::Pending(safe) => {
-                        self.emitter.content(&safe, &mut out.content);
-                        self.state = State::Content(search);
+                State::Content(mut content) => match content.push(&text, &mut self.emitter, &mut out.content) {
+                    None => {
+                        self.state = State::Content(content);
                         return out;
                     }
-                    Search::Found { before, after, .. } => {
-                        self.emitter.content(&before, &mut out.content);
+                    Some(after) => {
                         self.raw = PYTHON_TAG.to_string();
                         text = after;
                     }
@@ -121,10 +119,7 @@ impl ToolCallParser for Llama3Json {
         let mut out = ParsedDelta::default();
         match std::mem::replace(&mut self.state, content_state()) {
             State::Start(lead) => self.emitter.content(&lead, &mut out.content),
-            State::Content(mut search) => {
-                let rest = search.flush();
-                self.emitter.content(&rest, &mut out.content);
-            }
+            State::Content(mut content) => content.finish(&mut self.emitter, &mut out.content),
             // Blanks or `;` after the last call, or a lone tag: nothing to say.
             State::Between => {}
             State::Object(..) => {

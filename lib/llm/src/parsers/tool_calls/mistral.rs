@@ -7,6 +7,7 @@
 
 use super::balance::BracketScanner;
 use super::call_json::name_and_arguments;
+use super::content::ContentUntil;
 use super::emit::CallEmitter;
 use super::{ParsedDelta, ToolCallParser};
 use crate::parsers::marker::{MarkerSearch, Search};
@@ -20,7 +21,7 @@ const NAME_ENDS: &[&str] = &[ARGS, "{", BOT];
 const MAX_NAME: usize = 256;
 
 enum State {
-    Content(MarkerSearch),
+    Content(ContentUntil),
     /// Just after `[TOOL_CALLS]`: which form follows is not known yet.
     Open,
     /// A JSON list of calls: the scanner and the list's text.
@@ -40,7 +41,7 @@ pub(super) struct Mistral {
 }
 
 fn content_state() -> State {
-    State::Content(MarkerSearch::new(&[BOT]))
+    State::Content(ContentUntil::new(&[BOT]))
 }
 
 impl Mistral {
@@ -94,14 +95,12 @@ impl ToolCallParser for Mistral {
         let mut text = delta.to_string();
         loop {
             match std::mem::replace(&mut self.state, State::Open) {
-                State::Content(mut search) => match search.push(&text) {
-                    Search::Pending(safe) => {
-                        self.emitter.content(&safe, &mut out.content);
-                        self.state = State::Content(search);
+                State::Content(mut content) => match content.push(&text, &mut self.emitter, &mut out.content) {
+                    None => {
+                        self.state = State::Content(content);
                         return out;
                     }
-                    Search::Found { before, after, .. } => {
-                        self.emitter.content(&before, &mut out.content);
+                    Some(after) => {
                         self.raw = BOT.to_string();
                         text = after;
                     }
@@ -217,10 +216,7 @@ impl ToolCallParser for Mistral {
     fn finish(&mut self) -> ParsedDelta {
         let mut out = ParsedDelta::default();
         match std::mem::replace(&mut self.state, content_state()) {
-            State::Content(mut search) => {
-                let rest = search.flush();
-                self.emitter.content(&rest, &mut out.content);
-            }
+            State::Content(mut content) => content.finish(&mut self.emitter, &mut out.content),
             State::Name(mut search, _) => {
                 self.raw.push_str(&search.flush());
                 out.cut = true;

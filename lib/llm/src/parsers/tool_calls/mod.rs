@@ -9,6 +9,7 @@
 
 mod balance;
 mod call_json;
+mod content;
 mod deepseek_v3;
 mod emit;
 mod hermes;
