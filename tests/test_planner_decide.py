@@ -96,6 +96,18 @@ def test_a_backlog_sizes_the_fleet_in_proportion_counting_starting_replicas() ->
     assert calm.action == "hold", calm
 
 
+def test_a_replica_is_added_for_latency_only_after_several_slow_passes_in_a_row() -> None:
+    decider = Decider(config(scale_up_windows=2))
+    fleet = {"agg": RoleState(ready=2)}
+    hot, calm = seen(12.0, 2), seen(6.0, 2)  # 600 ms, 300 ms TTFT
+    # One slow window between calm ones moves nothing; two in a row add one.
+    for obs in (hot, calm, hot):
+        decision = decider.load("agg", fleet, obs)
+        assert decision.action == "hold", decision
+    assert "1 of 2 passes in a row" in decision.reason
+    assert (decider.load("agg", fleet, hot).target) == 3
+
+
 def test_a_draining_backlog_adds_nothing_but_a_growing_one_does() -> None:
     decider = Decider(config(), PerformanceModel(profile()))
     fleet = {"agg": RoleState(ready=4)}  # 20 req/s within the targets by the profile

@@ -118,6 +118,8 @@ class Decider:
         self.floors: dict[str, int] = {name: role.min_replicas for name, role in config.roles.items()}
         #: Each role's consecutive load passes in which one replica fewer fitted.
         self.fits_in_a_row: dict[str, int] = {name: 0 for name in config.roles}
+        #: Each role's consecutive load passes with a quantile over its target.
+        self.over_in_a_row: dict[str, int] = {name: 0 for name in config.roles}
         #: Each role's waiting requests at its last load pass (whether a backlog shrinks).
         self.last_waiting: dict[str, int] = {}
         #: Each role's last two demand forecasts (req/s), the latest last.
@@ -277,8 +279,14 @@ class Decider:
                 role, "load", current, target,
                 f"{why}; {obs.request_rate:.2f} req/s needs {needed} replica(s) by the profile{capped}",
             )
+        self.over_in_a_row[role] = self.over_in_a_row[role] + 1 if over else 0
         if over:
             self.fits_in_a_row[role] = 0
+            if self.over_in_a_row[role] < self.config.scale_up_windows:
+                return Decision(
+                    role, "load", current, current,
+                    f"hold: {over[0]}, {self.over_in_a_row[role]} of {self.config.scale_up_windows} passes in a row",
+                )
             if state.pending:
                 return Decision(role, "load", current, current, f"hold: {over[0]}; {state.pending} replica(s) starting")
             if needed is not None and waited is not None and 0 < obs.waiting < waited:
