@@ -83,7 +83,7 @@ def test_a_backlog_sizes_the_fleet_in_proportion_counting_starting_replicas() ->
     # not one a pass; nothing ended yet, so only the backlog says so.
     step = Observation(request_rate=18.0, isl=ISL, ttft_ms=None, itl_ms=None, waiting=40)
     up = decider.load("agg", {"agg": RoleState(ready=1)}, step)
-    assert (up.action, up.target) == ("up", 4) and "needs 4" in up.reason, up
+    assert (up.action, up.target) == ("up", 4) and "need 4" in up.reason, up
     # Those starting count as capacity: no more while they start, however late the requests.
     late = Observation(request_rate=18.0, isl=ISL, ttft_ms=9000.0, itl_ms=20.0, waiting=60)
     held = decider.load("agg", {"agg": RoleState(ready=1, pending=3)}, late)
@@ -121,8 +121,10 @@ def test_a_draining_backlog_adds_nothing_but_a_growing_one_does() -> None:
     assert (grows.action, grows.target) == ("up", 5), grows
 
 
-def test_no_scale_down_right_after_growing_or_while_the_forecast_rises() -> None:
-    decider = Decider(config(intervals={"load_s": 10, "throughput_s": 30}), PerformanceModel(profile()))
+@pytest.mark.parametrize("with_profile", [True, False])
+def test_no_scale_down_right_after_growing_or_while_the_forecast_rises(with_profile: bool) -> None:
+    model = PerformanceModel(profile()) if with_profile else None
+    decider = Decider(config(intervals={"load_s": 10, "throughput_s": 30}), model)
     fleet = {"agg": RoleState(ready=4)}
     light = seen(6.0, 4)  # three replicas carry it well within the margin
     assert decider.load("agg", {"agg": RoleState(ready=3)}, Observation(18.0, ISL, 900.0, 20.0)).target == 4

@@ -7,8 +7,9 @@
 * The **load loop** (every ``intervals.load_s``) grows in proportion when the rate it
   observed needs more replicas than the role holds (pending ones counted as capacity) by
   the profile's capacity at the targets, and the fleet is over a target or holds a
-  backlog (more waiting requests than ready replicas): to ``ceil(rate / capacity)`` at
-  once, not +1 a pass. Otherwise it adds one replica when an observed quantile is over
+  backlog (more waiting requests than ready replicas): to ``ceil((rate + waiting /
+  throughput_s) / capacity)`` at once (the backlog served within one throughput
+  interval), not +1 a pass. Otherwise it adds one replica when an observed quantile is over
   its target, unless one is starting or (with a profile that says the fleet carries the
   rate) the backlog is already shrinking: the late requests of a backlog keep the
   quantiles over the target while it drains, and more replicas would not drain the
@@ -164,9 +165,9 @@ class Decider:
             pairs = (("request_rate", predicted_rate), ("isl", predicted_isl))
             gone = missing or tuple(name for name, value in pairs if value is None)
             return Decision(role, "throughput", current, current, "hold: no demand forecast", gone)
+        self.forecasts[role] = [*self.forecasts.get(role, [])[-1:], predicted_rate]
         if self.model is None:
             return Decision(role, "throughput", current, current, "hold: no profile (the load loop sizes alone)")
-        self.forecasts[role] = [*self.forecasts.get(role, [])[-1:], predicted_rate]
         capacity = self.model.capacity(predicted_isl, *self._limits(role))
         spec = self.config.roles[role]
         if capacity <= 0:
@@ -216,14 +217,16 @@ class Decider:
         return True, "observed latencies scaled to the smaller fleet stay under the margin"
 
     def _needed(self, role: str, obs: Observation) -> int | None:
-        """Replicas the observed rate needs by the profile's capacity at the targets
-        (``None``: no profile, no rate or no input length to judge by)."""
+        """Replicas the observed rate needs by the profile's capacity at the targets, with
+        the waiting requests served on top within one throughput interval (``None``: no
+        profile, no rate or no input length to judge by)."""
         if self.model is None or obs.isl is None or not obs.request_rate:
             return None
         capacity = self.model.capacity(obs.isl, *self._limits(role))
         if capacity <= 0:
             return self.config.roles[role].max_replicas
-        return math.ceil(obs.request_rate / capacity - 1e-9)
+        demand = obs.request_rate + obs.waiting / self.config.intervals.throughput_s
+        return math.ceil(demand / capacity - 1e-9)
 
     def load(self, role: str, fleet: Mapping[str, RoleState], obs: Observation) -> Decision:
         """The load loop's pass for ``role``: up, -1 or hold."""
@@ -277,7 +280,8 @@ class Decider:
             why = "; ".join(over) or f"{obs.waiting} request(s) waiting"
             return Decision(
                 role, "load", current, target,
-                f"{why}; {obs.request_rate:.2f} req/s needs {needed} replica(s) by the profile{capped}",
+                f"{why}; {obs.request_rate:.2f} req/s and {obs.waiting} waiting need {needed} replica(s) "
+                f"by the profile{capped}",
             )
         self.over_in_a_row[role] = self.over_in_a_row[role] + 1 if over else 0
         if over:
