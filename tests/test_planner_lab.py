@@ -117,3 +117,20 @@ def test_the_best_ratio_of_a_shape() -> None:
     assert best_ratio(STEP_PHASES, 4.0) == pytest.approx(75 / 35, rel=1e-3)
     # The ramp gains more from its long low plateaus than the step.
     assert best_ratio(RAMP_PHASES, 4.0) > best_ratio(STEP_PHASES, 4.0)
+
+
+def test_the_busy_threshold_is_checked_and_reaches_the_fleet(tmp_path: Path, capsys) -> None:
+    # The mechanism (arrivals held at the frontend while every replica is busy) is
+    # tested in lib/llm/src/planner_lab.rs; here, that the flag is checked and used.
+    with pytest.raises(SystemExit):
+        main(["step", "--busy-threshold", "1.5"])
+    assert "--busy-threshold must be in (0, 1]" in capsys.readouterr().err
+    steps = ((20.0, 2.0, 2.0), (40.0, 20.0, 20.0))
+    workload = Workload("step", requests=ramp(0, steps), phases=steps)
+    lab = settings(tmp_path)
+    held = Settings(config=lab.config, startup_s=10.0, warmup_s=5.0, cache_dir=tmp_path, busy_threshold=0.05)
+    [queued], _ = compare(workload, lab, ("planner",), log=quiet)
+    [waited], _ = compare(workload, held, ("planner",), log=quiet)
+    assert waited["requests"] == queued["requests"] and waited["failed_at_scale_down"] == waited["rejected"] == 0
+    # Held at the frontend, the backlog's requests wait there instead of in one engine.
+    assert waited["ttft_p90_ms"] != queued["ttft_p90_ms"], (queued, waited)

@@ -90,8 +90,23 @@ class Workload:
             str(self.trace) if self.trace else None, self.requests, replicas=replicas,
             trace_block_size=settings.trace_block_size, time_scale=self.time_scale,
             startup_s=settings.startup_s, warmup_s=settings.warmup_s, warmup_factor=settings.warmup_factor,
-            seed=settings.seed, engine_args=settings.engine_args,
+            seed=settings.seed, engine_args=settings.engine_args, busy_threshold=settings.busy_threshold,
         )
+
+    def rates(self, interval_s: float) -> list[float]:
+        """Arrivals per second in each ``interval_s`` (time-scaled)."""
+        if self.requests is not None:
+            stamps = [t for t, _, _ in self.requests]
+        else:
+            assert self.trace is not None
+            with self.trace.open() as lines:
+                stamps = [float(json.loads(line)["timestamp"]) for line in lines if line.strip()]
+        counts: list[int] = []
+        for t in stamps:
+            slot = int(t / self.time_scale / 1000.0 // interval_s)
+            counts.extend([0] * (slot + 1 - len(counts)))
+            counts[slot] += 1
+        return [c / interval_s for c in counts]
 
     def shape(self) -> tuple[float, float, float, list[int]]:
         """(duration s, mean input length, mean output length, input lengths)."""
@@ -164,6 +179,9 @@ class Settings:
     cache_dir: Path | None = None
     #: Replicas ``load-only`` and ``planner`` start with (default: ``min_replicas``, at least 1).
     initial_replicas: int | None = None
+    #: The router's busy threshold: arrivals wait at the frontend while every ready
+    #: replica's KV demand is at or over this fraction (``None``: they queue on a replica).
+    busy_threshold: float | None = None
 
     @property
     def ttft_ms(self) -> float:
@@ -402,13 +420,18 @@ def compare(
     rows = [_row(run, settings) for run in runs.values()]
     peak = next((r for r in rows if r["config"] == "static-peak"), None)
     best = None
-    if workload.phases is not None and profile is not None:
-        capacity = PerformanceModel(profile).capacity(RAMP_ISL, settings.ttft_ms, settings.itl_ms)
+    if profile is not None:
+        duration, isl, _, _ = workload.shape()
+        capacity = PerformanceModel(profile).capacity(isl, settings.ttft_ms, settings.itl_ms)
         x = workload.time_scale
-        if capacity > 0:
-            best = best_ratio([(sec / x, r0 * x, r1 * x) for sec, r0, r1 in workload.phases], capacity)
+        if workload.phases is not None:
+            phases = [(sec / x, r0 * x, r1 * x) for sec, r0, r1 in workload.phases]
+        else:  # a trace: its rate per minute
+            phases = [(60.0, r, r) for r in workload.rates(60.0)]
+        if capacity > 0 and phases:
+            best = best_ratio(phases, capacity)
             log(f"best possible vs static-peak on {workload.name}: {best:.2f}x "
-                f"(ceil(rate / {capacity:.2f} req/s) replicas at every instant)")
+                f"(ceil(rate / {capacity:.2f} req/s) replicas at every instant, mean prompt {isl:.0f} tokens)")
     for r in rows:
         base = peak["goodput_per_gpu"] if peak else 0.0
         r["vs_static_peak"] = r["goodput_per_gpu"] / base if base else None
@@ -487,6 +510,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="seed of the ramp and the engines (default 0)")
     parser.add_argument("--limit", type=int, help="replay only the first N requests of the trace")
     parser.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated rows (default: all)")
+    parser.add_argument("--busy-threshold", type=float,
+                        help="the router's busy threshold (0-1]: arrivals wait at the frontend while every ready "
+                        "replica's KV demand is at or over it (default: none, they queue on a replica)")
     parser.add_argument("--engine-args", type=Path, help="JSON file of mocker settings (see docs/mocker.md)")
     parser.add_argument("--json", type=Path, help="write the rows as JSON here")
     parser.add_argument("--plot", type=Path, help="write a PNG of replicas and latency over time here")
@@ -496,6 +522,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         parser.error(f"--configs: choose from {', '.join(CONFIGS)}")
     if args.time_scale <= 0:
         parser.error("--time-scale must be > 0")
+    if args.busy_threshold is not None and not 0 < args.busy_threshold <= 1:
+        parser.error("--busy-threshold must be in (0, 1]")
     if args.limit is not None and args.limit < 1:
         parser.error("--limit must be at least 1")
     return args
@@ -527,6 +555,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
     return Settings(
         config=config, startup_s=args.startup_seconds, warmup_s=args.warmup_seconds, seed=args.seed,
         engine_args=args.engine_args.read_text() if args.engine_args else None, cache_dir=_cache_dir(),
+        busy_threshold=args.busy_threshold,
     )
 
 
