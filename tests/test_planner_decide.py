@@ -108,6 +108,31 @@ def test_a_replica_is_added_for_latency_only_after_several_slow_passes_in_a_row(
     assert (decider.load("agg", fleet, hot).target) == 3
 
 
+def test_no_replica_is_added_for_latency_that_more_replicas_would_not_fix() -> None:
+    decider = Decider(config(), PerformanceModel(profile()))
+    # 4 req/s needs one replica by the profile; a long prompt keeps the p90 TTFT over.
+    slow_prompt = Observation(4.0, ISL, 2000.0, 20.0)
+    assert decider.load("agg", {"agg": RoleState(ready=1)}, slow_prompt).target == 2
+    held = decider.load("agg", {"agg": RoleState(ready=2)}, slow_prompt)
+    assert held.action == "hold" and "would not shorten" in held.reason, held
+
+
+def test_a_window_of_long_prompts_is_sized_at_the_forecast_input_length() -> None:
+    points = [
+        {"isl": isl, "concurrency": c, "ttft_ms": 100.0 * c * isl / ISL, "itl_ms": 10.0 * c,
+         "throughput_rps": float(c) * ISL / isl}
+        for isl in (ISL, 8 * ISL) for c in (1, 2, 4, 8, 16)
+    ]
+    decider = Decider(config(), PerformanceModel(Profile.model_validate({"points": points})))
+    fleet = {"agg": RoleState(ready=2)}
+    # One window whose mean prompt is 8x the usual: by that window alone 10 req/s would
+    # need 16 replicas; by the forecast input length, 2 and 10 waiting -> 3.
+    burst = Observation(10.0, 8.0 * ISL, 9000.0, 20.0, waiting=10)
+    decider.throughput("agg", fleet, 10.0, ISL)
+    decision = decider.load("agg", fleet, burst)
+    assert (decision.action, decision.target) == ("up", 3), decision
+
+
 def test_a_draining_backlog_adds_nothing_but_a_growing_one_does() -> None:
     decider = Decider(config(), PerformanceModel(profile()))
     fleet = {"agg": RoleState(ready=4)}  # 20 req/s within the targets by the profile

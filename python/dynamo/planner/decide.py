@@ -125,6 +125,8 @@ class Decider:
         self.last_waiting: dict[str, int] = {}
         #: Each role's last two demand forecasts (req/s), the latest last.
         self.forecasts: dict[str, list[float]] = {}
+        #: Each role's last input-length forecast (tokens): steadier than one window's mean.
+        self.isl_forecasts: dict[str, float] = {}
         #: Each role's load passes so far, and the pass at which it last grew.
         self.passes: dict[str, int] = {name: 0 for name in config.roles}
         self.grew_at: dict[str, int] = {}
@@ -166,6 +168,7 @@ class Decider:
             gone = missing or tuple(name for name, value in pairs if value is None)
             return Decision(role, "throughput", current, current, "hold: no demand forecast", gone)
         self.forecasts[role] = [*self.forecasts.get(role, [])[-1:], predicted_rate]
+        self.isl_forecasts[role] = predicted_isl
         if self.model is None:
             return Decision(role, "throughput", current, current, "hold: no profile (the load loop sizes alone)")
         capacity = self.model.capacity(predicted_isl, *self._limits(role))
@@ -217,12 +220,14 @@ class Decider:
         return True, "observed latencies scaled to the smaller fleet stay under the margin"
 
     def _needed(self, role: str, obs: Observation) -> int | None:
-        """Replicas the observed rate needs by the profile's capacity at the targets, with
-        the waiting requests served on top within one throughput interval (``None``: no
-        profile, no rate or no input length to judge by)."""
-        if self.model is None or obs.isl is None or not obs.request_rate:
+        """Replicas the observed rate needs by the profile's capacity at the targets (at the
+        throughput loop's input-length forecast once there is one: one window's mean of a
+        heavy-tailed mix swings by several times), with the waiting requests served on top
+        within one throughput interval (``None``: no profile, no rate or no input length)."""
+        isl = self.isl_forecasts.get(role, obs.isl)
+        if self.model is None or isl is None or not obs.request_rate:
             return None
-        capacity = self.model.capacity(obs.isl, *self._limits(role))
+        capacity = self.model.capacity(isl, *self._limits(role))
         if capacity <= 0:
             return self.config.roles[role].max_replicas
         demand = obs.request_rate + obs.waiting / self.config.intervals.throughput_s
@@ -293,6 +298,12 @@ class Decider:
                 )
             if state.pending:
                 return Decision(role, "load", current, current, f"hold: {over[0]}; {state.pending} replica(s) starting")
+            if needed is not None and current >= 2 * needed:
+                return Decision(
+                    role, "load", current, current,
+                    f"hold: {over[0]}, but {current} replica(s) are twice or more what {obs.request_rate:.2f} req/s "
+                    f"needs by the profile ({needed}): more would not shorten a request",
+                )
             if needed is not None and waited is not None and 0 < obs.waiting < waited:
                 return Decision(
                     role, "load", current, current,
