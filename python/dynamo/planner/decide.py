@@ -18,7 +18,8 @@
   ``(1 - scale_down_margin)`` times each target at the observed rate. Never while more
   requests wait in the workers' queues than replicas would remain or the observed
   latencies are already over that line (one replica fewer cannot do better), nor while
-  the throughput loop's forecast rises, nor until more than one throughput interval
+  the throughput loop's forecast rises (unless the observed rate fell under the earlier
+  forecast since), nor until more than one throughput interval
   after the role grew (unless demand is gone). Between that line and the target nothing
   moves: that band is the hysteresis that keeps a constant load from flapping 2↔1.
 
@@ -326,7 +327,8 @@ class Decider:
         if why != "no demand":
             cooling, forecasts = self._cooling(role), self.forecasts.get(role, [])
             late = f"the role grew {cooling} pass(es) too recently" if cooling else ""
-            if len(forecasts) == 2 and forecasts[1] > forecasts[0]:
+            # Rising, and the load has not fallen back under the earlier forecast since.
+            if len(forecasts) == 2 and forecasts[1] > forecasts[0] and (obs.request_rate or 0.0) >= forecasts[0]:
                 late = f"the forecast rises ({forecasts[0]:.2f} -> {forecasts[1]:.2f} req/s)"
             if late:
                 self.fits_in_a_row[role] = 0
