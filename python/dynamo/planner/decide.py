@@ -9,11 +9,12 @@
   the profile's capacity at the targets, and the fleet is over a target or holds a
   backlog (more waiting requests than ready replicas): to ``ceil((rate + waiting /
   throughput_s) / capacity)`` at once (the backlog served within one throughput
-  interval), not +1 a pass. Otherwise it adds one replica when an observed quantile is over
-  its target, unless one is starting or (with a profile that says the fleet carries the
-  rate) the backlog is already shrinking: the late requests of a backlog keep the
-  quantiles over the target while it drains, and more replicas would not drain the
-  queues the old ones hold.
+  interval), not +1 a pass. Otherwise it adds one replica when an observed quantile is
+  over its target, unless one is starting, or (with a profile) the fleet is already twice
+  what the rate needs (the latency is a long request's own: more replicas do not shorten
+  it), or the profile says the fleet carries the rate and the backlog is already
+  shrinking: the late requests of a backlog keep the quantiles over the target while it
+  drains, and more replicas would not drain the queues the old ones hold.
 * It removes one only when the fleet with one replica fewer is predicted to stay under
   ``(1 - scale_down_margin)`` times each target at the observed rate. Never while more
   requests wait in the workers' queues than replicas would remain or the observed
