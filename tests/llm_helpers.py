@@ -11,6 +11,7 @@ import asyncio
 import http.client
 import json
 import os
+import signal
 import sys
 import urllib.error
 import urllib.request
@@ -282,3 +283,28 @@ def planner_health(port: int) -> dict[str, Any]:
             return json.loads(response.read())
     except urllib.error.HTTPError as e:
         return json.loads(e.read())
+
+
+class Planner:
+    """A `python -m dynamo.planner --config CONFIG` process on a free health port."""
+
+    def __init__(self, pool: WorkerPool, config: Path):
+        self.port = free_port()
+        argv = [sys.executable, "-m", "dynamo.planner", "--config", str(config), "--port", str(self.port)]
+        self.process = pool.command(argv, name="planner")
+
+    def health(self) -> dict[str, Any]:
+        return planner_health(self.port)
+
+    def fleet(self, role: str = "agg") -> dict[str, int]:
+        """The role's `{"ready": n, "pending": m}` as the planner sees it."""
+        return self.health().get("fleet", {}).get(role, {})
+
+    def describe(self) -> str:
+        """Its health and its output, for a failure message."""
+        return f"planner health: {json.dumps(self.health())[:3000]}\n{self.process.describe()}"
+
+    async def stop(self) -> None:
+        """SIGTERM: it drains its workers and exits 0."""
+        self.process.send_signal(signal.SIGTERM)
+        assert await self.process.wait_exit(40) == 0, self.process.describe()

@@ -295,4 +295,8 @@ def test_the_proposals_deployment_class_renders_like_a_service(tmp_path):
         "requests": {"cpu": "10", "memory": "20Gi"}, "limits": {"cpu": "10", "memory": "20Gi", "nvidia.com/gpu": 2},
     }
     assert decode["metadata"]["labels"]["dynamo.ai/service"] == "sgldecode"
+    # It declares no `endpoints`: it may register none, so readiness is "it runs" (as
+    # `dynamo serve` treats it); a @service is ready once its endpoints are registered.
+    assert container(decode)["readinessProbe"]["httpGet"] == {"path": "/live", "port": "system"}
+    assert container(service_a)["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "system"}
     validate_all(objects)

@@ -6,15 +6,13 @@ removal drains), and the planner's SIGTERM drains the rest. No request may fail.
 from __future__ import annotations
 
 import json
-import signal
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from faults.load import Load
 from helpers import free_port, wait_until
-from llm_helpers import DYNAMO_RUN, MOCKER, Frontend, planner_health, write_json
+from llm_helpers import DYNAMO_RUN, MOCKER, Frontend, Planner, write_json
 
 #: Two sequences at a time and 20 ms steps: a 24-token request holds a slot ~0.5 s, so
 #: eight clients queue on one worker (TTFT well over 500 ms) and not on four.
@@ -43,22 +41,15 @@ async def test_scales_up_under_a_load_step_and_back_down_losing_nothing(
 ) -> None:
     endpoint = f"{namespace}.mocker.generate"
     settings = write_json(tmp_path / "mocker.json", MOCKER_SETTINGS)
-    port, planner_port = free_port(), free_port()
+    port = free_port()
     frontend = Frontend(
         workers.command([*DYNAMO_RUN, "in=http", "out=dyn", "--http-port", str(port), "--http-host", "127.0.0.1"],
                         name="frontend"),
         port,
     )
     config = planner_yaml(tmp_path / "planner.yaml", model_dir.name, port, endpoint, settings, model_dir)
-    planner = workers.command(
-        [sys.executable, "-m", "dynamo.planner", "--config", str(config), "--port", str(planner_port)], name="planner"
-    )
-
-    def fleet() -> dict[str, int]:
-        return planner_health(planner_port).get("fleet", {}).get("agg", {})
-
-    def describe() -> str:
-        return f"planner health: {json.dumps(planner_health(planner_port))[:3000]}\n{planner.describe()}"
+    planner = Planner(workers, config)
+    fleet, describe = planner.fleet, planner.describe
 
     await frontend.wait_live()
     # The planner starts the minimum (one worker) by itself.
@@ -80,11 +71,10 @@ async def test_scales_up_under_a_load_step_and_back_down_losing_nothing(
     bad = [o for o in outcomes if o.kind != "ok"]
     assert not bad, f"{len(bad)} of {len(outcomes)} requests failed: {[o.detail for o in bad[:5]]}"
     assert len(light.outcomes) > 0
-    decisions = planner_health(planner_port)["decisions"]
+    decisions = planner.health()["decisions"]
     downs = [d for d in decisions if d["action"] == "down" and d["done"]]
     assert downs, decisions
 
     # SIGTERM: the planner drains its workers and exits 0.
-    planner.send_signal(signal.SIGTERM)
-    assert await planner.wait_exit(40) == 0, planner.describe()
+    await planner.stop()
     await frontend.wait_status("/health", 503, timeout=30)

@@ -1,11 +1,14 @@
 """`/v1/responses` (docs/responses.md) through the official `openai` client: whole and
 streamed responses, the stream helper, `max_output_tokens`, the store (retrieve, delete,
-`previous_response_id`), background responses and cancel, bad input; and the discovery
-store shared by two frontends on etcd + NATS.
+`previous_response_id`, input items), background responses and cancel, function tools
+and the tool loop, bad input; and the discovery store shared by two frontends on
+etcd + NATS.
 
 The local frontend runs `echo_core` with the byte-level card: it echoes the templated
 prompt (`<|system|>\\n…\\n<|user|>\\n…\\n<|assistant|>\\n`), so an answer shows exactly
-which conversation the frontend built."""
+which conversation the frontend built. It is registered with the `hermes` tool-call
+parser: an input that holds `<tool_call>…</tool_call>` markup is echoed back, and the
+markup comes out as a call (output is parsed only when the request offers tools)."""
 
 from __future__ import annotations
 
@@ -29,10 +32,11 @@ BACKGROUND_TIMEOUT = 30.0
 
 @pytest.fixture(scope="module")
 def frontend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Frontend]:
-    """`in=http out=echo_core` serving `bytes`, one token per byte every millisecond."""
+    """`in=http out=echo_core` serving `bytes`, one token per byte every millisecond,
+    with the `hermes` tool-call parser."""
     pool = WorkerPool(local_env(DYN_TOKEN_ECHO_DELAY_MS="1"), tmp_path_factory.mktemp("responses-logs"))
     try:
-        frontend = launch_frontend(pool, "echo_core", "--model-name", MODEL)
+        frontend = launch_frontend(pool, "echo_core", "--model-name", MODEL, "--tool-call-parser", "hermes")
         frontend.wait_live_blocking()
         yield frontend
     finally:
@@ -247,6 +251,130 @@ def test_background_stream_and_replay_after_a_sequence_number(frontend: Frontend
         list(c.responses.retrieve(c.responses.create(model=MODEL, input="x").id, stream=True))
 
 
+# --------------------------------------------------------------------------- function tools
+
+WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city.", "strict": True,
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+                          "additionalProperties": False}}
+CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Bern"}}</tool_call>'
+QUESTION = f"weather?{CALL}"
+#: The echo of QUESTION, split by the parser: the text before the call, the text after
+#: (the chat output stage trims the whitespace that ends an answer with calls).
+BEFORE, AFTER = "<|user|>\nweather?", "\n<|assistant|>"
+
+
+def assert_call(item: Any) -> None:
+    assert item.type == "function_call" and item.status == "completed"
+    assert item.id.startswith("fc_") and item.call_id.startswith("call_")
+    assert item.name == "get_weather" and json.loads(item.arguments) == {"city": "Bern"}
+
+
+def test_function_tools_give_function_call_items(frontend: Frontend) -> None:
+    response = client(frontend).responses.create(model=MODEL, input=QUESTION, tools=[WEATHER])  # type: ignore[list-item]
+    assert response.status == "completed"
+    assert [item.type for item in response.output] == ["message", "function_call", "message"]
+    assert response.output_text == BEFORE + AFTER
+    assert_call(response.output[1])
+    assert response.tools[0].name == "get_weather"  # type: ignore[union-attr]
+    assert response.tool_choice == "auto" and response.parallel_tool_calls is True
+    # Without tools the markup is text, as the model wrote it.
+    plain = client(frontend).responses.create(model=MODEL, input=QUESTION)
+    assert plain.output_text == prompt(("user", QUESTION)) and len(plain.output) == 1
+    none = client(frontend).responses.create(model=MODEL, input=QUESTION, tools=[WEATHER],  # type: ignore[list-item]
+                                             tool_choice="none")
+    assert none.output_text == prompt(("user", QUESTION)) and none.tool_choice == "none"
+
+
+def test_a_streamed_call_has_the_official_events(frontend: Frontend) -> None:
+    events = list(client(frontend).responses.create(model=MODEL, input=QUESTION, tools=[WEATHER],  # type: ignore[list-item]
+                                                    stream=True))
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    types = [e.type for e in events]
+    start = types.index("response.function_call_arguments.delta") - 1
+    assert types[start - 1:start + 4] == [
+        "response.output_item.done", "response.output_item.added", "response.function_call_arguments.delta",
+        "response.function_call_arguments.done", "response.output_item.done",
+    ]
+    added, delta, done, item_done = events[start:start + 4]
+    assert added.item.type == "function_call" and added.item.status == "in_progress" and added.item.arguments == ""
+    assert delta.item_id == done.item_id == added.item.id == item_done.item.id
+    assert delta.output_index == done.output_index == 1
+    assert json.loads(done.arguments) == {"city": "Bern"}
+    assert_call(item_done.item)
+    final = events[-1].response
+    assert events[-1].type == "response.completed"
+    assert final.output[1].model_dump() == item_done.item.model_dump()
+    assert final.output_text == BEFORE + AFTER
+
+
+def test_the_openai_client_runs_a_two_turn_tool_loop(frontend: Frontend) -> None:
+    c = client(frontend)
+    first = c.responses.create(model=MODEL, input=QUESTION, tools=[WEATHER])  # type: ignore[list-item]
+    call = first.output[1]
+    result = {"type": "function_call_output", "call_id": call.call_id, "output": "18 degrees"}  # type: ignore[union-attr]
+    # The history the template gets: the question, the assistant turn (its text and
+    # call are one message; this template writes the text only), the tool's result.
+    expected = prompt(("user", QUESTION), ("assistant", BEFORE), ("assistant", AFTER), ("tool", "18 degrees"))
+    # Turn two through the store ...
+    second = c.responses.create(model=MODEL, input=[result], previous_response_id=first.id,  # type: ignore[list-item]
+                                tools=[WEATHER], tool_choice="none")  # type: ignore[list-item]
+    assert second.output_text == expected
+    # ... and with the whole history sent back, the way the client's docs loop does it.
+    history: list[Any] = [{"role": "user", "content": QUESTION}, *first.output, result]
+    again = c.responses.create(model=MODEL, input=history, tools=[WEATHER], tool_choice="none")  # type: ignore[list-item]
+    assert again.output_text == expected
+    items = c.responses.input_items.list(again.id, order="asc")
+    assert [i.type for i in items.data] == ["message", "message", "function_call", "message", "function_call_output"]
+
+
+def test_input_items_are_listed_in_pages(frontend: Frontend) -> None:
+    c = client(frontend)
+    turns = [{"role": "user", "content": f"turn {i}"} for i in range(5)]
+    response = c.responses.create(model=MODEL, input=turns)  # type: ignore[arg-type]
+    newest_first = c.responses.input_items.list(response.id)
+    assert [i.content[0].text for i in newest_first.data] == [f"turn {i}" for i in range(4, -1, -1)]  # type: ignore[union-attr]
+    assert newest_first.has_more is False
+    assert newest_first.first_id == newest_first.data[0].id and newest_first.last_id == newest_first.data[-1].id
+    page = c.responses.input_items.list(response.id, order="asc", limit=2)
+    assert [i.content[0].text for i in page.data] == ["turn 0", "turn 1"]  # type: ignore[union-attr]
+    assert page.has_more is True
+    rest = c.responses.input_items.list(response.id, order="asc", limit=2, after=page.last_id)  # type: ignore[arg-type]
+    assert [i.content[0].text for i in rest.data] == ["turn 2", "turn 3"]  # type: ignore[union-attr]
+    # The client's auto-pagination follows has_more and last_id.
+    every = c.responses.input_items.list(response.id, order="asc", limit=2)
+    assert [i.content[0].text for i in every] == [f"turn {i}" for i in range(5)]  # type: ignore[union-attr]
+    text = c.responses.input_items.list(c.responses.create(model=MODEL, input="plain").id)
+    assert text.data[0].type == "message" and text.data[0].role == "user"  # type: ignore[union-attr]
+    assert text.data[0].content[0].type == "input_text"  # type: ignore[union-attr]
+    with pytest.raises(openai.NotFoundError):
+        c.responses.input_items.list("resp_unknown")
+    with pytest.raises(openai.BadRequestError) as e:
+        c.responses.input_items.list(response.id, limit=101)
+    assert e.value.body["param"] == "limit"
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"tools": [{"type": "function", "description": "no name"}]}, "tools[0].name"),
+        ({"tools": [{"type": "function", "name": "f", "parameters": "object"}]}, "tools[0].parameters"),
+        ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
+        ({"tools": [WEATHER], "tool_choice": {"type": "function", "name": "other"}}, "tool_choice.name"),
+        ({"tools": [WEATHER], "tool_choice": {"type": "file_search"}}, "tool_choice.type"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"input": [{"type": "function_call_output", "output": "x"}]}, "input[0].call_id"),
+        ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0].type"),
+        ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]},
+         "input[0].content[0].type"),
+    ],
+)
+def test_bad_tools_and_items_are_a_400_naming_the_field(frontend: Frontend, fields: dict[str, Any], param: str) -> None:
+    body = json.dumps({"model": MODEL, "input": "hi", **fields}).encode()
+    raw = http_request(frontend.port, "POST", "/v1/responses", body, {"Content-Type": "application/json"})
+    assert raw.status == 400, raw.body
+    assert raw.json()["error"]["param"] == param, raw.body
+
+
 # --------------------------------------------------------------------------- bad input
 
 
@@ -260,10 +388,7 @@ def test_bad_input_is_a_clear_4xx(frontend: Frontend) -> None:
     with pytest.raises(openai.BadRequestError) as e:
         c.responses.create(model=MODEL, input=image)
     assert e.value.body["param"] == "input[0].content[0].type"
-    tools = [{"type": "function", "name": "f", "parameters": {"type": "object", "properties": {}}}]
-    with pytest.raises(openai.BadRequestError) as e:
-        c.responses.create(model=MODEL, input="x", tools=tools)
-    assert e.value.body["param"] == "tools"
+    assert "text input only" in e.value.body["message"]
     with pytest.raises(openai.BadRequestError) as e:
         c.responses.create(model=MODEL, input="x", temperature=7)
     assert "temperature" in e.value.body["message"]
@@ -337,3 +462,26 @@ async def test_discovery_store_is_shared_by_frontends(
     finally:
         a.close()
         b.close()
+
+
+@pytest.mark.parametrize("backend", ["etcd_nats"], indirect=True)
+async def test_discovery_store_keeps_at_most_responses_max(
+    backend: Any, workers: WorkerPool, namespace: str, model_dir: Path
+) -> None:
+    start_mocker(workers, f"{namespace}.mocker.generate", model_dir)
+    frontend = await start_frontend(workers, "dyn", "--responses-store", "discovery", "--responses-max", "3")
+    await frontend.wait_models([model_dir.name])
+    c = client(frontend)
+    try:
+        ids = []
+        for i in range(5):
+            # A new creation second each, and past the store's once-a-second check.
+            ids.append(c.responses.create(model=model_dir.name, input=f"w{i}", max_output_tokens=2).id)
+            time.sleep(1.1)
+        # The fourth and the fifth write each found one too many and evicted the oldest.
+        for gone in ids[:2]:
+            with pytest.raises(openai.NotFoundError):
+                c.responses.retrieve(gone)
+        assert [c.responses.retrieve(kept).id for kept in ids[2:]] == ids[2:]
+    finally:
+        c.close()

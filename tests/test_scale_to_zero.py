@@ -1,34 +1,35 @@
 """Scale to zero in real processes (embedded backend): a frontend with `--keep-models`
 keeps a model listed after its last worker leaves; a request for it waits (bounded) for
 a worker and is served when one comes, or gets 503 + `Retry-After` when the bound passes,
-and each such request is counted as demand. The planner (local connector, min 0,
-`scale_to_zero`) reads that demand, starts a mocker worker, and the waiting request is
-served; with no demand left it goes back to zero workers."""
+and each such request is counted as demand. A kept model is recorded in discovery, so a
+frontend started while the fleet is at zero (a cold frontend) lists it and serves its
+first request the same way. The planner (local connector, min 0, `scale_to_zero`) reads
+that demand, starts a mocker worker, and the waiting request is served; with no demand
+left it goes back to zero workers."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import signal
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import WorkerPool, free_port, wait_until
+from helpers import WorkerPool, wait_until
 from llm_helpers import (
     MOCKER,
     Frontend,
+    Planner,
     Response,
     chat_body,
     launch_frontend,
-    planner_health,
     post_json,
     start_mocker,
 )
 
-pytestmark = [pytest.mark.parametrize("backend", ["embedded"], indirect=True)]
+embedded_only = pytest.mark.parametrize("backend", ["embedded"], indirect=True)
 
 #: Bound on a worker (or a model) appearing, and on the planner's passes.
 BOUND = 60.0
@@ -76,6 +77,7 @@ async def refused_for_no_worker(frontend: Frontend, model: str) -> tuple[Respons
     return last[-1]
 
 
+@embedded_only
 @pytest.mark.timeout(180)
 async def test_a_kept_model_waits_for_a_worker_or_refuses_with_retry_after(
     backend: Any, workers: WorkerPool, namespace: str, model_dir: Path
@@ -107,6 +109,40 @@ async def test_a_kept_model_waits_for_a_worker_or_refuses_with_retry_after(
     assert metric(long, "dynamo_frontend_requests_waiting_for_workers", model) == 0
 
 
+@pytest.mark.timeout(180)
+async def test_a_cold_frontend_lists_a_kept_model_and_serves_its_first_request(
+    backend: Any, workers: WorkerPool, namespace: str, model_dir: Path
+) -> None:
+    """The fleet goes to zero, every frontend restarts: a frontend with `--keep-models`
+    lists the model from its record before any worker registers, and its first request
+    waits (counted as demand) and is served once a worker comes. Without `--keep-models`
+    a frontend does not list it."""
+    endpoint = f"{namespace}.mocker.generate"
+    model = model_dir.name
+    first = await keep_models_frontend(workers, BOUND)
+    await register_then_leave(workers, endpoint, model_dir, first)
+    first.process.send_signal(signal.SIGTERM)
+    assert await first.process.wait_exit(30) == 0, first.process.describe()
+
+    cold = await keep_models_frontend(workers, BOUND)
+    await cold.wait_models([model], timeout=20)  # no worker runs: listed from the record
+    plain = launch_frontend(workers, "dyn", "--http-host", "127.0.0.1")
+    await plain.wait_live()
+    assert plain.models() == [], "a frontend without --keep-models lists only registered models"
+
+    body = chat_body(model, "wake", max_tokens=8)
+    waiting = asyncio.create_task(asyncio.to_thread(post_json, cold.port, "/v1/chat/completions", body, BOUND + 10))
+    await wait_until(lambda: metric(cold, "dynamo_frontend_requests_waiting_for_workers", model) == 1, 20,
+                     "the request to wait for a worker", ignore=(OSError,))
+    assert metric(cold, "dynamo_frontend_requests_without_workers_total", model) == 1
+    start_mocker(workers, endpoint, model_dir, name="worker-after-restart")
+    served = await asyncio.wait_for(waiting, BOUND + 20)
+    assert served.status == 200, served.body[:500]
+    assert json.loads(served.body)["usage"]["completion_tokens"] > 0, served.body[:500]
+    assert metric(cold, "dynamo_frontend_requests_waiting_for_workers", model) == 0
+    await plain.wait_models([model], timeout=BOUND)  # registered now: every frontend lists it
+
+
 def planner_config(path: Path, model_dir: Path, endpoint: str, frontend_port: int) -> Path:
     command = [*MOCKER, "--model-path", str(model_dir), "--endpoint", endpoint]
     config = {
@@ -123,6 +159,7 @@ def planner_config(path: Path, model_dir: Path, endpoint: str, frontend_port: in
     return path
 
 
+@embedded_only
 @pytest.mark.timeout(240)
 async def test_the_planner_starts_a_worker_for_a_request_at_zero_and_returns_to_zero(
     backend: Any, workers: WorkerPool, namespace: str, model_dir: Path, tmp_path: Path
@@ -132,20 +169,11 @@ async def test_the_planner_starts_a_worker_for_a_request_at_zero_and_returns_to_
     frontend = await keep_models_frontend(workers, BOUND)
     await register_then_leave(workers, endpoint, model_dir, frontend)
 
-    planner_port = free_port()
-    config = planner_config(tmp_path / "planner.yaml", model_dir, endpoint, frontend.port)
-    planner = workers.command(
-        [sys.executable, "-m", "dynamo.planner", "--config", str(config), "--port", str(planner_port)], name="planner"
-    )
-
-    def fleet() -> dict[str, int]:
-        return planner_health(planner_port).get("fleet", {}).get("agg", {})
-
-    def describe() -> str:
-        return f"planner health: {json.dumps(planner_health(planner_port))[:3000]}\n{planner.describe()}"
+    planner = Planner(workers, planner_config(tmp_path / "planner.yaml", model_dir, endpoint, frontend.port))
+    fleet, describe = planner.fleet, planner.describe
 
     # At zero with no demand the planner holds: nothing starts.
-    await wait_until(lambda: planner_health(planner_port).get("signals", {}).get("frontend_metrics", {}).get("state")
+    await wait_until(lambda: planner.health().get("signals", {}).get("frontend_metrics", {}).get("state")
                      == "ok", BOUND, describe, interval=0.2, ignore=(OSError, ValueError))
     assert fleet() == {"ready": 0, "pending": 0}, describe()
 
@@ -155,12 +183,11 @@ async def test_the_planner_starts_a_worker_for_a_request_at_zero_and_returns_to_
     response = await asyncio.to_thread(post_json, frontend.port, "/v1/chat/completions", wake, BOUND + 10)
     assert response.status == 200, f"{response.status} {response.body[:500]!r}\n{describe()}"
     assert time.monotonic() - start < BOUND
-    assert "demand at zero replicas: start one" in planner.describe(), describe()  # its log, on stderr
+    assert "demand at zero replicas: start one" in planner.process.describe(), describe()  # its log, on stderr
 
     # No demand left: back to zero, the model still listed.
     await wait_until(lambda: fleet() == {"ready": 0, "pending": 0}, BOUND, describe, interval=0.2,
                      ignore=(OSError, ValueError))
     assert frontend.models() == [model]
 
-    planner.send_signal(signal.SIGTERM)
-    assert await planner.wait_exit(40) == 0, planner.describe()
+    await planner.stop()

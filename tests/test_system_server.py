@@ -10,6 +10,7 @@ import urllib.error
 import urllib.request
 
 from helpers import free_port, request, wait_for_instances, wait_until
+from llm_helpers import launch_frontend
 
 
 async def http_get(url: str) -> tuple[int, str]:
@@ -110,3 +111,20 @@ async def test_ready_before_registration(workers, namespace, backend):
     status, body = await http_get(f"http://127.0.0.1:{port}/ready")
     assert status == 503 and json.loads(body)["status"] == "not_registered", body
     assert (await http_get(f"http://127.0.0.1:{port}/live"))[0] == 200
+
+
+async def test_frontend_system_server_is_ready_once_it_serves(workers, backend):
+    """A frontend registers no endpoint; with DYN_SYSTEM_ENABLED its system server's
+    `/ready` answers 200 once the HTTP service listens (not 503 `not_registered` forever)."""
+    port = free_port()
+    env = backend.with_(DYN_SYSTEM_ENABLED="true", DYN_SYSTEM_HOST="127.0.0.1", DYN_SYSTEM_PORT=str(port))
+    frontend = launch_frontend(workers, "dyn", "--http-host", "127.0.0.1", env=env)
+    await frontend.wait_live()
+    base = f"http://127.0.0.1:{port}"
+
+    async def ready() -> tuple[int, str] | None:
+        answer = await http_get(f"{base}/ready")
+        return answer if answer[0] == 200 else None
+
+    _, body = await wait_until(ready, 10, lambda: f"{base}/ready to answer 200", ignore=(OSError,))
+    assert json.loads(body)["status"] == "ready", body

@@ -3,7 +3,10 @@ and resume"): two mocker workers behind a frontend under load; `POST /drain` to 
 (through `dynamo worker drain`) takes it out of routing while its in-flight streams
 finish: 0 failed requests, it serves nothing new after the call returned, its `/ready`
 says `draining` and `GET /state` goes draining → drained; `POST /resume` brings it back
-into routing; both calls are idempotent."""
+into routing; both calls are idempotent. With a deadline (`--deadline-s`), the streams
+still running at the deadline are ended and the frontend's migration (on by default)
+continues them on the other worker: 0 failed requests, each output byte-identical to an
+uninterrupted run with the same seed."""
 
 from __future__ import annotations
 
@@ -19,13 +22,15 @@ from typing import Any
 import pytest
 from dynamo.sdk.cli import worker as admin
 from helpers import WorkerPool, free_port, wait_for_instances, wait_until
-from llm_helpers import MOCKER, Frontend, chat_body, http_request, post_json, start_frontend, write_json
+from llm_helpers import MOCKER, Frontend, chat_body, http_request, post_json, sse_data, start_frontend, write_json
 
 pytestmark = pytest.mark.timeout(150)
 
 #: A stream of 30 tokens at this speed lasts a second or more: in flight at the drain.
 SLOW_MOCKER = {"speedup_ratio": 0.1}
 MAX_TOKENS = 30
+#: Seconds at this speed: still running at a deadline of half a second.
+LONG_TOKENS = 120
 
 
 def start_worker(workers: WorkerPool, model_dir: Path, endpoint: str, settings: Path, name: str) -> int:
@@ -74,7 +79,7 @@ async def test_drain_under_load_then_resume(workers: WorkerPool, namespace: str,
     for port in (a, b):
         await wait_until(lambda p=port: http_request(p, "GET", "/ready", timeout=2).status == 200, 30, "ready",
                          ignore=(OSError,))
-    assert admin.call(f"127.0.0.1:{a}", "state") == {"state": "serving", "inflight": 0}
+    assert admin.call(f"127.0.0.1:{a}", "state") == {"state": "serving", "inflight": 0, "deadline_in_s": None, "cut": 0}
 
     load = send(frontend, 6)  # round-robin: three on each worker
     await wait_until(lambda: admin.call(f"127.0.0.1:{a}", "state")["inflight"] >= 1, 20, "a stream in flight on A")
@@ -94,7 +99,8 @@ async def test_drain_under_load_then_resume(workers: WorkerPool, namespace: str,
     assert all(b"[DONE]" in r.body for r in answers)
     assert served(a) == served_at_drain, "a request reached the drained worker"
     await wait_until(lambda: admin.call(f"127.0.0.1:{a}", "state")["state"] == "drained", 30, "A drained")
-    assert cli("drain", a) == {"state": "drained", "inflight": 0}, "a second drain changes nothing"
+    assert cli("drain", a) == {"state": "drained", "inflight": 0, "deadline_in_s": None, "cut": 0}, \
+        "a second drain changes nothing"
 
     resumed = cli("resume", a)
     assert resumed["state"] == "serving", resumed
@@ -108,3 +114,64 @@ async def test_drain_under_load_then_resume(workers: WorkerPool, namespace: str,
         return served(a) > served_at_drain
 
     await wait_until(a_serves_again, 20, "A to serve a request again")
+
+
+def completion(max_tokens: int) -> dict[str, Any]:
+    """A seeded streaming completion of `max_tokens` tokens (`ignore_eos`: the mocker may
+    draw the end-of-sequence token); its prompt is words of the test model's vocabulary
+    (w3, w4, …), from which the mocker draws its tokens: the same seed, the same text."""
+    prompt = " ".join(f"w{i}" for i in range(3, 40))
+    return {"model": "m", "prompt": prompt, "stream": True, "max_tokens": max_tokens, "seed": 1234, "ignore_eos": True}
+
+
+def completion_text(body: bytes) -> str:
+    payloads = sse_data(body)
+    assert payloads and payloads[-1] == "[DONE]", payloads[-3:]
+    chunks = [json.loads(p) for p in payloads[:-1]]
+    assert not any("error" in c for c in chunks), [c for c in chunks if "error" in c]
+    return "".join(c["choices"][0].get("text") or "" for c in chunks if c.get("choices"))
+
+
+async def test_drain_deadline_migrates_the_streams_still_running(workers: WorkerPool, namespace: str, model_dir: Path,
+                                                                 tmp_path: Path, runtime: Any) -> None:
+    settings = write_json(tmp_path / "slow.json", SLOW_MOCKER)
+    endpoint = f"{namespace}.mocker.generate"
+    a = start_worker(workers, model_dir, endpoint, settings, "worker-a")
+    b = start_worker(workers, model_dir, endpoint, settings, "worker-b")
+    client = await runtime.namespace(namespace).component("mocker").endpoint("generate").client()
+    await wait_for_instances(client, 2)
+    frontend = await start_frontend(workers, "dyn")  # its defaults: migration on, limit 3
+    await frontend.wait_models(["m"])
+    for port in (a, b):
+        await wait_until(lambda p=port: http_request(p, "GET", "/ready", timeout=2).status == 200, 30, "ready",
+                         ignore=(OSError,))
+    body = completion(LONG_TOKENS)
+    reference = completion_text((await asyncio.to_thread(post_json, frontend.port, "/v1/completions", body, 90)).body)
+    assert reference, "the reference run generated text"
+
+    # Round-robin: two on each worker. Four, so that the default executor (six threads on
+    # two cores) keeps a thread for the polls below.
+    load = [asyncio.ensure_future(asyncio.to_thread(post_json, frontend.port, "/v1/completions", body, 90))
+            for _ in range(4)]
+    await wait_until(lambda: admin.call(f"127.0.0.1:{a}", "state")["inflight"] >= 1, 20, "a stream in flight on A")
+    drained = await asyncio.to_thread(admin.call, f"127.0.0.1:{a}", "drain", deadline_s=0.5)
+    assert drained["state"] == "draining" and drained["inflight"] >= 1, drained
+    assert 0 < drained["deadline_in_s"] <= 0.5, drained
+    served_at_drain = served(a)
+    answers = await asyncio.gather(*load)
+    assert [r.status for r in answers] == [200] * 4, [r.body[:200] for r in answers if r.status != 200]
+    for answer in answers:
+        assert completion_text(answer.body) == reference, "a migrated stream differs from the uninterrupted run"
+    status = admin.call(f"127.0.0.1:{a}", "state")
+    assert status["state"] == "drained" and status["inflight"] == 0 and status["deadline_in_s"] == 0, status
+    assert status["cut"] >= 1, f"no stream was still running at the deadline: {status}"
+    assert served(a) == served_at_drain, "a request reached the drained worker"
+    metrics = frontend.get("/metrics").body.decode()
+    migrated = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                   if line.startswith("dynamo_frontend_migrations_total"))
+    assert migrated >= status["cut"], "each stream ended at the deadline was continued on B"
+    # The operator's command passes a deadline too; a resume drops it.
+    again = cli("drain", a, "--deadline-s", "30")
+    assert again["state"] == "drained" and 29 < again["deadline_in_s"] <= 30, again
+    resumed = cli("resume", a)
+    assert resumed["state"] == "serving" and resumed["deadline_in_s"] is None, resumed

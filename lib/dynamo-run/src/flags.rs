@@ -113,7 +113,8 @@ pub struct Flags {
     #[arg(long = "responses-ttl-s", value_name = "SECONDS", default_value_t = dynamo_llm::http::responses::DEFAULT_RESPONSES_TTL.as_secs_f64(), value_parser = positive_seconds)]
     pub responses_ttl: f64,
 
-    /// Most responses `--responses-store memory` keeps (the oldest go first).
+    /// Most responses the store keeps (the oldest go first; the discovery store checks
+    /// its count at most once a second per frontend).
     #[arg(long, value_name = "N", default_value_t = dynamo_llm::http::responses::DEFAULT_RESPONSES_MAX, value_parser = positive_usize)]
     pub responses_max: usize,
 

@@ -107,6 +107,8 @@ pub struct ModelManager {
     migrations: IntCounterVec,
     /// Demand for models at zero workers (`--keep-models`).
     zero_workers: ZeroWorkerMetrics,
+    /// Bumped each time an engine is added, for whoever waits for one.
+    added: tokio::sync::watch::Sender<u64>,
 }
 
 impl Default for ModelManager {
@@ -116,7 +118,12 @@ impl Default for ModelManager {
             "Requests continued on another worker after theirs failed mid-stream",
         );
         let migrations = IntCounterVec::new(opts, &["model"]).expect("a valid metric definition");
-        ModelManager { models: RwLock::new(BTreeMap::new()), migrations, zero_workers: ZeroWorkerMetrics::default() }
+        ModelManager {
+            models: RwLock::new(BTreeMap::new()),
+            migrations,
+            zero_workers: ZeroWorkerMetrics::default(),
+            added: tokio::sync::watch::Sender::new(0),
+        }
     }
 }
 
@@ -137,7 +144,15 @@ impl ModelManager {
     pub fn add_engine(&self, name: &str, kind: EngineKind, engine: Arc<dyn OpenAIEngine>, ready: Option<ReadyCheck>) {
         let mut models = self.models.write();
         *models.entry(name.to_string()).or_default().slot_mut(kind) = Some(Slot { engine, ready });
+        drop(models);
+        self.added.send_modify(|n| *n += 1);
         tracing::info!(model = name, route = kind.as_str(), "model added");
+    }
+
+    /// Changes each time an engine is added (or replaced): a request waiting for a
+    /// model's engine to be built waits on it.
+    pub fn engine_added(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.added.subscribe()
     }
 
     /// Serve `name` for chat with an engine that is always ready (a static engine).

@@ -168,7 +168,7 @@ impl Endpoint {
         let transport = rt.transport();
         let path = self.id.path();
         let metrics = rt.metrics().endpoint(&self.id.namespace, &self.id.component, &self.id.name);
-        let served = Arc::new(ServedEndpoint { handler, metrics, draining: AtomicBool::new(false) });
+        let served = Arc::new(ServedEndpoint { handler, metrics, draining: AtomicBool::new(false), inflight: Default::default() });
         transport.add_endpoint(&path, served.clone())?;
         let cancel = rt.child_token();
         let instance_id = rt.instance_id();

@@ -6,12 +6,19 @@
 //! Draining deletes each served endpoint's instance key from discovery (routers stop
 //! picking the instance as their watches see the delete) and makes the endpoint refuse
 //! a request that still arrives, as unavailable and before any item, so the caller
-//! resends it to another instance. In-flight streams go on to their end. Resuming writes
-//! the keys again (bound to the process's lease) and takes requests again.
+//! resends it to another instance. In-flight streams go on to their end — or, with a
+//! deadline, until it: then each still running is ended with an `Unavailable` error,
+//! which a frontend's migration continues on another instance. Resuming writes the keys
+//! again (bound to the process's lease), drops a pending deadline and takes requests
+//! again.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
 
+use parking_lot::Mutex;
 use serde::Serialize;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::planes::{Planes, Registration};
@@ -29,19 +36,37 @@ pub enum ServingState {
 }
 
 /// What `POST /drain`, `POST /resume` and `GET /state` answer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct DrainStatus {
     /// Serving, draining or drained.
     pub state: ServingState,
     /// Requests this process's endpoints are serving now.
     pub inflight: u64,
+    /// Seconds until the drain's deadline ends the streams still in flight (0 once it
+    /// passed); `None` without a deadline.
+    pub deadline_in_s: Option<f64>,
+    /// Streams the deadlines of this process's drains ended (for migration elsewhere).
+    pub cut: u64,
 }
 
-/// The drain flag of a process and the lock that orders drains and resumes.
+/// The drain flag of a process, its deadline, and the lock that orders drains and resumes.
 #[derive(Debug, Default)]
 pub(crate) struct DrainGate {
     draining: AtomicBool,
     order: tokio::sync::Mutex<()>,
+    /// When the streams still in flight are ended, if a drain set a deadline.
+    deadline: Mutex<Option<Instant>>,
+    /// The task that ends them at the deadline; aborted by a resume or a new deadline.
+    cutter: Mutex<Option<JoinHandle<()>>>,
+    cut: AtomicU64,
+}
+
+impl Drop for DrainGate {
+    fn drop(&mut self) {
+        if let Some(task) = self.cutter.get_mut().take() {
+            task.abort();
+        }
+    }
 }
 
 impl DrainGate {
@@ -62,6 +87,12 @@ pub(crate) async fn unregister(planes: &Planes, registrations: &[Registration]) 
     }
 }
 
+/// End the streams the endpoints of `registrations` still serve, with an `Unavailable`
+/// error (continued elsewhere by a frontend's migration); how many.
+pub(crate) fn cut(registrations: &[Registration], message: &str) -> u64 {
+    registrations.iter().map(|r| r.endpoint.inflight.cut(message) as u64).sum()
+}
+
 /// Requests the endpoints of `registrations` are serving now.
 pub(crate) fn inflight(registrations: &[Registration]) -> u64 {
     registrations.iter().map(|r| r.endpoint.metrics.inflight()).sum()
@@ -69,9 +100,11 @@ pub(crate) fn inflight(registrations: &[Registration]) -> u64 {
 
 impl Planes {
     /// Stop taking new requests without exiting: this process's instances leave
-    /// discovery, `/ready` answers 503 (`draining`), in-flight streams go on to their end.
-    /// Idempotent; answers the progress (the count still in flight).
-    pub async fn drain(&self) -> Result<DrainStatus> {
+    /// discovery, `/ready` answers 503 (`draining`), in-flight streams go on to their end
+    /// or, with `deadline`, until it passes: those still running then end with an
+    /// `Unavailable` error, for the caller to continue elsewhere. Idempotent; a later
+    /// call's deadline replaces the pending one. Answers the progress.
+    pub async fn drain(&self, deadline: Option<Duration>) -> Result<DrainStatus> {
         let gate = self.drain_gate();
         let _order = gate.order.lock().await;
         if self.is_shutting_down() {
@@ -80,7 +113,22 @@ impl Planes {
         if !gate.draining.swap(true, Ordering::AcqRel) {
             let registrations = self.registrations();
             unregister(self, &registrations).await;
-            tracing::info!(endpoints = registrations.len(), inflight = inflight(&registrations), "draining (operator)");
+            tracing::info!(endpoints = registrations.len(), inflight = inflight(&registrations), ?deadline, "draining (operator)");
+        }
+        if let Some(after) = deadline {
+            let at = Instant::now() + after;
+            *gate.deadline.lock() = Some(at);
+            let planes = self.clone();
+            let task = tokio::spawn(async move {
+                tokio::time::sleep_until(at).await;
+                let registrations = planes.registrations();
+                let ended = cut(&registrations, "the instance is drained: its drain deadline passed");
+                planes.drain_gate().cut.fetch_add(ended, Ordering::AcqRel);
+                tracing::info!(ended, "drain deadline: ended the streams still in flight");
+            });
+            if let Some(previous) = gate.cutter.lock().replace(task) {
+                previous.abort();
+            }
         }
         Ok(self.drain_status())
     }
@@ -101,6 +149,10 @@ impl Planes {
                 r.endpoint.draining.store(false, Ordering::Release);
             }
             gate.draining.store(false, Ordering::Release);
+            if let Some(task) = gate.cutter.lock().take() {
+                task.abort();
+            }
+            *gate.deadline.lock() = None;
             tracing::info!(endpoints = registrations.len(), "serving again (operator resume)");
         }
         Ok(self.drain_status())
@@ -116,6 +168,8 @@ impl Planes {
         } else {
             ServingState::Drained
         };
-        DrainStatus { state, inflight }
+        let gate = self.drain_gate();
+        let deadline_in_s = gate.deadline.lock().map(|at| at.saturating_duration_since(Instant::now()).as_secs_f64());
+        DrainStatus { state, inflight, deadline_in_s, cut: gate.cut.load(Ordering::Acquire) }
     }
 }

@@ -75,9 +75,30 @@ async fn metrics(State(rt): State<Planes>) -> impl IntoResponse {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], rt.metrics().render())
 }
 
-/// `POST /drain`: leave routing, keep serving what is in flight; answers the progress.
-async fn drain(State(rt): State<Planes>) -> impl IntoResponse {
-    admin_answer(rt.drain().await)
+/// `POST /drain`: leave routing, keep serving what is in flight (with `{"deadline_s":
+/// N}`, for at most N seconds); answers the progress. A body that is not such an object
+/// is a 400.
+async fn drain(State(rt): State<Planes>, body: axum::body::Bytes) -> impl IntoResponse {
+    match drain_deadline(&body) {
+        Ok(deadline) => admin_answer(rt.drain(deadline).await),
+        Err(message) => (StatusCode::BAD_REQUEST, Json(serde_json::json!({"error": message}))),
+    }
+}
+
+/// The deadline of a `POST /drain` body: none when empty or without `deadline_s`.
+fn drain_deadline(body: &[u8]) -> std::result::Result<Option<std::time::Duration>, String> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(None);
+    }
+    let value: serde_json::Value = serde_json::from_slice(body).map_err(|e| format!("the body is not JSON: {e}"))?;
+    let Some(fields) = value.as_object() else { return Err("the body must be a JSON object".to_string()) };
+    match fields.get("deadline_s") {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(n) => match n.as_f64() {
+            Some(s) if s.is_finite() && s >= 0.0 => Ok(Some(std::time::Duration::from_secs_f64(s))),
+            _ => Err(format!("deadline_s must be a number of seconds, 0 or more, got {n}")),
+        },
+    }
 }
 
 /// `POST /resume`: back in routing after a drain.
@@ -97,5 +118,23 @@ fn admin_answer(result: Result<crate::drain::DrainStatus>) -> (StatusCode, Json<
             (StatusCode::CONFLICT, Json(serde_json::json!({"state": "shutting_down", "error": e.to_string()})))
         }
         Err(e) => (StatusCode::SERVICE_UNAVAILABLE, Json(serde_json::json!({"error": e.to_string()}))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_drain_body_is_empty_or_names_a_deadline() {
+        assert_eq!(drain_deadline(b""), Ok(None));
+        assert_eq!(drain_deadline(b" \n"), Ok(None));
+        assert_eq!(drain_deadline(b"{}"), Ok(None));
+        assert_eq!(drain_deadline(br#"{"deadline_s": null}"#), Ok(None));
+        assert_eq!(drain_deadline(br#"{"deadline_s": 2.5}"#), Ok(Some(std::time::Duration::from_millis(2500))));
+        assert_eq!(drain_deadline(br#"{"deadline_s": 0}"#), Ok(Some(std::time::Duration::ZERO)));
+        for bad in [&br#"{"deadline_s": -1}"#[..], br#"{"deadline_s": "5"}"#, b"[1]", b"{not json"] {
+            assert!(drain_deadline(bad).is_err(), "{}", String::from_utf8_lossy(bad));
+        }
     }
 }

@@ -169,6 +169,53 @@ async fn events_on_the_embedded_plane() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_deadline_ends_the_streams_still_in_flight_as_unavailable() {
+    use dynamo_runtime::ServingState;
+    let store = Arc::new(MemStore::default());
+    let worker = runtime(&store).await;
+    serve_counter(&worker).await;
+    let caller = runtime(&store).await;
+    let client = caller.namespace("t").unwrap().component("counter").unwrap().endpoint("generate").unwrap().client().await.unwrap();
+    client.wait_for_instances(Some(Duration::from_secs(5))).await.unwrap();
+
+    // 20,000 items at 1 ms or more each: far past the deadline.
+    let mut stream = client.round_robin(Bytes::from_static(b"20000")).await.unwrap();
+    stream.next().await.unwrap().unwrap();
+    let status = worker.planes().drain(Some(Duration::from_millis(300))).await.unwrap();
+    assert_eq!((status.state, status.inflight, status.cut), (ServingState::Draining, 1, 0));
+    assert!(status.deadline_in_s.is_some_and(|s| s > 0.0 && s <= 0.3), "{status:?}");
+    let mut items = 1;
+    let error = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match stream.next().await {
+                Some(Ok(_)) => items += 1,
+                Some(Err(e)) => return e,
+                None => panic!("the stream ended without the deadline's error"),
+            }
+        }
+    })
+    .await
+    .expect("the deadline ended the stream");
+    assert_eq!(error.kind(), ErrorKind::Unavailable, "{error}");
+    assert!(items < 20_000, "cut before its end");
+    poll::wait_until("drained", Duration::from_secs(5), || worker.planes().drain_status().state == ServingState::Drained).await;
+    let status = worker.planes().drain_status();
+    assert_eq!((status.inflight, status.cut, status.deadline_in_s), (0, 1, Some(0.0)));
+    // A resume drops the deadline; the worker serves whole streams again.
+    assert_eq!(worker.planes().resume().await.unwrap().deadline_in_s, None);
+    poll::wait_until("the instance is back in discovery", Duration::from_secs(5), || client.instance_ids().len() == 1).await;
+    let mut again = client.round_robin(Bytes::from_static(b"3")).await.unwrap();
+    let mut n = 0;
+    while let Some(item) = again.next().await {
+        item.unwrap();
+        n += 1;
+    }
+    assert_eq!(n, 3);
+    worker.shutdown().await;
+    caller.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drain_takes_the_instance_out_of_routing_and_resume_brings_it_back() {
     use dynamo_runtime::{NotReady, ServingState};
     let store = Arc::new(MemStore::default());
@@ -183,11 +230,11 @@ async fn drain_takes_the_instance_out_of_routing_and_resume_brings_it_back() {
     // begins, and finishes.
     let mut stream = client.round_robin(Bytes::from_static(b"10500")).await.unwrap();
     stream.next().await.unwrap().unwrap();
-    let status = worker.planes().drain().await.unwrap();
+    let status = worker.planes().drain(None).await.unwrap();
     assert_eq!(status.state, ServingState::Draining);
     assert_eq!(status.inflight, 1);
     assert_eq!(worker.planes().readiness(), Err(NotReady::Draining));
-    assert_eq!(worker.planes().drain().await.unwrap().state, ServingState::Draining, "idempotent");
+    assert_eq!(worker.planes().drain(None).await.unwrap().state, ServingState::Draining, "idempotent");
     poll::wait_until("the instance left discovery", Duration::from_secs(5), || client.instance_ids().is_empty()).await;
     let mut items = 1;
     while let Some(item) = stream.next().await {

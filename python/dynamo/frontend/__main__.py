@@ -56,7 +56,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     responses.add_argument("--responses-store", choices=("memory", "discovery"),
                            help="keep responses in this process (default) or in discovery, shared by the frontends")
     responses.add_argument("--responses-ttl-s", type=float, help="seconds a stored response is kept (default 3600)")
-    responses.add_argument("--responses-max", type=int, help="most responses kept in memory (default 10000)")
+    responses.add_argument("--responses-max", type=int, help="most responses kept (default 10000; the oldest go first)")
     streams = parser.add_argument_group("resumable streams (X-Dynamo-Resumable: true; docs/reliability.md)")
     streams.add_argument("--stream-grace-s", type=float,
                          help="seconds a stream goes on after its last reader left (default 60)")

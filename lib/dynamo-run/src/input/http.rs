@@ -34,7 +34,7 @@ async fn serve(config: &RunConfig, models: &Models, cancel: CancellationToken) -
     let responses = &config.responses;
     let store = match models.runtime() {
         Some(runtime) if responses.in_discovery => {
-            responses::discovery_store(runtime.planes().discovery().clone(), responses.ttl)
+            responses::discovery_store(runtime.planes().discovery().clone(), responses.ttl, responses.max)
         }
         _ => responses::memory_store(responses.max, responses.ttl),
     };
@@ -56,6 +56,11 @@ async fn serve(config: &RunConfig, models: &Models, cancel: CancellationToken) -
     }
     let service = builder.build()?;
     let bound = service.bind().await?;
+    if let Some(runtime) = models.runtime() {
+        // A frontend registers no endpoint: it vouches for itself once it listens, so
+        // its system server's `/ready` (DYN_SYSTEM_ENABLED) follows the HTTP service.
+        runtime.set_ready(true);
+    }
     let auth = if config.api_key.is_some() { "; API key required" } else { "" };
     output::status(&format!("serving http on {} ({}{auth})", bound.local_addr(), models.describe()));
     bound.serve(cancel).await?;

@@ -70,10 +70,10 @@ impl ZeroWaitEngine {
 }
 
 /// One request counted in the waiting gauge while it lives (also when its future is dropped).
-struct Waiting(IntGauge);
+pub(super) struct Waiting(IntGauge);
 
 impl Waiting {
-    fn new(gauge: IntGauge) -> Self {
+    pub(super) fn new(gauge: IntGauge) -> Self {
         gauge.inc();
         Waiting(gauge)
     }

@@ -1,10 +1,11 @@
 //! `ModelWatcher`: follows the model entries in discovery and keeps a
 //! [`ModelManager`] in step: the first entry of a model builds its engines, the last
 //! one to go removes them — unless models are kept (`--keep-models`, see
-//! `scale_to_zero`): then a model stays listed with zero workers. A bad entry (malformed JSON, unreachable card, a factory
+//! `scale_to_zero`): then a model stays listed with zero workers, and models recorded as
+//! kept are listed from the start (`kept`). A bad entry (malformed JSON, unreachable card, a factory
 //! that refuses) is logged and skipped; it never stops the watcher.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,6 +23,7 @@ use crate::kv_router::{KvRouter, KvRouterConfig};
 use crate::model_card::ModelKind;
 use crate::model_manager::{EngineKind, ModelManager, ReadyCheck};
 
+use super::kept::{self, ColdEngine};
 use super::scale_to_zero::ZeroWaitEngine;
 
 /// Default bound on fetching a model card.
@@ -46,6 +48,10 @@ pub struct ModelWatcher {
     entries: HashMap<String, ModelEntry>,
     /// The endpoint each route of each model was built from.
     built: HashMap<(String, EngineKind), EndpointId>,
+    /// Kept models listed from their record, waiting for a first worker (`kept`).
+    cold: HashSet<String>,
+    /// Kept models this frontend has recorded in discovery.
+    recorded: HashSet<String>,
 }
 
 impl std::fmt::Debug for ModelWatcher {
@@ -91,6 +97,8 @@ impl ModelWatcher {
             zero_wait: None,
             entries: HashMap::new(),
             built: HashMap::new(),
+            cold: HashSet::new(),
+            recorded: HashSet::new(),
         }
     }
 
@@ -150,6 +158,9 @@ impl ModelWatcher {
         for kv in std::mem::take(&mut watch.initial) {
             self.put(kv).await;
         }
+        if let Some(wait) = self.zero_wait {
+            self.list_kept(wait).await;
+        }
         let task_cancel = cancel.clone();
         let task = tokio::spawn(async move {
             let runtime_cancel = self.runtime.cancel_token();
@@ -192,9 +203,7 @@ impl ModelWatcher {
                 return;
             }
         };
-        let other_endpoint = self.endpoint.as_ref().is_some_and(|wanted| *wanted != entry.endpoint);
-        let other_namespace = self.namespace.as_ref().is_some_and(|wanted| *wanted != entry.endpoint.namespace);
-        if other_endpoint || other_namespace {
+        if !self.wanted(&entry) {
             return;
         }
         if let Some(old) = self.entries.get(&kv.key) {
@@ -208,18 +217,65 @@ impl ModelWatcher {
         self.build(&entry).await;
     }
 
+    /// List each recorded kept model that no worker registers now, with a [`ColdEngine`]
+    /// per route (a cold frontend at zero workers). A discovery error is logged: the
+    /// models then appear when their workers register, as without records.
+    async fn list_kept(&mut self, wait: Duration) {
+        let records = match kept::recorded(self.runtime.discovery().as_ref()).await {
+            Ok(records) => records,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the kept models; they are listed once a worker registers them");
+                return;
+            }
+        };
+        for entry in records {
+            if self.manager.has_model(&entry.name) || !self.wanted(&entry) {
+                continue;
+            }
+            for &route in routes(entry.kind) {
+                let engine = ColdEngine::new(&self.manager, &entry.name, route, wait);
+                self.manager.add_engine(&entry.name, route, Arc::new(engine), Some(Arc::new(|| true)));
+            }
+            tracing::info!(model = entry.name, "kept model listed from its record; waiting for a worker (--keep-models)");
+            self.recorded.insert(entry.name.clone());
+            self.cold.insert(entry.name);
+        }
+    }
+
+    /// Whether this watcher serves `entry` (its endpoint and namespace filters).
+    fn wanted(&self, entry: &ModelEntry) -> bool {
+        let other_endpoint = self.endpoint.as_ref().is_some_and(|wanted| *wanted != entry.endpoint);
+        let other_namespace = self.namespace.as_ref().is_some_and(|wanted| *wanted != entry.endpoint.namespace);
+        !other_endpoint && !other_namespace
+    }
+
+    /// Record a kept model in discovery once (`kept`); a failure is logged: the model
+    /// is still kept here, only a frontend started later would not list it.
+    async fn record_kept(&mut self, entry: &ModelEntry) {
+        if self.zero_wait.is_none() || self.recorded.contains(&entry.name) {
+            return;
+        }
+        match kept::record(self.runtime.discovery().as_ref(), entry).await {
+            Ok(()) => {
+                self.recorded.insert(entry.name.clone());
+            }
+            Err(e) => tracing::warn!(model = entry.name, error = %e, "cannot record the kept model in discovery"),
+        }
+    }
+
     /// Build the routes of `entry`'s model that nobody serves yet (or that a kept model
     /// serves from an endpoint with no entry left, when `entry` names another one).
     async fn build(&mut self, entry: &ModelEntry) {
         let kept_elsewhere = |built: Option<&EndpointId>| {
             built.is_some_and(|ep| *ep != entry.endpoint && !self.entries.values().any(|e| e.name == entry.name && e.endpoint == *ep))
         };
+        let cold = self.cold.contains(&entry.name);
         let missing: Vec<EngineKind> = routes(entry.kind)
             .iter()
             .copied()
             .filter(|r| {
                 let built = self.built.get(&(entry.name.clone(), *r));
-                (built.is_none() && !self.manager.has_engine(&entry.name, *r)) || kept_elsewhere(built)
+                (built.is_none() && (cold || !self.manager.has_engine(&entry.name, *r))) || kept_elsewhere(built)
             })
             .collect();
         if missing.is_empty() {
@@ -231,6 +287,8 @@ impl ModelWatcher {
                     self.manager.add_engine(&entry.name, route, engine.clone(), Some(ready.clone()));
                     self.built.insert((entry.name.clone(), route), entry.endpoint.clone());
                 }
+                self.cold.remove(&entry.name);
+                self.record_kept(entry).await;
             }
             Err(e) => tracing::warn!(model = entry.name, endpoint = %entry.endpoint, error = %e, "cannot serve this model entry; skipping it"),
         }

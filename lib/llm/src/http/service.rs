@@ -328,6 +328,7 @@ impl HttpService {
             .route("/metrics", get(health::metrics))
             .route("/v1/responses/{id}", get(responses::handlers::retrieve).delete(responses::handlers::delete))
             .route("/v1/responses/{id}/cancel", post(responses::handlers::cancel))
+            .route("/v1/responses/{id}/input_items", get(responses::handlers::list_input_items))
             .route("/v1/streams/{request_id}", get(streams::resume_stream).delete(streams::cancel_stream))
             .route("/v1/streams/{request_id}/cancel", post(streams::cancel_stream))
             .merge(generation)

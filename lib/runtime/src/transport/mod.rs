@@ -10,6 +10,7 @@
 
 pub mod connection;
 pub(crate) mod dispatch;
+pub(crate) mod inflight;
 pub mod frame;
 mod keepalive;
 pub(crate) mod link;

@@ -7,6 +7,7 @@ use bytes::Bytes;
 
 use super::connection::TrySendError;
 use super::frame::{Frame, FrameKind};
+use super::inflight::InflightEntry;
 use super::link::Link;
 use crate::context::RequestContext;
 use crate::error::{ErrorKind, Result};
@@ -58,12 +59,20 @@ pub struct Responder {
     metrics: Arc<EndpointMetrics>,
     started: Instant,
     done: bool,
+    /// In the endpoint's set of streams in flight until dropped.
+    _inflight: InflightEntry,
 }
 
 impl Responder {
-    pub(crate) fn new(conn: Arc<Link>, stream: u64, context: RequestContext, metrics: Arc<EndpointMetrics>) -> Self {
+    pub(crate) fn new(
+        conn: Arc<Link>,
+        stream: u64,
+        context: RequestContext,
+        metrics: Arc<EndpointMetrics>,
+        inflight: InflightEntry,
+    ) -> Self {
         metrics.request_started();
-        Responder { conn, stream, context, metrics, started: Instant::now(), done: false }
+        Responder { conn, stream, context, metrics, started: Instant::now(), done: false, _inflight: inflight }
     }
 
     /// The request's context.
@@ -98,10 +107,13 @@ impl Responder {
         let _ = self.conn.send_ready().await;
     }
 
-    /// End the stream normally.
+    /// End the stream normally (unless it was killed: the caller is gone, or a drain's
+    /// deadline ended it with an error already).
     pub fn finish(mut self) {
         self.done = true;
-        self.conn.send_reliably(Frame::control(FrameKind::End, self.stream));
+        if !self.context.is_killed() {
+            self.conn.send_reliably(Frame::control(FrameKind::End, self.stream));
+        }
     }
 
     /// End the stream with an error the caller will see with `kind` and `message`.

@@ -10,6 +10,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use super::frame::{Frame, FrameKind};
+use super::inflight::InflightStreams;
 use super::link::Link;
 use super::responder::{IncomingRequest, RequestHandler, Responder};
 use super::{RequestHeader, Transport};
@@ -22,6 +23,8 @@ pub(crate) struct ServedEndpoint {
     pub handler: Arc<dyn RequestHandler>,
     pub metrics: Arc<EndpointMetrics>,
     pub draining: AtomicBool,
+    /// The streams in flight, for a drain's deadline to end.
+    pub inflight: Arc<InflightStreams>,
 }
 
 /// Accept connections on `listener` until `cancel` fires; each one gets its reader and
@@ -81,7 +84,8 @@ impl Transport {
         if conn.add_running(stream, context.clone()).is_err() {
             return;
         }
-        let responder = Responder::new(conn.clone(), stream, context.clone(), endpoint.metrics.clone());
+        let entry = endpoint.inflight.add(conn.clone(), stream, context.clone());
+        let responder = Responder::new(conn.clone(), stream, context.clone(), endpoint.metrics.clone(), entry);
         endpoint.handler.handle(IncomingRequest { body, context }, responder);
     }
 

@@ -222,7 +222,10 @@ def _deployment(
         "workingDir": CONTAINER_WORKDIR,
         "env": _env(graph, service, etcd, nats, shutdown_timeout),
         "ports": ports,
-        **lifecycle.probes("http" if service.probes_on_http else "system"),
+        **lifecycle.probes(
+            "http" if service.probes_on_http else "system",
+            lifecycle.READY_PATH if service.plan.probe or service.probes_on_http else lifecycle.LIVE_PATH,
+        ),
     }
     resources = _resources(service)
     if resources:

@@ -25,11 +25,15 @@ def grace_period(prestop_seconds: int, shutdown_timeout: int) -> int:
     return prestop_seconds + shutdown_timeout + GRACE_MARGIN_SECONDS
 
 
-def probes(port_name: str) -> dict[str, Any]:
-    """The container's readiness (``/ready``) and liveness (``/live``) probes on ``port_name``."""
+def probes(port_name: str, ready_path: str = READY_PATH) -> dict[str, Any]:
+    """The container's readiness (``ready_path``: ``/ready``) and liveness (``/live``)
+    probes on ``port_name``. A process whose readiness cannot be known (a
+    ``BaseDeployment`` that declares no ``endpoints``: it may register none, and then its
+    ``/ready`` never turns 200) is probed for readiness on ``/live``, as ``dynamo serve``
+    treats it as started once it runs."""
     return {
         "readinessProbe": {
-            "httpGet": {"path": READY_PATH, "port": port_name},
+            "httpGet": {"path": ready_path, "port": port_name},
             "periodSeconds": 5,
             "timeoutSeconds": 2,
             "failureThreshold": 2,

@@ -35,6 +35,8 @@ impl StreamEvent {
             EventKind::TextDone { .. } => "response.output_text.done",
             EventKind::ReasoningDelta { .. } => "response.reasoning_text.delta",
             EventKind::ReasoningDone { .. } => "response.reasoning_text.done",
+            EventKind::ArgumentsDelta { .. } => "response.function_call_arguments.delta",
+            EventKind::ArgumentsDone { .. } => "response.function_call_arguments.done",
             EventKind::Error { .. } => "error",
         }
     }
@@ -72,6 +74,10 @@ pub(crate) enum EventKind {
     ReasoningDelta { item_id: String, output_index: usize, content_index: usize, delta: String },
     #[serde(rename = "response.reasoning_text.done")]
     ReasoningDone { item_id: String, output_index: usize, content_index: usize, text: String },
+    #[serde(rename = "response.function_call_arguments.delta")]
+    ArgumentsDelta { item_id: String, output_index: usize, delta: String },
+    #[serde(rename = "response.function_call_arguments.done")]
+    ArgumentsDone { item_id: String, output_index: usize, name: String, arguments: String },
     #[serde(rename = "error")]
     Error { code: Option<String>, message: String, param: Option<String> },
 }
@@ -84,6 +90,8 @@ pub(crate) enum Delta {
     /// Reasoning text: a `reasoning` item's `reasoning_text`, from the chat delta's
     /// `reasoning_content` (a model registered with a reasoning parser).
     Reasoning(String),
+    /// A whole function call, as the chat output stage splits it out (`tool_calls`).
+    Call { call_id: String, name: String, arguments: String },
 }
 
 /// How generation ended.
@@ -141,11 +149,13 @@ impl ResponseBuilder {
         events
     }
 
-    /// Add `delta`: open its item if another kind (or none) is open, then the delta event.
+    /// Add `delta`: open its item if another kind (or none) is open, then the delta
+    /// event; a call is an item of its own, opened and closed at once.
     pub(crate) fn push(&mut self, delta: Delta) -> Vec<StreamEvent> {
         let (is_text, text) = match delta {
             Delta::Text(t) => (true, t),
             Delta::Reasoning(t) => (false, t),
+            Delta::Call { call_id, name, arguments } => return self.call(call_id, name, arguments),
         };
         if text.is_empty() {
             return Vec::new();
@@ -159,7 +169,7 @@ impl ResponseBuilder {
         let index = self.open.unwrap_or_default();
         let item = &mut self.response.output[index];
         let item_id = item.id().to_string();
-        if let Some(part) = item.content_mut().first_mut() {
+        if let Some(part) = item.content_mut().and_then(|c| c.first_mut()) {
             part.text_mut().push_str(&text);
         }
         let kind = if is_text {
@@ -198,10 +208,41 @@ impl ResponseBuilder {
         let part_added =
             self.event(EventKind::PartAdded { item_id, output_index: index, content_index: 0, part: part.clone() });
         let mut item = item;
-        item.content_mut().push(part);
+        if let Some(content) = item.content_mut() {
+            content.push(part);
+        }
         self.response.output.push(item);
         self.open = Some(index);
         vec![added, part_added]
+    }
+
+    /// A `function_call` item: added (no arguments yet), its arguments as one delta
+    /// (the chat stage gives each call whole), done.
+    fn call(&mut self, call_id: String, name: String, arguments: String) -> Vec<StreamEvent> {
+        let mut events = self.close_item(ItemStatus::Completed);
+        let index = self.response.output.len();
+        let item_id = format!("fc_{}", uuid::Uuid::new_v4().simple());
+        let mut item = OutputItem::FunctionCall {
+            id: item_id.clone(),
+            call_id,
+            name: name.clone(),
+            arguments: String::new(),
+            status: ItemStatus::InProgress,
+        };
+        events.push(self.event(EventKind::ItemAdded { output_index: index, item: item.clone() }));
+        events.push(self.event(EventKind::ArgumentsDelta {
+            item_id: item_id.clone(),
+            output_index: index,
+            delta: arguments.clone(),
+        }));
+        events.push(self.event(EventKind::ArgumentsDone { item_id, output_index: index, name, arguments: arguments.clone() }));
+        if let OutputItem::FunctionCall { arguments: a, status, .. } = &mut item {
+            *a = arguments;
+            *status = ItemStatus::Completed;
+        }
+        events.push(self.event(EventKind::ItemDone { output_index: index, item: item.clone() }));
+        self.response.output.push(item);
+        events
     }
 
     fn close_item(&mut self, status: ItemStatus) -> Vec<StreamEvent> {
@@ -210,9 +251,7 @@ impl ResponseBuilder {
         item.set_status(status);
         let item = item.clone();
         let item_id = item.id().to_string();
-        let part = match &item {
-            OutputItem::Message { content, .. } | OutputItem::Reasoning { content, .. } => content.first().cloned(),
-        };
+        let part = item.content().first().cloned();
         let mut events = Vec::new();
         if let Some(part) = part {
             let text = part.text().to_string();
@@ -306,7 +345,7 @@ mod tests {
         let r = b.response();
         assert_eq!(r.status, Status::Completed);
         assert_eq!(r.output.len(), 1);
-        assert_eq!(r.output[0].clone().content_mut()[0].text(), "Hello");
+        assert_eq!(r.output[0].content()[0].text(), "Hello");
         assert_eq!(r.usage.as_ref().map(|u| u.total_tokens), Some(5));
         // The JSON carries the type tag and the sequence number side by side.
         let json = serde_json::to_value(&events[4]).unwrap();
@@ -341,5 +380,42 @@ mod tests {
         let end = b.finish(Ending::Failed { code: "server_error".into(), message: "boom".into() }, None);
         assert_eq!(names(&end), ["error", "response.failed"]);
         assert_eq!(b.response().error.as_ref().map(|e| e.message.as_str()), Some("boom"));
+    }
+
+    #[test]
+    fn a_call_is_an_item_of_its_own_between_texts() {
+        let mut b = ResponseBuilder::new(new_response("resp_4", "m", Status::InProgress));
+        b.start();
+        b.push(Delta::Text("Let me check.".into()));
+        let call = Delta::Call { call_id: "call_1".into(), name: "get_weather".into(), arguments: r#"{"city":"Bern"}"#.into() };
+        let events = b.push(call);
+        assert_eq!(
+            names(&events),
+            [
+                "response.output_text.done",
+                "response.content_part.done",
+                "response.output_item.done",
+                "response.output_item.added",
+                "response.function_call_arguments.delta",
+                "response.function_call_arguments.done",
+                "response.output_item.done",
+            ]
+        );
+        let added = serde_json::to_value(&events[3]).unwrap();
+        assert_eq!(added["item"]["type"], "function_call");
+        assert_eq!(added["item"]["status"], "in_progress");
+        assert_eq!(added["item"]["arguments"], "");
+        let done = serde_json::to_value(&events[5]).unwrap();
+        assert_eq!((done["name"].as_str(), done["arguments"].as_str()), (Some("get_weather"), Some(r#"{"city":"Bern"}"#)));
+        assert_eq!(done["item_id"], added["item"]["id"]);
+        b.push(Delta::Text("more".into()));
+        b.finish(Ending::Stopped, None);
+        let r = b.response();
+        assert_eq!(r.output.len(), 3, "text, call, text");
+        let call = serde_json::to_value(&r.output[1]).unwrap();
+        assert_eq!(call["call_id"], "call_1");
+        assert_eq!(call["status"], "completed");
+        assert!(call["id"].as_str().unwrap().starts_with("fc_"));
+        assert_eq!(r.status, Status::Completed);
     }
 }

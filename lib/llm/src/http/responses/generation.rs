@@ -19,6 +19,8 @@ use crate::protocols::openai::ChatMessage;
 pub(crate) struct Saver {
     pub store: SharedResponseStore,
     pub input: Vec<ChatMessage>,
+    /// The request's own input items, listed (see [`super::input_items`]).
+    pub input_items: Vec<serde_json::Value>,
 }
 
 /// A response in generation.
@@ -156,7 +158,11 @@ impl Generation {
     /// Write the response as it stands to the store (when it is stored).
     pub(crate) async fn save(&mut self) -> Result<(), StoreError> {
         let Some(saver) = &self.saver else { return Ok(()) };
-        let stored = StoredResponse { response: self.response().clone(), input: saver.input.clone() };
+        let stored = StoredResponse {
+            response: self.response().clone(),
+            input: saver.input.clone(),
+            input_items: saver.input_items.clone(),
+        };
         saver.store.put(stored).await
     }
 }

@@ -1,5 +1,5 @@
 //! The routes of `/v1/responses`: create (whole, streamed as SSE, or in the
-//! background), retrieve, delete and cancel.
+//! background), retrieve, list input items, delete and cancel.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -12,7 +12,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures::{Stream, StreamExt};
 
-use super::{background, convert};
+use super::{background, convert, input, input_items};
 use super::events::StreamEvent;
 use super::generation::{Generation, Saver};
 use super::protocol::{CreateRequest, Deleted, ResponseObject};
@@ -69,20 +69,23 @@ async fn create_inner(state: Arc<AppState>, request_id: RequestId, body: Body) -
                 e.body.error.param = Some("previous_response_id".to_string());
                 e
             })?;
-            convert::conversation_after(&stored.input, &stored.response)
+            input::conversation_after(&stored.input, &stored.response)?
         }
         None => Vec::new(),
     };
-    conversation.extend(convert::input_messages(&request.input)?);
-    let chat = convert::chat_request(&request, &conversation, state.limits.default_max_tokens);
-    chat.validate().map_err(ApiError::bad_request)?;
+    conversation.extend(input::input_messages(&request.input)?);
+    let chat = convert::chat_request(&request, &conversation, state.limits.default_max_tokens)?;
 
     let id = format!("resp_{}", uuid::Uuid::new_v4().simple());
     let response = convert::response_for(&request, &id);
     let ctx = RequestContext::new(id.clone());
     let guard = CancelOnDrop::new(ctx.clone());
     let metrics = state.metrics.start(&request_id.0, &request.model, EngineKind::Chat, request.stream);
-    let saver = response.store.then(|| Saver { store: state.responses.clone(), input: conversation });
+    let saver = response.store.then(|| Saver {
+        store: state.responses.clone(),
+        input: conversation,
+        input_items: input_items::listed_items(&request.input),
+    });
     let shutdown = state.shutdown.clone();
     let stream = tokio::select! {
         s = engine.chat(chat, ctx) => s?,
@@ -190,6 +193,16 @@ fn replay(subscription: Subscription) -> Response {
         })
     });
     Sse::new(events).into_response()
+}
+
+/// `GET /v1/responses/{id}/input_items`: a page of the stored response's input items.
+pub(crate) async fn list_input_items(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    Query(query): Query<input_items::ItemsQuery>,
+) -> Result<Json<input_items::ItemList>, ApiError> {
+    let stored = state.responses.get(&id).await?.ok_or_else(|| not_found(&id))?;
+    Ok(Json(input_items::page(&stored.input_items, &query)?))
 }
 
 /// `DELETE /v1/responses/{id}` (a background response generating here is cancelled).

@@ -90,7 +90,7 @@ mod tests {
     use crate::http::responses::protocol::Status;
 
     fn stored(id: &str) -> StoredResponse {
-        StoredResponse { response: new_response(id, "m", Status::Completed), input: Vec::new() }
+        StoredResponse { response: new_response(id, "m", Status::Completed), input: Vec::new(), input_items: Vec::new() }
     }
 
     #[tokio::test]

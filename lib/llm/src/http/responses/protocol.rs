@@ -8,8 +8,8 @@ use serde_json::{Map, Value};
 use crate::protocols::openai::SamplingParams;
 
 /// `POST /v1/responses` body. Fields this server does not implement are read so that
-/// they can be refused by name (see [`super::convert`]); `parallel_tool_calls`,
-/// `reasoning` (effort), `include`, `service_tier` and other hints are ignored.
+/// they can be refused by name (see [`super::convert`]); `reasoning` (effort),
+/// `include`, `service_tier` and other hints are ignored.
 #[derive(Debug, Clone, Deserialize)]
 pub(crate) struct CreateRequest {
     pub model: String,
@@ -34,10 +34,16 @@ pub(crate) struct CreateRequest {
     pub metadata: Option<Map<String, Value>>,
     #[serde(default)]
     pub user: Option<String>,
+    /// Function tools in the Responses API's flat shape (`{"type": "function", "name",
+    /// "description", "parameters", "strict"}`), see [`super::tools`].
     #[serde(default)]
     pub tools: Option<Vec<Value>>,
+    /// `"none"`, `"auto"`, `"required"` or `{"type": "function", "name": …}`.
     #[serde(default)]
     pub tool_choice: Option<Value>,
+    /// Whether the model may make more than one call (default true).
+    #[serde(default)]
+    pub parallel_tool_calls: Option<bool>,
     #[serde(default)]
     pub text: Option<Value>,
     #[serde(default)]
@@ -107,7 +113,8 @@ pub(crate) struct ResponseObject {
     pub previous_response_id: Option<String>,
     pub temperature: Option<f32>,
     pub top_p: Option<f32>,
-    pub tool_choice: String,
+    /// `"none"`, `"auto"`, `"required"` or `{"type": "function", "name": …}`.
+    pub tool_choice: Value,
     pub tools: Vec<Value>,
     pub store: bool,
     pub metadata: Map<String, Value>,
@@ -141,25 +148,40 @@ pub(crate) enum OutputItem {
     Message { id: String, role: String, status: ItemStatus, content: Vec<ContentPart> },
     /// The model's reasoning: `reasoning_text` parts (no summary is made).
     Reasoning { id: String, summary: Vec<Value>, content: Vec<ContentPart>, status: ItemStatus },
+    /// A call of one of the request's function tools (`fc_…`); `call_id` pairs it with
+    /// the client's `function_call_output`.
+    FunctionCall { id: String, call_id: String, name: String, arguments: String, status: ItemStatus },
 }
 
 impl OutputItem {
-    /// The item's id (`msg_…`, `rs_…`).
+    /// The item's id (`msg_…`, `rs_…`, `fc_…`).
     pub(crate) fn id(&self) -> &str {
         match self {
-            OutputItem::Message { id, .. } | OutputItem::Reasoning { id, .. } => id,
+            OutputItem::Message { id, .. } | OutputItem::Reasoning { id, .. } | OutputItem::FunctionCall { id, .. } => id,
         }
     }
 
-    pub(crate) fn content_mut(&mut self) -> &mut Vec<ContentPart> {
+    /// The content parts of a message or reasoning item (a function call has none).
+    pub(crate) fn content(&self) -> &[ContentPart] {
         match self {
             OutputItem::Message { content, .. } | OutputItem::Reasoning { content, .. } => content,
+            OutputItem::FunctionCall { .. } => &[],
+        }
+    }
+
+    /// The content parts of a message or reasoning item, to add to.
+    pub(crate) fn content_mut(&mut self) -> Option<&mut Vec<ContentPart>> {
+        match self {
+            OutputItem::Message { content, .. } | OutputItem::Reasoning { content, .. } => Some(content),
+            OutputItem::FunctionCall { .. } => None,
         }
     }
 
     pub(crate) fn set_status(&mut self, to: ItemStatus) {
         match self {
-            OutputItem::Message { status, .. } | OutputItem::Reasoning { status, .. } => *status = to,
+            OutputItem::Message { status, .. }
+            | OutputItem::Reasoning { status, .. }
+            | OutputItem::FunctionCall { status, .. } => *status = to,
         }
     }
 }

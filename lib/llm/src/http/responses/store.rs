@@ -10,12 +10,16 @@ use serde::{Deserialize, Serialize};
 use super::protocol::ResponseObject;
 use crate::protocols::openai::ChatMessage;
 
-/// A kept response: the Response object and the conversation it answered (the earlier
-/// turns and its own input, without `instructions`), so that a follow-up can continue it.
+/// A kept response: the Response object, the conversation it answered (the earlier
+/// turns and its own input, without `instructions`), so that a follow-up can continue
+/// it, and its own input items as `GET …/input_items` lists them.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StoredResponse {
     pub(crate) response: ResponseObject,
     pub(crate) input: Vec<ChatMessage>,
+    /// Absent in records written before input items were kept.
+    #[serde(default)]
+    pub(crate) input_items: Vec<serde_json::Value>,
 }
 
 /// What went wrong in a store.
