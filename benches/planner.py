@@ -18,7 +18,8 @@ writes them as a list of rows):
   p90 TTFT or p90 inter-token gap broke its target.
 
 Run: ``python benches/planner.py [--minutes 5] [--json out.json]`` (needs only the wheel;
-embedded backend, mocker workers with the built-in byte-level card). Figures and the
+embedded backend, mocker workers with the built-in byte-level card; ``--backend etcd``
+starts an etcd and a nats-server of its own and runs on those). Figures and the
 command that made them: docs/performance.md, "The planner in real processes".
 """
 
@@ -42,7 +43,17 @@ from pathlib import Path
 from typing import Any
 
 from dynamo.planner.decide import count_reversals
-from serving_load import REQUEST_ERRORS, Connection, Processes, free_port, percentile, wait_for_models, wait_until
+from serving_load import (
+    REQUEST_ERRORS,
+    Connection,
+    Processes,
+    free_port,
+    percentile,
+    start_etcd,
+    start_nats,
+    wait_for_models,
+    wait_until,
+)
 
 DYNAMO_RUN = [sys.executable, "-c", "import sys; from dynamo.llm.cli import main; main()"]
 MODEL = "planner-bench"
@@ -189,6 +200,7 @@ def planner_config(args: argparse.Namespace, frontend_port: int, settings: Path,
                           "command": command}},
         "intervals": {"load_s": args.load_interval, "throughput_s": 30},
         "stale_after_s": 10,
+        "profile": str(args.profile) if args.profile else None,
         "connector": {"kind": "local", "startup_delay_s": args.startup_delay, "stop_timeout_s": 30},
     }
 
@@ -212,6 +224,12 @@ def run_config(name: str, args: argparse.Namespace, log_dir: Path, least: int, m
     processes = Processes(log_dir)
     run = Run(name)
     try:
+        if args.backend == "etcd":
+            # etcd discovery, NATS request and event planes, on servers of this run alone.
+            env.update({"DYN_DISCOVERY_BACKEND": "etcd", "ETCD_ENDPOINTS": start_etcd(processes, log_dir),
+                        "NATS_SERVER": start_nats(processes, log_dir), "DYN_REQUEST_PLANE": "nats",
+                        "DYN_EVENT_PLANE": "nats"})
+            env.pop("DYN_FILE_KV")
         processes.start("frontend", [*DYNAMO_RUN, "in=http", "out=dyn", "--http-host", "127.0.0.1",
                                      "--http-port", str(frontend_port)], env)
         processes.start("planner", [sys.executable, "-m", "dynamo.planner", "--config", str(config),
@@ -298,6 +316,12 @@ def main() -> int:
                         help="size of the static fleet (default: the most replicas the planner held)")
     parser.add_argument("--load-interval", type=float, default=2.0, help="the planner's load loop (s, default 2)")
     parser.add_argument("--startup-delay", type=float, default=0.0, help="held back before each worker start (s)")
+    parser.add_argument("--backend", choices=["embedded", "etcd"], default="embedded",
+                        help="embedded (file discovery, TCP planes; default) or etcd (etcd discovery, NATS planes; "
+                        "starts its own etcd and nats-server)")
+    parser.add_argument("--profile", type=Path,
+                        help="a profile of one mocker worker (python -m dynamo.planner.profile); default none: "
+                        "the load loop sizes alone")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--only", choices=["planner", "static-peak"], help="run one configuration")
     parser.add_argument("--json", type=Path, help="write the rows here")

@@ -77,6 +77,102 @@ def simulate(decider: Decider, rates: list[float], start: int, noise: float, see
     return counts
 
 
+def test_a_backlog_sizes_the_fleet_in_proportion_counting_starting_replicas() -> None:
+    decider = Decider(config(), PerformanceModel(profile()))
+    # 18 req/s arrived at one replica (5 req/s within the targets): 4 replicas at once,
+    # not one a pass; nothing ended yet, so only the backlog says so.
+    step = Observation(request_rate=18.0, isl=ISL, ttft_ms=None, itl_ms=None, waiting=40)
+    up = decider.load("agg", {"agg": RoleState(ready=1)}, step)
+    assert (up.action, up.target) == ("up", 4) and "need 4" in up.reason, up
+    # Those starting count as capacity: no more while they start, however late the requests.
+    late = Observation(request_rate=18.0, isl=ISL, ttft_ms=9000.0, itl_ms=20.0, waiting=60)
+    held = decider.load("agg", {"agg": RoleState(ready=1, pending=3)}, late)
+    assert held.action == "hold" and "starting" in held.reason, held
+    # More demand than they cover: the difference, at once.
+    more = decider.load("agg", {"agg": RoleState(ready=1, pending=3)}, Observation(28.0, ISL, 9000.0, 20.0, waiting=60))
+    assert (more.action, more.target) == ("up", 6), more
+    # Without a backlog or a target missed, the rate alone moves nothing (noise).
+    calm = decider.load("agg", {"agg": RoleState(ready=4)}, Observation(22.0, ISL, 400.0, 40.0, waiting=2))
+    assert calm.action == "hold", calm
+
+
+def test_a_replica_is_added_for_latency_only_after_several_slow_passes_in_a_row() -> None:
+    decider = Decider(config(scale_up_windows=2))
+    fleet = {"agg": RoleState(ready=2)}
+    hot, calm = seen(12.0, 2), seen(6.0, 2)  # 600 ms, 300 ms TTFT
+    # One slow window between calm ones moves nothing; two in a row add one.
+    for obs in (hot, calm, hot):
+        decision = decider.load("agg", fleet, obs)
+        assert decision.action == "hold", decision
+    assert "1 of 2 passes in a row" in decision.reason
+    assert (decider.load("agg", fleet, hot).target) == 3
+
+
+def test_no_replica_is_added_for_latency_that_more_replicas_would_not_fix() -> None:
+    decider = Decider(config(), PerformanceModel(profile()))
+    # 4 req/s needs one replica by the profile; a long prompt keeps the p90 TTFT over.
+    slow_prompt = Observation(4.0, ISL, 2000.0, 20.0)
+    assert decider.load("agg", {"agg": RoleState(ready=1)}, slow_prompt).target == 2
+    held = decider.load("agg", {"agg": RoleState(ready=2)}, slow_prompt)
+    assert held.action == "hold" and "would not shorten" in held.reason, held
+
+
+def test_a_window_of_long_prompts_is_sized_at_the_forecast_input_length() -> None:
+    points = [
+        {"isl": isl, "concurrency": c, "ttft_ms": 100.0 * c * isl / ISL, "itl_ms": 10.0 * c,
+         "throughput_rps": float(c) * ISL / isl}
+        for isl in (ISL, 8 * ISL) for c in (1, 2, 4, 8, 16)
+    ]
+    decider = Decider(config(), PerformanceModel(Profile.model_validate({"points": points})))
+    fleet = {"agg": RoleState(ready=2)}
+    # One window whose mean prompt is 8x the usual: by that window alone 10 req/s would
+    # need 16 replicas; by the forecast input length, 2 and 10 waiting -> 3.
+    burst = Observation(10.0, 8.0 * ISL, 9000.0, 20.0, waiting=10)
+    decider.throughput("agg", fleet, 10.0, ISL)
+    decision = decider.load("agg", fleet, burst)
+    assert (decision.action, decision.target) == ("up", 3), decision
+
+
+def test_a_draining_backlog_adds_nothing_but_a_growing_one_does() -> None:
+    decider = Decider(config(), PerformanceModel(profile()))
+    fleet = {"agg": RoleState(ready=4)}  # 20 req/s within the targets by the profile
+    # The requests queued before the fleet grew end late: the p90 is over, the queue shrinks.
+    for waiting in (300, 200, 100):
+        decision = decider.load("agg", fleet, Observation(16.0, ISL, 30_000.0, 20.0, waiting=waiting))
+        if waiting < 300:
+            assert decision.action == "hold" and "backlog drains" in decision.reason, decision
+    # The queue grows again at a rate the profile says the fleet carries: it is wrong, add one.
+    grows = decider.load("agg", fleet, Observation(16.0, ISL, 30_000.0, 20.0, waiting=150))
+    assert (grows.action, grows.target) == ("up", 5), grows
+
+
+@pytest.mark.parametrize("with_profile", [True, False])
+def test_no_scale_down_right_after_growing_or_while_the_forecast_rises(with_profile: bool) -> None:
+    model = PerformanceModel(profile()) if with_profile else None
+    decider = Decider(config(intervals={"load_s": 10, "throughput_s": 30}), model)
+    fleet = {"agg": RoleState(ready=4)}
+    light = seen(6.0, 4)  # three replicas carry it well within the margin
+    assert decider.load("agg", {"agg": RoleState(ready=3)}, Observation(18.0, ISL, 900.0, 20.0)).target == 4
+    # Grown at this pass: no removal for more than one throughput interval (3 passes).
+    for _ in range(3):
+        held = decider.load("agg", fleet, light)
+        assert held.action == "hold" and "too recently" in held.reason, held
+    assert decider.load("agg", fleet, light).action == "down"
+    # A rising forecast holds a removal too; a falling one does not.
+    decider.throughput("agg", fleet, 6.0, ISL)
+    decider.throughput("agg", fleet, 8.0, ISL)
+    rising = decider.load("agg", fleet, light)
+    assert rising.action == "hold" and "forecast rises" in rising.reason, rising
+    # Unless the load fell under the earlier forecast since (a step down between passes).
+    assert decider.load("agg", fleet, seen(4.0, 4)).action == "down"
+    decider.throughput("agg", fleet, 7.0, ISL)
+    assert decider.load("agg", fleet, light).action == "down"
+    # Demand gone: nothing holds the removal.
+    decider.throughput("agg", fleet, 9.0, ISL)
+    idle = Observation(request_rate=0.0, isl=ISL, ttft_ms=None, itl_ms=None)
+    assert decider.load("agg", fleet, idle).action == "down"
+
+
 @pytest.mark.parametrize("with_profile", [True, False])
 @pytest.mark.parametrize("start", [1, 6])
 def test_constant_load_gives_no_reversals(with_profile: bool, start: int) -> None:

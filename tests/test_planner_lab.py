@@ -8,13 +8,14 @@ conversation trace (kvcache-ai/Mooncake, Apache-2.0; /work/shared/traces/README.
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 from dynamo.planner.config import build_config
-from dynamo.planner.lab import CONFIGS, Settings, Workload, compare, main, ramp
+from dynamo.planner.lab import CONFIGS, RAMP_PHASES, STEP_PHASES, Settings, Workload, best_ratio, compare, main, ramp
 
 SLICE = Path(__file__).parent / "data" / "mooncake_slice.jsonl"
 
@@ -36,9 +37,10 @@ def quiet(message: str) -> None:
 
 @pytest.mark.xfail(
     strict=True,
-    reason="not met yet: on this slice (x0.25, p90 TTFT <= 15 s, ITL <= 60 ms) the planner reaches 0.86x "
-    "static-peak's goodput per GPU and flaps (20 reversals): 10 s windows of a heavy-tailed prompt mix "
-    "give noisy p90s that the load loop chases (docs/performance.md, 'Planner lab')",
+    reason="not met: on this slice (x0.25, p90 TTFT <= 15 s, ITL <= 60 ms) the planner reaches 0.75x "
+    "static-peak's goodput per GPU with 10 reversals, and a perfect planner would reach 1.05x: the slice's rate is "
+    "nearly flat, so a planner starting from one replica can only lose to the best fixed fleet, and 10 s windows "
+    "of a heavy-tailed prompt mix give p90s that the load loop chases (docs/performance.md, 'Planner lab')",
 )
 def test_the_planner_beats_static_peak_on_goodput_per_gpu_on_a_trace_slice(tmp_path: Path) -> None:
     workload = Workload(SLICE.name, trace=SLICE, time_scale=0.25)
@@ -88,3 +90,48 @@ def test_json_rows_carry_every_key_and_a_seed_repeats_the_replay(tmp_path: Path,
     assert planner["scale_events"] > 0 and planner["excluded_warmup"] > 0, planner
     # Another seed, other arrivals.
     assert ramp(3) != ramp(4) and ramp(3) == ramp(3)
+
+
+def test_the_ramp_rises_and_falls_linearly_and_the_step_jumps() -> None:
+    def per_minute(requests: list[tuple[float, int, int]]) -> list[int]:
+        counts = [0] * (1 + int(max(t for t, _, _ in requests) // 60_000))
+        for t, _, _ in requests:
+            counts[int(t // 60_000)] += 1
+        return counts
+
+    r = per_minute(ramp(0))
+    assert len(r) == 32  # 10 + 5 + 2 + 5 + 10 minutes
+    # 120 a minute at 2 req/s; the rise passes through every level between 2 and 20 req/s.
+    assert all(abs(c - 120) < 45 for c in r[:10] + r[22:]), r
+    rise, fall = r[10:15], r[17:22]
+    assert all(a < b for a, b in itertools.pairwise(rise)), rise
+    assert all(a > b for a, b in itertools.pairwise(fall)), fall
+    assert 300 < rise[1] < 800 and all(abs(c - 1200) < 150 for c in r[15:17]), r
+    s = per_minute(ramp(0, STEP_PHASES))
+    assert len(s) == 15 and all(abs(c - 120) < 45 for c in s[:5] + s[10:]) and all(abs(c - 1200) < 150 for c in s[5:10])
+
+
+def test_the_best_ratio_of_a_shape() -> None:
+    # Constant load: nothing to gain. A step 5 min at 2, 5 at 20, 5 at 2 with 4 req/s a
+    # replica: 1, 5 and 1 replicas against 5 throughout, 75 / 35.
+    assert best_ratio([(600.0, 8.0, 8.0)], 4.0) == pytest.approx(1.0)
+    assert best_ratio(STEP_PHASES, 4.0) == pytest.approx(75 / 35, rel=1e-3)
+    # The ramp gains more from its long low plateaus than the step.
+    assert best_ratio(RAMP_PHASES, 4.0) > best_ratio(STEP_PHASES, 4.0)
+
+
+def test_the_busy_threshold_is_checked_and_reaches_the_fleet(tmp_path: Path, capsys) -> None:
+    # The mechanism (arrivals held at the frontend while every replica is busy) is
+    # tested in lib/llm/src/planner_lab.rs; here, that the flag is checked and used.
+    with pytest.raises(SystemExit):
+        main(["step", "--busy-threshold", "1.5"])
+    assert "--busy-threshold must be in (0, 1]" in capsys.readouterr().err
+    steps = ((20.0, 2.0, 2.0), (40.0, 20.0, 20.0))
+    workload = Workload("step", requests=ramp(0, steps), phases=steps)
+    lab = settings(tmp_path)
+    held = Settings(config=lab.config, startup_s=10.0, warmup_s=5.0, cache_dir=tmp_path, busy_threshold=0.05)
+    [queued], _ = compare(workload, lab, ("planner",), log=quiet)
+    [waited], _ = compare(workload, held, ("planner",), log=quiet)
+    assert waited["requests"] == queued["requests"] and waited["failed_at_scale_down"] == waited["rejected"] == 0
+    # Held at the frontend, the backlog's requests wait there instead of in one engine.
+    assert waited["ttft_p90_ms"] != queued["ttft_p90_ms"], (queued, waited)

@@ -37,6 +37,19 @@ def test_holt_follows_a_ramp_where_the_others_lag() -> None:
     assert constant.predict() == 40.0
 
 
+def test_holt_forecasts_further_ahead_along_its_trend() -> None:
+    ramp = [2.0 * i for i in range(1, 21)]  # 44 two intervals on, 45 two and a half
+    holt = make_predictor("holt", alpha=0.5, beta=0.3, warm_start=ramp)
+    assert holt.predict(2.5) == pytest.approx(45.0, abs=0.5)
+    assert holt.predict(2.5) > holt.predict() > 40.0
+    # The models without a trend look no further than the next interval.
+    for kind in ("constant", "moving_average"):
+        model = make_predictor(kind, warm_start=ramp)
+        assert model.predict(3.0) == model.predict()
+    winters = make_predictor("holt_winters", season=4, warm_start=[2.0, 6.0, 2.0, 6.0, 2.0, 6.0])
+    assert (winters.predict(1.0), winters.predict(2.0)) == (pytest.approx(2.0, abs=0.5), pytest.approx(6.0, abs=0.5))
+
+
 def test_holt_never_forecasts_negative_demand() -> None:
     holt = make_predictor("holt", alpha=0.9, beta=0.9, warm_start=[20, 10, 2, 0])
     assert holt.predict() == 0.0
@@ -111,3 +124,36 @@ def test_a_trace_warm_starts_the_rate_forecast(tmp_path: Path) -> None:
     trace.write_text("not json\n")
     with pytest.raises(ValueError, match="not a trace request"):
         trace_rates(trace, 60.0)
+
+
+def test_the_floor_is_the_forecast_for_when_a_replica_asked_for_now_serves() -> None:
+    from dynamo.planner.decide import RoleState
+    from dynamo.planner.observe import FrontendWindow
+    from dynamo.planner.profile import PerformanceModel, Profile
+
+    points = [{"isl": 128, "concurrency": c, "ttft_ms": 100.0 * c, "itl_ms": 10.0 * c, "throughput_rps": float(c)}
+              for c in (1, 2, 4, 8, 16)]
+    config = build_config({"model": "m", "targets": {"ttft": {"ms": 500}, "itl": {"ms": 50}},
+                           "roles": {"agg": {"max_replicas": 20}}, "intervals": {"throughput_s": 20, "load_s": 10},
+                           "predictor": {"kind": "holt", "alpha": 0.5, "beta": 0.3}})
+    state = PlanningState(config, Decider(config, PerformanceModel(Profile.model_validate({"points": points}))))
+
+    def window(rate: float) -> FrontendWindow:
+        return FrontendWindow(seconds=20.0, request_rate=rate, inflight=0, isl=128.0, osl=None,
+                              ttft_ms=None, itl_ms=None)
+
+    # A replica seen starting at 0 s and ready at 40 s: the start-up is 40 s.
+    state.note_fleet({"agg": RoleState(ready=1)}, -10.0)
+    state.note_fleet({"agg": RoleState(ready=1, pending=1)}, 0.0)
+    state.note_fleet({"agg": RoleState(ready=1, pending=1)}, 20.0)
+    state.note_fleet({"agg": RoleState(ready=2)}, 40.0)
+    assert state.startup_s == 40.0
+    # Demand rising 2 req/s an interval: the floor is set for three intervals ahead
+    # (the next, plus 40 s of start-up), not the next one alone.
+    for rate in (10.0, 12.0, 14.0, 16.0, 18.0, 20.0, 22.0, 24.0):
+        state.windows = [window(rate)]
+        [decision] = state.throughput_step({"agg": RoleState(ready=2)})
+    next_one, ahead = state.rate_predictor.predict(), state.rate_predictor.predict(3.0)
+    assert ahead > next_one + 3.0
+    assert f"forecast {ahead:.2f} req/s" in decision.reason, (decision, next_one, ahead)
+    assert decision.target == math.ceil(ahead / 5.0), decision

@@ -75,6 +75,20 @@ def test_warm_up_samples_do_not_move_the_model() -> None:
     assert model.correction.ttft_factor == pytest.approx(0.5 + 0.5 * 4.0)
 
 
+def test_backlog_samples_do_not_move_the_model() -> None:
+    model = PerformanceModel(grid(), LiveCorrection(warmup_s=0, smoothing=1.0))
+    # Queued requests finishing: 30 s TTFTs from a fleet holding 5 waiting per replica,
+    # or 40 in flight per replica where the profile stops at 8. Both left out.
+    queued = Sample(isl=128, concurrency=4, ttft_ms=30_000, itl_ms=40, youngest_worker_age_s=60, waiting=5.0)
+    beyond = Sample(isl=128, concurrency=40, ttft_ms=30_000, itl_ms=40, youngest_worker_age_s=60)
+    assert not model.correct(queued) and not model.correct(beyond)
+    assert (model.correction.excluded_backlog, model.correction.used) == (2, 0)
+    assert model.capacity(128, 300, None) == pytest.approx(3.0)
+    # One waiting request per replica is no backlog: the sample counts.
+    assert model.correct(Sample(isl=128, concurrency=2, ttft_ms=400, itl_ms=40, youngest_worker_age_s=60, waiting=1.0))
+    assert model.correction.ttft_factor == pytest.approx(2.0)
+
+
 def test_load_profile_and_its_errors(tmp_path: Path) -> None:
     path = tmp_path / "profile.json"
     grid().save(path)

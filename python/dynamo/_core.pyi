@@ -805,7 +805,8 @@ def run_routing_lab(
 class PlannerLab:
     """A simulated mocker fleet replaying a trace on a virtual clock that the caller steps
     (the planner lab, ``python -m dynamo.planner.lab``). Requests go to the ready replicas
-    round-robin; arrivals with none ready wait at the frontend. ``set_replicas`` resizes it
+    through the frontend's KV selector (without KV events); arrivals with none ready wait
+    at the frontend. ``set_replicas`` resizes it
     as a connector would: a new replica costs from then on, is ready ``startup_s`` later
     and runs its first ``warmup_s`` of steps ``warmup_factor`` times slower; a removed
     replica still starting goes at once, a ready one drains (no new requests, finishes its
@@ -815,7 +816,9 @@ class PlannerLab:
     (``(timestamp ms, input tokens, output tokens)`` each, unique prompts). Timestamps
     are divided by ``time_scale``; ``seed`` seeds the engines; ``engine_args`` is a JSON
     object of mocker settings (docs/mocker.md), with 26,624 KV blocks unless it sets
-    ``num_gpu_blocks``.
+    ``num_gpu_blocks``. ``busy_threshold`` is the router's (a fraction of a replica's KV
+    blocks): while every ready replica is at or over it, arrivals wait at the frontend
+    for the first that is not; ``None``: each arrival goes to a replica at once.
 
     Raises:
         OSError: the trace cannot be read.
@@ -836,6 +839,7 @@ class PlannerLab:
         warmup_factor: float = 2.0,
         seed: int = 0,
         engine_args: str | None = None,
+        busy_threshold: float | None = None,
     ) -> PlannerLab: ...
     def advance(self, until_s: float) -> dict[str, Any]:
         """Run to ``until_s`` simulated seconds (a time in the past leaves the clock).

@@ -35,7 +35,7 @@ impl PyPlannerLab {
 #[pymethods]
 impl PyPlannerLab {
     #[new]
-    #[pyo3(signature = (trace_path=None, requests=None, *, replicas=1, trace_block_size=512, time_scale=1.0, startup_s=30.0, warmup_s=10.0, warmup_factor=2.0, seed=0, engine_args=None))]
+    #[pyo3(signature = (trace_path=None, requests=None, *, replicas=1, trace_block_size=512, time_scale=1.0, startup_s=30.0, warmup_s=10.0, warmup_factor=2.0, seed=0, engine_args=None, busy_threshold=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -49,10 +49,11 @@ impl PyPlannerLab {
         warmup_factor: f64,
         seed: u64,
         engine_args: Option<&str>,
+        busy_threshold: Option<f64>,
     ) -> PyResult<Self> {
         let mut engine = lab_engine_args(engine_args).map_err(|e| PyValueError::new_err(format!("engine_args: {e}")))?;
         engine.seed = seed;
-        let config = PlannerLabConfig { replicas, trace_block_size, engine, time_scale, startup_s, warmup_s, warmup_factor };
+        let config = PlannerLabConfig { replicas, trace_block_size, engine, time_scale, startup_s, warmup_s, warmup_factor, busy_threshold };
         let trace = match (trace_path, requests) {
             (Some(path), None) => py.detach(|| read_trace(&path)).map_err(lab_error)?,
             (None, Some(requests)) => requests

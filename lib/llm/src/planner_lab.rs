@@ -16,6 +16,9 @@
 //! (`approx`: its own predictions of each replica's cache, and the replicas' load
 //! reports, refreshed at every arrival and step), replaying on the lab's clock, so a
 //! replica with a backlog gets fewer new requests as it would behind the frontend.
+//! With a busy threshold ([`PlannerLabConfig::busy_threshold`]) the frontend also holds
+//! arrivals while every ready replica is busy, so a backlog waits where any replica,
+//! a new one included, can take it, instead of in one replica's engine queue.
 //!
 //! [`closed_loop_point`] measures one replica at a fixed concurrency: the capacity
 //! profile the lab's planner uses, taken from the same simulated engine.
@@ -29,7 +32,7 @@ use rustc_hash::FxHashMap;
 
 use crate::engines::mocker::{MockerArgs, SimOutput, SimWorker};
 use crate::lab_trace::{percentile, synthesize_tokens, LabError, TraceRequest, DEFAULT_LAB_GPU_BLOCKS, DEFAULT_TRACE_BLOCK_SIZE};
-use crate::kv_router::{KvRouter, KvRouterConfig};
+use crate::kv_router::{KvRouter, KvRouterConfig, SchedulerConfig};
 use crate::routing::{KvSelector, Outcome, Pick, Selector};
 
 /// The planner lab's settings.
@@ -49,6 +52,11 @@ pub struct PlannerLabConfig {
     pub warmup_s: f64,
     /// How much slower (≥ 1).
     pub warmup_factor: f64,
+    /// The router's busy threshold (fraction of a replica's KV blocks its predicted
+    /// demand may reach, as `--busy-threshold`): while every ready replica is busy,
+    /// arrivals wait at the frontend, in order, and go to the first replica that is not
+    /// (or becomes ready). `None`: every arrival goes to a replica at once and queues there.
+    pub busy_threshold: Option<f64>,
 }
 
 impl Default for PlannerLabConfig {
@@ -61,6 +69,7 @@ impl Default for PlannerLabConfig {
             startup_s: 30.0,
             warmup_s: 10.0,
             warmup_factor: 2.0,
+            busy_threshold: None,
         }
     }
 }
@@ -82,6 +91,11 @@ impl PlannerLabConfig {
         }
         if !(self.warmup_factor.is_finite() && self.warmup_factor >= 1.0) {
             return invalid(format!("the warm-up factor must be >= 1, got {}", self.warmup_factor));
+        }
+        if let Some(t) = self.busy_threshold {
+            if !(t > 0.0 && t <= 1.0) {
+                return invalid(format!("the busy threshold must be in (0, 1], got {t}"));
+            }
         }
         self.engine.validate().map_err(|e| LabError::Invalid(format!("engine arguments: {e}")))
     }
@@ -229,6 +243,7 @@ impl PlannerLab {
         let router = KvRouter::new(KvRouterConfig {
             block_size: config.engine.block_size as u32,
             use_kv_events: false,
+            scheduler: SchedulerConfig { busy_threshold: config.busy_threshold, ..Default::default() },
             ..Default::default()
         });
         let base = Instant::now();
@@ -456,6 +471,10 @@ impl PlannerLab {
         self.start_step(i, t);
         self.report_load(i, t);
         self.retire_if_drained(i);
+        if !self.frontend.is_empty() && self.config.busy_threshold.is_some() {
+            // A replica may have left the busy threshold: the frontend's queue can move.
+            self.dispatch_queue(t);
+        }
     }
 
     /// Run the simulation up to `until_s` and return what happened since the last call.
@@ -750,6 +769,31 @@ mod tests {
         assert!(many.throughput_rps > one.throughput_rps);
         assert_eq!(closed_loop_point(&engine, 1000, 50, 16, 100, 0.9).unwrap(), many);
         assert!(closed_loop_point(&engine, 1000, 50, 4, 4, 0.9).is_err());
+    }
+
+    #[test]
+    fn with_a_busy_threshold_a_backlog_waits_at_the_frontend_for_any_replica() {
+        // 40 requests at once on one replica; a second is asked for at once, ready at 5 s.
+        let burst: Vec<TraceRequest> = (0..40)
+            .map(|i| TraceRequest { timestamp: f64::from(i), input_length: 2000, output_length: 100, hash_ids: vec![] })
+            .collect();
+        let play = |busy_threshold: Option<f64>| {
+            let mut lab = PlannerLab::new(burst.clone(), PlannerLabConfig { busy_threshold, ..config(1) }).unwrap();
+            let first = lab.advance(0.5).unwrap();
+            lab.set_replicas(2).unwrap();
+            let windows = run_to_end(&mut lab, 0.5);
+            let done: Vec<FinishedRequest> = std::iter::once(first).chain(windows).flat_map(|w| w.finished).collect();
+            assert_eq!(done.len(), burst.len());
+            assert!(done.iter().all(|f| f.ttft_ms.is_some()));
+            done.iter().filter(|f| f.replica == 1).count()
+        };
+        // Without it the first replica took them all into its engine queue.
+        assert_eq!(play(None), 0);
+        // With it the first replica filled up to the threshold and the rest waited for the new one.
+        let on_new = play(Some(0.05));
+        assert!(on_new >= 10, "{on_new} of 40 went to the new replica");
+        let err = PlannerLab::new(Vec::new(), PlannerLabConfig { busy_threshold: Some(0.0), ..config(1) }).unwrap_err();
+        assert!(err.to_string().contains("busy threshold"), "{err}");
     }
 
     #[test]

@@ -158,6 +158,10 @@ class PlannerConfig(_Strict):
     #: is removed (a starting one goes at the first). Above 1 it rides out a quiet window between two busy ones, at
     #: the cost of GPU time (the lab's ramp: 1.27 GPU-hours at 1, 1.79 at 3, same attainment).
     scale_down_windows: int = Field(default=1, ge=1)
+    #: Consecutive load passes with an observed quantile over its target before the load
+    #: loop adds a replica for it (a backlog that the profile sizes acts at once). Above 1
+    #: it rides out one slow window of a few long requests, at one load interval of reaction.
+    scale_up_windows: int = Field(default=1, ge=1)
     #: Port of the planner's own ``/health`` and ``/metrics``; 0 picks a free one.
     port: int = Field(default=0, ge=0, le=65535)
     connector: ConnectorConfig = LocalConnectorConfig()

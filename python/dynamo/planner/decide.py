@@ -1,15 +1,28 @@
 """Decisions: how many replicas each role should have, from two loops.
 
 * The **throughput loop** (every ``intervals.throughput_s``) sets a role's *floor*: the
-  forecast request rate ÷ what one replica serves within the targets (the profile's
-  capacity, live-corrected), rounded up. It only ever raises the fleet to its floor.
-* The **load loop** (every ``intervals.load_s``) adds one replica when an observed
-  quantile is over its target, and removes one only when the fleet with one replica
-  fewer is predicted to stay under ``(1 - scale_down_margin)`` times each target (and
-  never while requests wait in the workers' queues or the fleet's observed latencies are
-  already over that line: one replica fewer cannot do better). Between
-  that line and the target nothing moves: that band is the hysteresis that keeps a
-  constant load from flapping 2↔1.
+  forecast request rate (for when a replica asked for now would serve: ``step.py``) ÷
+  what one replica serves within the targets (the profile's capacity, live-corrected),
+  rounded up. It only ever raises the fleet to its floor.
+* The **load loop** (every ``intervals.load_s``) grows in proportion when the rate it
+  observed needs more replicas than the role holds (pending ones counted as capacity) by
+  the profile's capacity at the targets, and the fleet is over a target or holds a
+  backlog (more waiting requests than ready replicas): to ``ceil((rate + waiting /
+  throughput_s) / capacity)`` at once (the backlog served within one throughput
+  interval), not +1 a pass. Otherwise it adds one replica when an observed quantile is
+  over its target, unless one is starting, or (with a profile) the fleet is already twice
+  what the rate needs (the latency is a long request's own: more replicas do not shorten
+  it), or the profile says the fleet carries the rate and the backlog is already
+  shrinking: the late requests of a backlog keep the quantiles over the target while it
+  drains, and more replicas would not drain the queues the old ones hold.
+* It removes one only when the fleet with one replica fewer is predicted to stay under
+  ``(1 - scale_down_margin)`` times each target at the observed rate. Never while more
+  requests wait in the workers' queues than replicas would remain or the observed
+  latencies are already over that line (one replica fewer cannot do better), nor while
+  the throughput loop's forecast rises (unless the observed rate fell under the earlier
+  forecast since), nor until more than one throughput interval
+  after the role grew (unless demand is gone). Between that line and the target nothing
+  moves: that band is the hysteresis that keeps a constant load from flapping 2↔1.
 
 A replica that was started but is not ready yet (*pending*) is counted in the fleet,
 never waited for: a scale-down decision is made as if it were there, and executing it
@@ -108,6 +121,17 @@ class Decider:
         self.floors: dict[str, int] = {name: role.min_replicas for name, role in config.roles.items()}
         #: Each role's consecutive load passes in which one replica fewer fitted.
         self.fits_in_a_row: dict[str, int] = {name: 0 for name in config.roles}
+        #: Each role's consecutive load passes with a quantile over its target.
+        self.over_in_a_row: dict[str, int] = {name: 0 for name in config.roles}
+        #: Each role's waiting requests at its last load pass (whether a backlog shrinks).
+        self.last_waiting: dict[str, int] = {}
+        #: Each role's last two demand forecasts (req/s), the latest last.
+        self.forecasts: dict[str, list[float]] = {}
+        #: Each role's last input-length forecast (tokens): steadier than one window's mean.
+        self.isl_forecasts: dict[str, float] = {}
+        #: Each role's load passes so far, and the pass at which it last grew.
+        self.passes: dict[str, int] = {name: 0 for name in config.roles}
+        self.grew_at: dict[str, int] = {}
 
     def _limits(self, role: str) -> tuple[float | None, float | None]:
         """The (TTFT, ITL) targets a role answers for: prefill the first, decode the second."""
@@ -145,6 +169,8 @@ class Decider:
             pairs = (("request_rate", predicted_rate), ("isl", predicted_isl))
             gone = missing or tuple(name for name, value in pairs if value is None)
             return Decision(role, "throughput", current, current, "hold: no demand forecast", gone)
+        self.forecasts[role] = [*self.forecasts.get(role, [])[-1:], predicted_rate]
+        self.isl_forecasts[role] = predicted_isl
         if self.model is None:
             return Decision(role, "throughput", current, current, "hold: no profile (the load loop sizes alone)")
         capacity = self.model.capacity(predicted_isl, *self._limits(role))
@@ -157,6 +183,8 @@ class Decider:
         floor, capped = self._constrain(role, floor, fleet)
         self.floors[role] = floor
         target = max(current, floor)
+        if target > current:
+            self.grew_at[role] = self.passes[role]
         return Decision(role, "throughput", current, target, f"floor {floor}: {why}{capped}")
 
     def _fits_with(self, role: str, ready: int, serving: int, obs: Observation) -> tuple[bool, str]:
@@ -171,7 +199,7 @@ class Decider:
         ttft, itl = self._limits(role)
         # The fleet as it is already misses the band, or holds work it has not started:
         # one replica fewer cannot do better, whatever the profile says of the rate.
-        if obs.waiting > 0:
+        if obs.waiting > serving:
             return False, f"{obs.waiting} request(s) waiting"
         for name, observed, limit in (("TTFT", obs.ttft_ms, ttft), ("ITL", obs.itl_ms, itl)):
             if limit is not None and observed is not None and observed > limit * keep:
@@ -193,8 +221,39 @@ class Decider:
                 return False, f"{name} {observed * scale:.0f} ms predicted over {keep:.0%} of {limit:g} ms"
         return True, "observed latencies scaled to the smaller fleet stay under the margin"
 
+    def _needed(self, role: str, obs: Observation) -> int | None:
+        """Replicas the observed rate needs by the profile's capacity at the targets (at the
+        throughput loop's input-length forecast once there is one: one window's mean of a
+        heavy-tailed mix swings by several times), with the waiting requests served on top
+        within one throughput interval (``None``: no profile, no rate or no input length)."""
+        isl = self.isl_forecasts.get(role, obs.isl)
+        if self.model is None or isl is None or not obs.request_rate:
+            return None
+        capacity = self.model.capacity(isl, *self._limits(role))
+        if capacity <= 0:
+            return self.config.roles[role].max_replicas
+        demand = obs.request_rate + obs.waiting / self.config.intervals.throughput_s
+        return math.ceil(demand / capacity - 1e-9)
+
     def load(self, role: str, fleet: Mapping[str, RoleState], obs: Observation) -> Decision:
-        """The load loop's pass for ``role``: +1, -1 or hold."""
+        """The load loop's pass for ``role``: up, -1 or hold."""
+        self.passes[role] += 1
+        decision = self._load(role, fleet, obs)
+        if decision.change > 0:
+            self.grew_at[role] = self.passes[role]
+        return decision
+
+    def _cooling(self, role: str) -> int:
+        """Load passes left before ``role`` may shrink after growing: more than one
+        throughput interval (a replica asked for is not taken back before a forecast
+        after the one that asked for it). 0: it may."""
+        grew = self.grew_at.get(role)
+        if grew is None:
+            return 0
+        span = math.ceil(self.config.intervals.throughput_s / self.config.intervals.load_s - 1e-9)
+        return max(0, grew + span + 1 - self.passes[role])
+
+    def _load(self, role: str, fleet: Mapping[str, RoleState], obs: Observation) -> Decision:
         state = fleet[role]
         current = state.total
         least = self.config.roles[role].min_replicas
@@ -219,10 +278,40 @@ class Decider:
             )
             if limit is not None and observed is not None and observed > limit
         ]
+        waited, self.last_waiting[role] = self.last_waiting.get(role), obs.waiting
+        needed = self._needed(role, obs)
+        backlog = obs.waiting > state.ready
+        if (over or backlog) and needed is not None and needed > current:
+            self.fits_in_a_row[role] = 0
+            target, capped = self._constrain(role, needed, fleet)
+            why = "; ".join(over) or f"{obs.waiting} request(s) waiting"
+            return Decision(
+                role, "load", current, target,
+                f"{why}; {obs.request_rate:.2f} req/s and {obs.waiting} waiting need {needed} replica(s) "
+                f"by the profile{capped}",
+            )
+        self.over_in_a_row[role] = self.over_in_a_row[role] + 1 if over else 0
         if over:
             self.fits_in_a_row[role] = 0
+            if self.over_in_a_row[role] < self.config.scale_up_windows:
+                return Decision(
+                    role, "load", current, current,
+                    f"hold: {over[0]}, {self.over_in_a_row[role]} of {self.config.scale_up_windows} passes in a row",
+                )
             if state.pending:
                 return Decision(role, "load", current, current, f"hold: {over[0]}; {state.pending} replica(s) starting")
+            if needed is not None and current >= 2 * needed:
+                return Decision(
+                    role, "load", current, current,
+                    f"hold: {over[0]}, but {current} replica(s) are twice or more what {obs.request_rate:.2f} req/s "
+                    f"needs by the profile ({needed}): more would not shorten a request",
+                )
+            if needed is not None and waited is not None and 0 < obs.waiting < waited:
+                return Decision(
+                    role, "load", current, current,
+                    f"hold: {over[0]}; the backlog drains ({waited} -> {obs.waiting} waiting) "
+                    f"and {current} replica(s) carry {obs.request_rate:.2f} req/s by the profile",
+                )
             target, capped = self._constrain(role, current + 1, fleet)
             return Decision(role, "load", current, target, f"{'; '.join(over)}{capped}")
         floor = max(self.floors[role], self.config.roles[role].min_replicas)
@@ -236,13 +325,23 @@ class Decider:
         if not fits:
             self.fits_in_a_row[role] = 0
             return Decision(role, "load", current, current, f"hold: {current - 1} replica(s) would not do ({why})")
+        if why != "no demand":
+            cooling, forecasts = self._cooling(role), self.forecasts.get(role, [])
+            late = f"the role grew {cooling} pass(es) too recently" if cooling else ""
+            # Rising, and the load has not fallen back under the earlier forecast since.
+            if len(forecasts) == 2 and forecasts[1] > forecasts[0] and (obs.request_rate or 0.0) >= forecasts[0]:
+                late = f"the forecast rises ({forecasts[0]:.2f} -> {forecasts[1]:.2f} req/s)"
+            if late:
+                self.fits_in_a_row[role] = 0
+                why = f"hold: {current - 1} replica(s) would do ({why}), but {late}"
+                return Decision(role, "load", current, current, why)
         self.fits_in_a_row[role] += 1
-        needed = self.config.scale_down_windows
-        if not state.pending and self.fits_in_a_row[role] < needed:
+        in_a_row = self.config.scale_down_windows
+        if not state.pending and self.fits_in_a_row[role] < in_a_row:
             return Decision(
                 role, "load", current, current,
                 f"hold: {current - 1} replica(s) would do ({why}), "
-                f"{self.fits_in_a_row[role]} of {needed} passes in a row",
+                f"{self.fits_in_a_row[role]} of {in_a_row} passes in a row",
             )
         self.fits_in_a_row[role] = 0
         target, capped = self._constrain(role, current - 1, fleet)

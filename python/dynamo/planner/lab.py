@@ -40,8 +40,14 @@ from dynamo.planner.profile import PerformanceModel, Profile, ProfilePoint
 from dynamo.planner.step import PlanningState
 
 CONFIGS = ("static-peak", "static-mean", "load-only", "planner")
-#: The synthetic ramp: (seconds, requests/s) phases; prompt and output tokens.
-RAMP_PHASES = ((300.0, 2.0), (300.0, 20.0), (300.0, 2.0))
+#: The synthetic workloads, as (seconds, requests/s at the start, requests/s at the end)
+#: segments, the rate linear within each. ``ramp``: 10 min at 2 req/s, a linear rise to
+#: 20 over 5 min, 2 min at 20, a linear fall to 2 over 5 min, 10 min at 2 (32 min).
+RAMP_PHASES = ((600.0, 2.0, 2.0), (300.0, 2.0, 20.0), (120.0, 20.0, 20.0), (300.0, 20.0, 2.0), (600.0, 2.0, 2.0))
+#: ``step``: 5 min at 2 req/s, 5 min at 20, 5 min at 2 (the load step of ``recovery_s``).
+STEP_PHASES = ((300.0, 2.0, 2.0), (300.0, 20.0, 20.0), (300.0, 2.0, 2.0))
+SYNTHETIC = {"ramp": RAMP_PHASES, "step": STEP_PHASES}
+#: Prompt and output tokens of every synthetic request.
 RAMP_ISL, RAMP_OSL = 3072, 256
 #: Concurrencies of the profile sweep.
 PROFILE_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64)
@@ -75,6 +81,8 @@ class Workload:
     requests: list[tuple[float, int, int]] | None = None
     #: Timestamps divided by this.
     time_scale: float = 1.0
+    #: A synthetic workload's rate over time (``RAMP_PHASES``), for ``best_ratio``.
+    phases: Sequence[tuple[float, float, float]] | None = None
 
     def lab(self, replicas: int, settings: Settings) -> PlannerLab:
         """A fresh simulated fleet of ``replicas`` warm replicas."""
@@ -82,8 +90,23 @@ class Workload:
             str(self.trace) if self.trace else None, self.requests, replicas=replicas,
             trace_block_size=settings.trace_block_size, time_scale=self.time_scale,
             startup_s=settings.startup_s, warmup_s=settings.warmup_s, warmup_factor=settings.warmup_factor,
-            seed=settings.seed, engine_args=settings.engine_args,
+            seed=settings.seed, engine_args=settings.engine_args, busy_threshold=settings.busy_threshold,
         )
+
+    def rates(self, interval_s: float) -> list[float]:
+        """Arrivals per second in each ``interval_s`` (time-scaled)."""
+        if self.requests is not None:
+            stamps = [t for t, _, _ in self.requests]
+        else:
+            assert self.trace is not None
+            with self.trace.open() as lines:
+                stamps = [float(json.loads(line)["timestamp"]) for line in lines if line.strip()]
+        counts: list[int] = []
+        for t in stamps:
+            slot = int(t / self.time_scale / 1000.0 // interval_s)
+            counts.extend([0] * (slot + 1 - len(counts)))
+            counts[slot] += 1
+        return [c / interval_s for c in counts]
 
     def shape(self) -> tuple[float, float, float, list[int]]:
         """(duration s, mean input length, mean output length, input lengths)."""
@@ -104,17 +127,42 @@ class Workload:
         return duration, sum(isls) / len(isls), sum(o for _, _, o in rows) / len(rows), isls
 
 
-def ramp(seed: int, phases: Sequence[tuple[float, float]] = RAMP_PHASES) -> list[tuple[float, int, int]]:
-    """Open-loop Poisson arrivals at each phase's rate, seeded: (ms, input, output)."""
-    rng = random.Random(seed)
-    requests, start = [], 0.0
-    for seconds, rate in phases:
-        t = start + rng.expovariate(rate)
-        while t < start + seconds:
-            requests.append((t * 1000.0, RAMP_ISL, RAMP_OSL))
-            t += rng.expovariate(rate)
+def _rate_at(phases: Sequence[tuple[float, float, float]], t: float) -> float:
+    start = 0.0
+    for seconds, r0, r1 in phases:
+        if t < start + seconds:
+            return r0 + (r1 - r0) * (t - start) / seconds
         start += seconds
+    return 0.0
+
+
+def ramp(seed: int, phases: Sequence[tuple[float, float, float]] = RAMP_PHASES) -> list[tuple[float, int, int]]:
+    """Open-loop Poisson arrivals whose rate follows ``phases`` (linear within each),
+    seeded: (ms, input, output). Drawn at the highest rate and thinned to the rate at
+    each instant (Lewis and Shedler), so a linear rise is a rise, not a staircase."""
+    rng = random.Random(seed)
+    top = max(max(r0, r1) for _, r0, r1 in phases)
+    end = sum(seconds for seconds, _, _ in phases)
+    requests, t = [], rng.expovariate(top)
+    while t < end:
+        if rng.random() * top < _rate_at(phases, t):
+            requests.append((t * 1000.0, RAMP_ISL, RAMP_OSL))
+        t += rng.expovariate(top)
     return requests
+
+
+def best_ratio(phases: Sequence[tuple[float, float, float]], capacity: float) -> float:
+    """The goodput-per-GPU ratio to static-peak that a perfect planner would reach on
+    ``phases``: a fleet of ``ceil(rate / capacity)`` replicas at every instant (at least
+    one, no start-up, no queue) against ``ceil(peak / capacity)`` for the whole time, the
+    same requests served by both (integrated over 0.1 s steps)."""
+    end = sum(seconds for seconds, _, _ in phases)
+    top = max(max(r0, r1) for _, r0, r1 in phases)
+    dt, oracle, t = 0.1, 0.0, 0.05
+    while t < end:
+        oracle += max(1, math.ceil(_rate_at(phases, t) / capacity - 1e-9)) * dt
+        t += dt
+    return math.ceil(top / capacity - 1e-9) * end / oracle
 
 
 @dataclass
@@ -131,6 +179,9 @@ class Settings:
     cache_dir: Path | None = None
     #: Replicas ``load-only`` and ``planner`` start with (default: ``min_replicas``, at least 1).
     initial_replicas: int | None = None
+    #: The router's busy threshold: arrivals wait at the frontend while every ready
+    #: replica's KV demand is at or over this fraction (``None``: they queue on a replica).
+    busy_threshold: float | None = None
 
     @property
     def ttft_ms(self) -> float:
@@ -198,6 +249,8 @@ class Run:
     wall_s: float = 0.0
     #: Load windows the live correction left out because a replica was warming up.
     excluded_warmup: int = 0
+    #: Load windows it left out because the fleet held a backlog.
+    excluded_backlog: int = 0
 
 
 def _replay(
@@ -300,6 +353,7 @@ def _row(run: Run, settings: Settings) -> dict[str, Any]:
         "recovery_s": _recovery_s(run, settings.config.intervals.throughput_s, settings.config.intervals.load_s),
         "to_min_s": None if back is None else max(0.0, back - run.last_arrival_s),
         "excluded_warmup": run.excluded_warmup,
+        "excluded_backlog": run.excluded_backlog,
         "wall_s": run.wall_s,
     }
 
@@ -359,14 +413,30 @@ def compare(
             model.correction.warmup_s = settings.config.warmup_s
             runs[name] = _replay(workload, settings, minimum, planning_state(settings, model), name)
             runs[name].excluded_warmup = model.correction.excluded_warmup
+            runs[name].excluded_backlog = model.correction.excluded_backlog
         else:
             raise ValueError(f"unknown configuration '{name}' ({', '.join(CONFIGS)})")
         log(f"{name}: replayed in {runs[name].wall_s:.1f} s")
     rows = [_row(run, settings) for run in runs.values()]
     peak = next((r for r in rows if r["config"] == "static-peak"), None)
+    best = None
+    if profile is not None:
+        duration, isl, _, _ = workload.shape()
+        capacity = PerformanceModel(profile).capacity(isl, settings.ttft_ms, settings.itl_ms)
+        x = workload.time_scale
+        if workload.phases is not None:
+            phases = [(sec / x, r0 * x, r1 * x) for sec, r0, r1 in workload.phases]
+        else:  # a trace: its rate per minute
+            phases = [(60.0, r, r) for r in workload.rates(60.0)]
+        if capacity > 0 and phases:
+            best = best_ratio(phases, capacity)
+            log(f"best possible vs static-peak on {workload.name}: {best:.2f}x "
+                f"(ceil(rate / {capacity:.2f} req/s) replicas at every instant, mean prompt {isl:.0f} tokens)")
     for r in rows:
         base = peak["goodput_per_gpu"] if peak else 0.0
         r["vs_static_peak"] = r["goodput_per_gpu"] / base if base else None
+        if best is not None:
+            r["best_vs_static_peak"] = best
     return rows, runs
 
 
@@ -424,7 +494,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         prog="python -m dynamo.planner.lab",
         description="Replay a trace through a simulated fleet with the planner in the loop; compare fleets.",
     )
-    parser.add_argument("trace", help="a Mooncake-format JSON-lines trace, or 'ramp' (2 -> 20 -> 2 req/s)")
+    parser.add_argument(
+        "trace",
+        help="a Mooncake-format JSON-lines trace, 'ramp' (2 req/s, linear rise to 20, linear fall to 2; "
+        "32 min) or 'step' (2 -> 20 -> 2 req/s, 5 min each)",
+    )
     parser.add_argument("--config", type=Path, help="planner.yaml (targets, intervals, predictor, roles.agg)")
     parser.add_argument("--ttft-ms", type=float, help="p90 TTFT target (overrides the config)")
     parser.add_argument("--itl-ms", type=float, help="p90 ITL target (overrides the config)")
@@ -436,6 +510,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="seed of the ramp and the engines (default 0)")
     parser.add_argument("--limit", type=int, help="replay only the first N requests of the trace")
     parser.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated rows (default: all)")
+    parser.add_argument("--busy-threshold", type=float,
+                        help="the router's busy threshold (0-1]: arrivals wait at the frontend while every ready "
+                        "replica's KV demand is at or over it (default: none, they queue on a replica)")
     parser.add_argument("--engine-args", type=Path, help="JSON file of mocker settings (see docs/mocker.md)")
     parser.add_argument("--json", type=Path, help="write the rows as JSON here")
     parser.add_argument("--plot", type=Path, help="write a PNG of replicas and latency over time here")
@@ -445,6 +522,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         parser.error(f"--configs: choose from {', '.join(CONFIGS)}")
     if args.time_scale <= 0:
         parser.error("--time-scale must be > 0")
+    if args.busy_threshold is not None and not 0 < args.busy_threshold <= 1:
+        parser.error("--busy-threshold must be in (0, 1]")
     if args.limit is not None and args.limit < 1:
         parser.error("--limit must be at least 1")
     return args
@@ -476,13 +555,14 @@ def settings_from(args: argparse.Namespace) -> Settings:
     return Settings(
         config=config, startup_s=args.startup_seconds, warmup_s=args.warmup_seconds, seed=args.seed,
         engine_args=args.engine_args.read_text() if args.engine_args else None, cache_dir=_cache_dir(),
+        busy_threshold=args.busy_threshold,
     )
 
 
 def workload_from(trace: str, time_scale: float, seed: int, limit: int | None) -> Workload:
-    """``ramp`` or a trace file (its first ``limit`` requests)."""
-    if trace == "ramp":
-        return Workload("ramp", requests=ramp(seed), time_scale=time_scale)
+    """``ramp``, ``step`` or a trace file (its first ``limit`` requests)."""
+    if trace in SYNTHETIC:
+        return Workload(trace, requests=ramp(seed, SYNTHETIC[trace]), time_scale=time_scale, phases=SYNTHETIC[trace])
     path = Path(trace)
     if limit is None:
         return Workload(path.name, trace=path, time_scale=time_scale)

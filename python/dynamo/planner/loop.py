@@ -174,6 +174,7 @@ class Planner:
             "correction": None if model is None else {
                 "ttft_factor": model.correction.ttft_factor, "itl_factor": model.correction.itl_factor,
                 "used": model.correction.used, "excluded_warmup": model.correction.excluded_warmup,
+                "excluded_backlog": model.correction.excluded_backlog,
             },
             "decisions": list(self.decisions)[-20:],
         }

@@ -11,7 +11,7 @@ both are the recurrences below, written out:
     level_t  = alpha * (x_t - s_{t-m}) + (1 - alpha) * (level_{t-1} + trend_{t-1})
     trend_t  = beta * (level_t - level_{t-1}) + (1 - beta) * trend_{t-1}
     s_t      = gamma * (x_t - level_t) + (1 - gamma) * s_{t-m}
-    forecast_{t+1} = level_t + trend_t + s_{t+1-m}
+    forecast_{t+h} = level_t + h * trend_t + s_{t+h-m}    (h <= m)
 
 Holt's method is the same with every ``s`` zero. Holt-Winters starts once it has seen one
 season (level: its mean, trend: 0, each ``s``: the value less that mean) and forecasts
@@ -23,6 +23,7 @@ Every model never forecasts below zero.
 from __future__ import annotations
 
 import json
+import math
 from collections import deque
 from collections.abc import Iterable
 from pathlib import Path
@@ -35,8 +36,9 @@ class Predictor(Protocol):
     def observe(self, value: float) -> None:
         """Add the value of the interval that just ended."""
 
-    def predict(self) -> float | None:
-        """The next interval's value; ``None`` before any value was observed."""
+    def predict(self, steps: float = 1.0) -> float | None:
+        """The value ``steps`` intervals ahead (1: the next interval's); ``None`` before
+        any value was observed. Only the trend models look further than the next."""
 
 
 class ConstantPredictor:
@@ -48,7 +50,7 @@ class ConstantPredictor:
     def observe(self, value: float) -> None:
         self._last = value
 
-    def predict(self) -> float | None:
+    def predict(self, steps: float = 1.0) -> float | None:
         return self._last
 
 
@@ -63,7 +65,7 @@ class MovingAveragePredictor:
     def observe(self, value: float) -> None:
         self._values.append(value)
 
-    def predict(self) -> float | None:
+    def predict(self, steps: float = 1.0) -> float | None:
         return sum(self._values) / len(self._values) if self._values else None
 
 
@@ -86,10 +88,10 @@ class HoltPredictor:
         self._level = self.alpha * value + (1.0 - self.alpha) * (previous + self._trend)
         self._trend = self.beta * (self._level - previous) + (1.0 - self.beta) * self._trend
 
-    def predict(self) -> float | None:
+    def predict(self, steps: float = 1.0) -> float | None:
         if self._level is None:
             return None
-        return max(0.0, self._level + self._trend)
+        return max(0.0, self._level + steps * self._trend)
 
 
 class HoltWintersPredictor:
@@ -120,12 +122,13 @@ class HoltWintersPredictor:
         self._trend = self.beta * (self._level - previous) + (1.0 - self.beta) * self._trend
         self._seasonal.append(self.gamma * (value - self._level) + (1.0 - self.gamma) * s)
 
-    def predict(self) -> float | None:
+    def predict(self, steps: float = 1.0) -> float | None:
         if not self._first:
             return None
         if len(self._first) < self.season:
             return max(0.0, sum(self._first) / len(self._first))
-        return max(0.0, self._level + self._trend + self._seasonal[0])
+        s = self._seasonal[(max(1, math.ceil(steps)) - 1) % self.season]
+        return max(0.0, self._level + steps * self._trend + s)
 
 
 def trace_rates(path: Path, interval_s: float, time_scale: float = 1.0) -> list[float]:

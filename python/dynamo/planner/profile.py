@@ -144,11 +144,21 @@ class Sample:
     itl_ms: float | None
     #: Seconds since the youngest ready worker became ready.
     youngest_worker_age_s: float
+    #: Requests waiting in the workers' queues, per ready replica.
+    waiting: float = 0.0
+
+
+#: A sample with more waiting requests than this per ready replica comes from a backlog:
+#: its latencies are those of requests queued under an earlier load, not of its own.
+BACKLOG_WAITING = 1.0
 
 
 class LiveCorrection:
     """Observed ÷ predicted latency, smoothed (exponentially, weight ``smoothing``), per
-    metric; samples from a fleet with a worker younger than ``warmup_s`` are left out."""
+    metric; samples from a fleet with a worker younger than ``warmup_s`` are left out, and
+    so are samples taken with a backlog (more than ``BACKLOG_WAITING`` waiting requests per
+    ready replica, or more requests in flight per replica than the profile measured):
+    their latencies were set by the queue, which the profile's closed loop never sees."""
 
     def __init__(self, warmup_s: float, smoothing: float = 0.3) -> None:
         self.warmup_s = warmup_s
@@ -157,11 +167,15 @@ class LiveCorrection:
         self.itl_factor = 1.0
         self.used = 0
         self.excluded_warmup = 0
+        self.excluded_backlog = 0
 
     def add(self, sample: Sample, predicted_ttft_ms: float | None, predicted_itl_ms: float | None) -> bool:
         """Fold one sample in; whether it was used (``False``: warm-up, or nothing to compare)."""
         if sample.youngest_worker_age_s < self.warmup_s:
             self.excluded_warmup += 1
+            return False
+        if sample.waiting > BACKLOG_WAITING:
+            self.excluded_backlog += 1
             return False
         used = False
         for name, observed, predicted in (
@@ -216,8 +230,12 @@ class PerformanceModel:
         return _lerp(isl, lo, hi, at_lo, at_hi)
 
     def correct(self, sample: Sample) -> bool:
-        """Fold a live sample into the correction (see ``LiveCorrection.add``)."""
+        """Fold a live sample into the correction (see ``LiveCorrection.add``); a sample
+        beyond the profiled concurrencies is left out as a backlog."""
         c = self.correction
+        if sample.concurrency > max(curve[-1].concurrency for curve in self._curves.values()):
+            c.excluded_backlog += 1
+            return False
         ttft, itl = self.latency(sample.isl, sample.concurrency)
         # Predicted latencies before this correction's own factors: observed ÷ profile.
         return c.add(sample, ttft / c.ttft_factor, itl / c.itl_factor)

@@ -4,9 +4,11 @@ on wall-clock time; the planner lab (``dynamo.planner.lab``) what the simulated 
 on simulated time. One planner, two sources of time and signals.
 
 ``PlanningState.load_step`` is the load loop's pass (fold the window into the live
-correction unless a replica is warming up, then ±1 per role); ``throughput_step`` the
+correction unless a replica is warming up or the fleet holds a backlog, then each
+role's load decision); ``throughput_step`` the
 throughput loop's (the windows' mean rate and input length into the predictors, then
-each role's floor).
+each role's floor from the rate forecast for when a replica asked for now would serve:
+the next interval plus the start-up time last seen, when that forecast is the higher).
 """
 
 from __future__ import annotations
@@ -43,6 +45,11 @@ class PlanningState:
         self.fleet: dict[str, RoleState] = {}
         #: When each role's ready count last rose (its youngest replica became ready).
         self.ready_rose_at: dict[str, float] = {}
+        #: Since when each role has had a replica starting (seen at a pass).
+        self.pending_since: dict[str, float] = {}
+        #: The start-up time last seen: from the pass that first saw a replica starting
+        #: to the pass that saw it ready (so to within one load interval); 0 before any.
+        self.startup_s = 0.0
 
     def note_fleet(self, fleet: Mapping[str, RoleState], now: float) -> None:
         """Record the fleet read at ``now`` (seconds, any monotonic clock)."""
@@ -50,6 +57,12 @@ class PlanningState:
             before = self.fleet.get(role)
             if before is not None and state.ready > before.ready:
                 self.ready_rose_at[role] = now
+                if role in self.pending_since:
+                    self.startup_s = now - self.pending_since[role]
+            if state.pending == 0:
+                self.pending_since.pop(role, None)
+            else:
+                self.pending_since.setdefault(role, now)
         self.fleet = dict(fleet)
 
     def youngest_age(self, now: float) -> float:
@@ -58,12 +71,14 @@ class PlanningState:
             return float("inf")
         return now - max(self.ready_rose_at.values())
 
-    def _correct(self, window: FrontendWindow, fleet: Mapping[str, RoleState], now: float) -> None:
+    def _correct(self, window: FrontendWindow, fleet: Mapping[str, RoleState], waiting: int, now: float) -> None:
         model = self.decider.model
         ready = sum(s.ready for s in fleet.values())
         if model is None or ready == 0 or window.isl is None or window.request_rate == 0:
             return
-        sample = Sample(window.isl, window.inflight / ready, window.ttft_ms, window.itl_ms, self.youngest_age(now))
+        sample = Sample(
+            window.isl, window.inflight / ready, window.ttft_ms, window.itl_ms, self.youngest_age(now), waiting / ready,
+        )
         model.correct(sample)
 
     def load_step(
@@ -78,7 +93,7 @@ class PlanningState:
         scraped), the fleet, each role's waiting requests and the missing signals."""
         if window is not None:
             self.windows.append(window)
-            self._correct(window, fleet, now)
+            self._correct(window, fleet, sum(waiting.values()), now)
         return [
             self.decider.load(role, fleet, observation(window, waiting.get(role, 0), missing))
             for role in self.config.roles
@@ -96,7 +111,14 @@ class PlanningState:
                 self.isl_predictor.observe(sum(isls) / len(isls))
         else:
             missing = ("frontend_metrics",)
-        rate, isl = self.rate_predictor.predict(), self.isl_predictor.predict()
+        # A replica asked for now serves from the next interval plus its start-up on:
+        # the floor is the forecast for then when it is higher than the next interval's.
+        ahead = 1.0 + self.startup_s / self.config.intervals.throughput_s
+        rate = self.rate_predictor.predict()
+        later = self.rate_predictor.predict(ahead)
+        if rate is not None and later is not None:
+            rate = max(rate, later)
+        isl = self.isl_predictor.predict()
         if rate is not None and isl is None and rate == 0:
             isl = 1.0  # no traffic yet: no input length, and none needed
         return [self.decider.throughput(role, fleet, rate, isl, missing) for role in self.config.roles]
