@@ -1,10 +1,11 @@
-"""The planner sizing a disaggregated fleet in real processes (both backends): an
-HTTP frontend, and the prefill and decode mocker workers the planner starts with its
-local connector (roles `prefill` and `decode`). Every prompt is prefilled remotely on a
-slow prefill pool, so a load step pushes TTFT over its target: the planner grows the
-prefill role (the one that answers for TTFT) and leaves decode alone (ITL stays inside
-its target); a lighter load lets prefill shrink back to its minimum, each removal
-drained. No request may fail."""
+"""The planner sizing a disaggregated fleet in real processes (embedded backend; the
+planner over etcd + NATS runs in `test_planner_e2e.py`, and this test passed on etcd +
+NATS too when written, at 40 s of CI time a run): an HTTP frontend, and the prefill and
+decode mocker workers the planner starts with its local connector (roles `prefill` and
+`decode`). Every prompt is prefilled remotely on a slow prefill pool, so a load step
+pushes TTFT over its target: the planner grows the prefill role (the one that answers
+for TTFT) and leaves decode alone (ITL stays inside its target); a lighter load lets
+prefill shrink back to its minimum, each removal drained. No request may fail."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from faults.load import Load
 from helpers import free_port, wait_until
 from llm_helpers import DYNAMO_RUN, MOCKER, Frontend, Planner, write_json
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.parametrize("backend", ["embedded"], indirect=True), pytest.mark.timeout(180)]
 
 #: One prompt at a time at 5 ms per token: a ~45-token prompt holds a prefill worker
 #: ~0.25 s, so eight clients queue for seconds on one worker and not on three.
