@@ -66,8 +66,10 @@ def send(frontend: Frontend, count: int) -> list[Any]:
             for _ in range(count)]
 
 
-async def test_drain_under_load_then_resume(workers: WorkerPool, namespace: str, model_dir: Path,
-                                            tmp_path: Path, runtime: Any) -> None:
+async def two_slow_workers_and_a_frontend(workers: WorkerPool, namespace: str, model_dir: Path, tmp_path: Path,
+                                          runtime: Any) -> tuple[int, Any, Frontend]:
+    """Two slow mocker workers, both registered and ready, and a frontend listing their
+    model: the first worker's system port, a client of their endpoint, the frontend."""
     settings = write_json(tmp_path / "slow.json", SLOW_MOCKER)
     endpoint = f"{namespace}.mocker.generate"
     a = start_worker(workers, model_dir, endpoint, settings, "worker-a")
@@ -79,6 +81,12 @@ async def test_drain_under_load_then_resume(workers: WorkerPool, namespace: str,
     for port in (a, b):
         await wait_until(lambda p=port: http_request(p, "GET", "/ready", timeout=2).status == 200, 30, "ready",
                          ignore=(OSError,))
+    return a, client, frontend
+
+
+async def test_drain_under_load_then_resume(workers: WorkerPool, namespace: str, model_dir: Path,
+                                            tmp_path: Path, runtime: Any) -> None:
+    a, client, frontend = await two_slow_workers_and_a_frontend(workers, namespace, model_dir, tmp_path, runtime)
     assert admin.call(f"127.0.0.1:{a}", "state") == {"state": "serving", "inflight": 0, "deadline_in_s": None, "cut": 0}
 
     load = send(frontend, 6)  # round-robin: three on each worker
@@ -134,17 +142,8 @@ def completion_text(body: bytes) -> str:
 
 async def test_drain_deadline_migrates_the_streams_still_running(workers: WorkerPool, namespace: str, model_dir: Path,
                                                                  tmp_path: Path, runtime: Any) -> None:
-    settings = write_json(tmp_path / "slow.json", SLOW_MOCKER)
-    endpoint = f"{namespace}.mocker.generate"
-    a = start_worker(workers, model_dir, endpoint, settings, "worker-a")
-    b = start_worker(workers, model_dir, endpoint, settings, "worker-b")
-    client = await runtime.namespace(namespace).component("mocker").endpoint("generate").client()
-    await wait_for_instances(client, 2)
-    frontend = await start_frontend(workers, "dyn")  # its defaults: migration on, limit 3
-    await frontend.wait_models(["m"])
-    for port in (a, b):
-        await wait_until(lambda p=port: http_request(p, "GET", "/ready", timeout=2).status == 200, 30, "ready",
-                         ignore=(OSError,))
+    # The frontend's defaults: migration on, limit 3.
+    a, _, frontend = await two_slow_workers_and_a_frontend(workers, namespace, model_dir, tmp_path, runtime)
     body = completion(LONG_TOKENS)
     reference = completion_text((await asyncio.to_thread(post_json, frontend.port, "/v1/completions", body, 90)).body)
     assert reference, "the reference run generated text"

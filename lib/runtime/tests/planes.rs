@@ -10,7 +10,7 @@ use bytes::Bytes;
 use dynamo_runtime::config::{DiscoveryBackend, RuntimeConfig};
 use dynamo_runtime::discovery::MemStore;
 use dynamo_runtime::typed::{decode_item, stream_handler};
-use dynamo_runtime::{DistributedRuntime, ErrorKind, RequestContext};
+use dynamo_runtime::{Client, DistributedRuntime, ErrorKind, RequestContext};
 use futures::StreamExt;
 
 fn mem_config() -> RuntimeConfig {
@@ -27,6 +27,11 @@ async fn serve_counter(rt: &DistributedRuntime) {
         async_stream(n, ctx)
     });
     rt.namespace("t").unwrap().component("counter").unwrap().endpoint("generate").unwrap().start(handler).await.unwrap();
+}
+
+/// `rt`'s client of the counter endpoint.
+async fn counter_client(rt: &DistributedRuntime) -> Client {
+    rt.namespace("t").unwrap().component("counter").unwrap().endpoint("generate").unwrap().client().await.unwrap()
 }
 
 fn async_stream(n: i64, ctx: RequestContext) -> impl futures::Stream<Item = Result<i64, String>> + Send {
@@ -53,7 +58,7 @@ async fn stream_order_errors_and_direct() {
     let worker = runtime(&store).await;
     serve_counter(&worker).await;
     let caller = runtime(&store).await;
-    let client = caller.namespace("t").unwrap().component("counter").unwrap().endpoint("generate").unwrap().client().await.unwrap();
+    let client = counter_client(&caller).await;
     let ids = client.wait_for_instances(Some(Duration::from_secs(5))).await.unwrap();
     assert_eq!(ids, vec![worker.instance_id()]);
 
@@ -92,7 +97,7 @@ async fn stop_and_drop_reach_the_worker_and_shutdown_unregisters() {
     let worker = runtime(&store).await;
     serve_counter(&worker).await;
     let caller = runtime(&store).await;
-    let client = caller.namespace("t").unwrap().component("counter").unwrap().endpoint("generate").unwrap().client().await.unwrap();
+    let client = counter_client(&caller).await;
     client.wait_for_instances(Some(Duration::from_secs(5))).await.unwrap();
 
     // A slow, long stream: stop_generating makes the handler end it early.
@@ -175,7 +180,7 @@ async fn a_drain_deadline_ends_the_streams_still_in_flight_as_unavailable() {
     let worker = runtime(&store).await;
     serve_counter(&worker).await;
     let caller = runtime(&store).await;
-    let client = caller.namespace("t").unwrap().component("counter").unwrap().endpoint("generate").unwrap().client().await.unwrap();
+    let client = counter_client(&caller).await;
     client.wait_for_instances(Some(Duration::from_secs(5))).await.unwrap();
 
     // 20,000 items at 1 ms or more each: far past the deadline.
@@ -222,7 +227,7 @@ async fn drain_takes_the_instance_out_of_routing_and_resume_brings_it_back() {
     let worker = runtime(&store).await;
     serve_counter(&worker).await;
     let caller = runtime(&store).await;
-    let client = caller.namespace("t").unwrap().component("counter").unwrap().endpoint("generate").unwrap().client().await.unwrap();
+    let client = counter_client(&caller).await;
     client.wait_for_instances(Some(Duration::from_secs(5))).await.unwrap();
     assert_eq!(worker.planes().drain_status().state, ServingState::Serving);
 
