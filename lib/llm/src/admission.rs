@@ -22,6 +22,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -218,6 +219,7 @@ impl Admission {
             limits: self.limits.clone(),
             metrics: self.metrics.clone(),
             charged: Mutex::new(0),
+            first_seen: AtomicBool::new(false),
         }))
     }
 
@@ -252,6 +254,8 @@ pub(crate) struct Ticket {
     metrics: AdmissionMetrics,
     /// Prompt tokens this request holds among its model's queued tokens.
     charged: Mutex<u64>,
+    /// Whether its first item came (every later item returns at once, without a lock).
+    first_seen: AtomicBool,
 }
 
 impl Ticket {
@@ -271,8 +275,15 @@ impl Ticket {
         Ok(())
     }
 
-    /// The request produced its first item: its prompt tokens are no longer queued.
+    /// The request produced an item: at the first, its prompt tokens are no longer queued.
     pub(crate) fn first_token(&self) {
+        if !self.first_seen.swap(true, Ordering::AcqRel) {
+            self.release_queued();
+        }
+    }
+
+    /// Its prompt tokens are no longer queued (its first item came, or it ended).
+    fn release_queued(&self) {
         let tokens = std::mem::take(&mut *self.charged.lock());
         if tokens > 0 {
             let mut c = self.counts.lock();
@@ -302,7 +313,7 @@ impl Ticket {
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        self.first_token();
+        self.release_queued();
         self.counts.lock().inflight -= 1;
         self.metrics.inflight.with_label_values(&[&self.model]).dec();
     }
