@@ -150,6 +150,27 @@ async fn a_detached_stream_holds_its_models_share_until_its_generation_ends() {
 }
 
 #[tokio::test]
+async fn a_detached_stream_holds_its_global_slot_until_its_generation_ends() {
+    let limits = HttpLimits { max_inflight: 1, ..HttpLimits::default() };
+    let service = start(HttpService::builder().limits(limits)).await;
+    let addr = service.local_addr();
+    let long = PROMPT.repeat(5);
+    let mut client = open(addr, "POST", "/v1/chat/completions", &[RESUMABLE], Some(&chat(&long))).await;
+    assert_eq!(client.status, 200);
+    client.next().await.expect("a first event");
+    drop(client);
+    // The client left; its generation goes on and still fills the one global slot.
+    let refused = open(addr, "POST", "/v1/chat/completions", &[], Some(&chat("x"))).await;
+    assert_eq!(refused.status, 503, "a detached generation still holds the global in-flight slot");
+    drop(refused);
+    poll::eventually("the generation ends and frees the slot", common::WAIT, async || {
+        (open(addr, "POST", "/v1/chat/completions", &[], Some(&chat("y"))).await.status == 200).then_some(())
+    })
+    .await;
+    service.shutdown().await.unwrap();
+}
+
+#[tokio::test]
 async fn a_dropped_client_resumes_after_its_last_event() {
     let service = start(HttpService::builder()).await;
     let addr = service.local_addr();

@@ -13,7 +13,8 @@ use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::Response;
 use bytes::Bytes;
-use tokio::sync::Semaphore;
+use futures::stream::{BoxStream, StreamExt};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::connections::overloaded;
 use super::error::ApiError;
@@ -37,13 +38,40 @@ pub(crate) struct GlobalCap {
     pub admission: Arc<Admission>,
 }
 
+/// A request's slot under the global cap. The response body holds it and so may the
+/// engine stream (a request extension hands it to the handler): the slot is free when
+/// both are gone, so a generation that outlives its client (a detached resumable
+/// stream, a background response) keeps counting until it ends.
+#[derive(Clone)]
+pub(crate) struct InflightSlot {
+    _permit: Arc<OwnedSemaphorePermit>,
+}
+
+impl InflightSlot {
+    /// `stream`, holding `slot` (if the route has one) until the stream is dropped.
+    pub(crate) fn hold<T: Send + 'static>(slot: Option<Self>, stream: BoxStream<'static, T>) -> BoxStream<'static, T> {
+        match slot {
+            Some(slot) => stream
+                .map(move |item| {
+                    let _held = &slot;
+                    item
+                })
+                .boxed(),
+            None => stream,
+        }
+    }
+}
+
 /// Cap generation requests in flight: past `max_inflight`, 503 with `Retry-After`.
-/// The slot is held until the response body (a stream, too) is done or dropped.
-pub(crate) async fn limit_inflight(State(cap): State<GlobalCap>, request: Request, next: Next) -> Response {
-    let Ok(slot) = cap.slots.clone().try_acquire_owned() else {
+/// The slot is held until the response body (a stream, too) is done or dropped, and
+/// until the engine stream the handler built is dropped ([`InflightSlot`]).
+pub(crate) async fn limit_inflight(State(cap): State<GlobalCap>, mut request: Request, next: Next) -> Response {
+    let Ok(permit) = cap.slots.clone().try_acquire_owned() else {
         cap.admission.refuse_global();
         return overloaded("too many requests in flight; retry later");
     };
+    let slot = InflightSlot { _permit: Arc::new(permit) };
+    request.extensions_mut().insert(slot.clone());
     hold_until_done(next.run(request).await, slot)
 }
 

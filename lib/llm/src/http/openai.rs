@@ -16,7 +16,7 @@ use futures::StreamExt;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::admission::refusal_response;
+use super::admission::{refusal_response, InflightSlot};
 use crate::admission::{ticketed, with_ticket, Ticket};
 use super::connections::overloaded;
 use super::error::ApiError;
@@ -71,6 +71,8 @@ struct Plan {
     ctx: RequestContext,
     /// The request's admission share, held by its engine stream until its generation ends.
     ticket: Arc<Ticket>,
+    /// Its slot under the global cap, held the same way.
+    slot: Option<InflightSlot>,
 }
 
 /// Read and parse a request body of type `T`.
@@ -110,6 +112,7 @@ fn include_usage(options: &Option<StreamOptions>) -> bool {
 pub(crate) async fn chat_completions(
     State(state): State<Arc<AppState>>,
     Extension(id): Extension<RequestId>,
+    slot: Option<Extension<InflightSlot>>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
@@ -133,7 +136,8 @@ pub(crate) async fn chat_completions(
     };
     let plan =
         Plan::new(id, &request.model, EngineKind::Chat, request.stream, include_usage(&request.stream_options), ticket)
-            .resumable(&headers);
+            .resumable(&headers)
+            .holding(slot);
     let fold = ChatAggregator::new(&format!("chatcmpl-{}", plan.ctx.id()), &plan.model);
     let n = request.sampling.n.unwrap_or(1);
     if n == 1 {
@@ -158,6 +162,7 @@ pub(crate) async fn chat_completions(
 pub(crate) async fn completions(
     State(state): State<Arc<AppState>>,
     Extension(id): Extension<RequestId>,
+    slot: Option<Extension<InflightSlot>>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
@@ -187,7 +192,8 @@ pub(crate) async fn completions(
         include_usage(&request.stream_options),
         ticket,
     )
-    .resumable(&headers);
+    .resumable(&headers)
+    .holding(slot);
     let fold = CompletionAggregator::new(&format!("cmpl-{}", plan.ctx.id()), &plan.model);
     let n = request.sampling.n.unwrap_or(1);
     if n == 1 {
@@ -235,7 +241,23 @@ impl Plan {
         ticket: Arc<Ticket>,
     ) -> Self {
         let ctx = RequestContext::new(uuid::Uuid::new_v4().to_string());
-        Plan { request_id: id.0, model: model.to_string(), route, streaming, include_usage, resumable: false, ctx, ticket }
+        Plan {
+            request_id: id.0,
+            model: model.to_string(),
+            route,
+            streaming,
+            include_usage,
+            resumable: false,
+            ctx,
+            ticket,
+            slot: None,
+        }
+    }
+
+    /// Hold the request's global in-flight slot with its engine stream.
+    fn holding(mut self, slot: Option<Extension<InflightSlot>>) -> Self {
+        self.slot = slot.map(|Extension(s)| s);
+        self
     }
 
     /// Mark a streamed request resumable when its headers ask for it.
@@ -282,9 +304,9 @@ where
         _ = shutdown.cancelled() => Err(shutting_down()),
     };
     let mut stream = match started {
-        // The stream keeps the request's share of the model's limits until its
-        // generation ends (a detached stream's too, after its client left).
-        Ok(s) => ticketed(s, ticket.clone()),
+        // The stream keeps the request's share of the model's limits and its global
+        // slot until its generation ends (a detached stream's too, after its client left).
+        Ok(s) => InflightSlot::hold(plan.slot.clone(), ticketed(s, ticket.clone())),
         Err(EngineError::Overloaded(message)) if !state.manager.is_routable(&plan.model) => {
             return overloaded(&format!("{message}; no worker serves the model now"));
         }

@@ -19,7 +19,7 @@ use super::protocol::{CreateRequest, Deleted, ResponseObject};
 use super::store::{StoreError, StoreErrorKind, StoredResponse};
 use crate::engine::{EngineError, RequestContext};
 use crate::admission::{ticketed, with_ticket};
-use crate::http::admission::refusal_response;
+use crate::http::admission::{refusal_response, InflightSlot};
 use crate::http::error::ApiError;
 use crate::http::guard::CancelOnDrop;
 use crate::http::layers::{EngineLogged, RequestId};
@@ -49,9 +49,11 @@ fn not_found(id: &str) -> ApiError {
 pub(crate) async fn create(
     State(state): State<Arc<AppState>>,
     Extension(id): Extension<RequestId>,
+    slot: Option<Extension<InflightSlot>>,
     body: Body,
 ) -> Response {
-    let mut response = match create_inner(state, id, body).await {
+    let slot = slot.map(|Extension(s)| s);
+    let mut response = match create_inner(state, id, slot, body).await {
         Ok(r) => r,
         Err(e) => e.into_response(),
     };
@@ -59,7 +61,12 @@ pub(crate) async fn create(
     response
 }
 
-async fn create_inner(state: Arc<AppState>, request_id: RequestId, body: Body) -> Result<Response, ApiError> {
+async fn create_inner(
+    state: Arc<AppState>,
+    request_id: RequestId,
+    slot: Option<InflightSlot>,
+    body: Body,
+) -> Result<Response, ApiError> {
     let bytes = read_body(body, state.body_limit, state.limits.body_timeout).await?;
     let request: CreateRequest = parse_json(&bytes)?;
     convert::check_supported(&request)?;
@@ -94,9 +101,9 @@ async fn create_inner(state: Arc<AppState>, request_id: RequestId, body: Body) -
     });
     let shutdown = state.shutdown.clone();
     let stream = tokio::select! {
-        // The stream holds the request's admission share until its generation ends
-        // (a background one's too).
-        s = with_ticket(ticket.clone(), engine.chat(chat, ctx)) => ticketed(s?, ticket.clone()),
+        // The stream holds the request's admission share and its global slot until its
+        // generation ends (a background one's too).
+        s = with_ticket(ticket.clone(), engine.chat(chat, ctx)) => InflightSlot::hold(slot, ticketed(s?, ticket.clone())),
         _ = shutdown.cancelled() => return Err(ApiError::unavailable("the server is shutting down")),
     };
     state.admission.admitted(&ticket);
