@@ -15,6 +15,7 @@ sending seeded streamed completions. After ``--warmup-s`` one worker is drained 
 - ``cut`` and ``migrations``: streams the deadline ended, and the frontend's migrations.
 
     python benches/drain.py --workers 3 --concurrency 24 --deadline-s 1
+    python benches/drain.py --backend etcd     # etcd discovery, NATS planes (local servers)
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ sys.path.insert(0, str(HERE.parent / "tests" / "faults"))
 from llm_helpers import MOCKER, write_model_dir  # noqa: E402
 from llm_serving import DYNAMO_RUN, base_env  # noqa: E402
 from resume_client import content, read_all, request  # noqa: E402
-from serving_load import Processes, free_port, wait_for_models  # noqa: E402
+from serving_load import Processes, free_port, start_etcd, start_nats, wait_for_models  # noqa: E402
 
 ENDPOINT = "bench.mocker.generate"
 #: Words of the test model's vocabulary (w3, w4, …); generated tokens are drawn from them.
@@ -81,7 +82,15 @@ async def main(args: argparse.Namespace) -> dict:
         env = base_env(base)
         model_dir = write_model_dir(base / "model")
         processes = Processes(base)
-        os.environ.update({k: v for k, v in env.items() if k.startswith("DYN_")})
+        if args.backend == "etcd":
+            # etcd discovery, NATS request and event planes, on servers of this run alone.
+            env.update({"DYN_DISCOVERY_BACKEND": "etcd", "ETCD_ENDPOINTS": start_etcd(processes, base),
+                        "NATS_SERVER": start_nats(processes, base), "DYN_REQUEST_PLANE": "nats",
+                        "DYN_EVENT_PLANE": "nats"})
+            env.pop("DYN_FILE_KV")
+        # This process's runtime (it watches discovery) joins the same fleet.
+        os.environ.update({k: v for k, v in env.items()
+                           if k.startswith("DYN_") or k in ("ETCD_ENDPOINTS", "NATS_SERVER")})
         runtime = DistributedRuntime(asyncio.get_running_loop(), False)
         try:
             system_ports = []
@@ -177,6 +186,8 @@ async def measure(args: argparse.Namespace, port: int, model: str, system_ports:
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--backend", choices=["embedded", "etcd"], default="embedded",
+                        help="embedded: file discovery, TCP planes; etcd: etcd discovery, NATS planes")
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=24)
     parser.add_argument("--deadline-s", type=float, default=1.0, help="the drain's deadline")
