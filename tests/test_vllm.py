@@ -75,6 +75,8 @@ def test_dynamo_spellings_are_aliases_of_vllm_flags() -> None:
     assert config.model_name == "qwen"
     assert args.served_model_name == ["qwen"]
     assert (config.kv_events, config.role) == (False, "agg")
+    # No --migration-limit: none is registered, so each frontend's default (3) applies.
+    assert config.migration_limit is None
 
 
 def test_served_model_name_is_the_public_name_when_no_model_name() -> None:

@@ -1,7 +1,7 @@
 """The other ways to start a real vLLM worker: ``dynamo-run in=http out=vllm`` (the engine
 as the frontend's child process) and the ``examples/llm`` graph with ``engine: vllm``
 under ``dynamo serve`` (``configs/agg_vllm_cpu.yaml``), each serving the tiny model.
-A killed engine under ``dynamo-run`` (migration limit 0) ends the stream with an error,
+A killed engine under ``dynamo-run`` (its only worker: no other to continue on) ends the stream with an error,
 never as if it had finished, and the run stops naming its child.
 """
 

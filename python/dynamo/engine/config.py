@@ -35,7 +35,9 @@ class WorkerConfig:
     """The public model name (``model`` in OpenAI requests)."""
     model_path: str
     """What the engine loads (a folder or a HuggingFace id)."""
-    migration_limit: int
+    migration_limit: int | None
+    """Registered with the model when set; unset, each frontend's own ``--migration-limit``
+    (default 3) applies."""
     role: str
     """``agg``, ``prefill`` or ``decode`` (docs/disagg.md)."""
     prefill_endpoint: str | None
@@ -87,8 +89,9 @@ def add_arguments(parser: argparse.ArgumentParser, engine: str, own_flags: froze
     add("--kv-cache-block-size", type=int, help=f"tokens per KV block ({engine}'s own flag)")
     add("--context-length", type=int, help=f"the longest prompt + output ({engine}'s own flag)")
     add(
-        "--migration-limit", type=int, default=0,
-        help="times a frontend may continue a broken stream of this model on another worker (default 0)",
+        "--migration-limit", type=int, default=None,
+        help="times a frontend may continue a broken stream of this model on another worker, registered "
+             "with the model (default: unset, the frontend's own --migration-limit, 3; 0: never)",
     )
     add_parser_arguments(parser.add_argument_group("Dynamo: output parsing (docs/tools.md)"))
     add(
@@ -166,7 +169,7 @@ def parse_args(adapter: EngineAdapter, argv: Sequence[str], prog: str) -> Worker
     argv = list(argv)
     p = new_parser(adapter, prog)
     ns = p.parse_args(argv)
-    if ns.migration_limit < 0:
+    if ns.migration_limit is not None and ns.migration_limit < 0:
         p.error("--migration-limit must be at least 0")
     check_parser_names(ns, p)
     if ns.max_concurrent_prefills < 1 or ns.max_local_prefill_length < 0 or ns.max_prefill_queue_size < 0:
