@@ -43,7 +43,8 @@ def test_a_failing_sweep_says_why(tmp_path: Path) -> None:
          "--concurrency", "1", "--rounds", "2", "--output", str(tmp_path / "p.json")],
         capture_output=True, text=True, timeout=60,
     )
-    assert proc.returncode == 1 and "isl 8, concurrency 1" in proc.stderr, proc.stderr
+    assert proc.returncode == 1 and "the probe request that sizes prompts failed" in proc.stderr, proc.stderr
+    assert "ConnectionRefusedError" in proc.stderr, proc.stderr
     assert not (tmp_path / "p.json").exists()
 
 
@@ -51,5 +52,7 @@ def test_prompts_and_quantiles() -> None:
     import random
 
     assert len(prompt_of(100, random.Random(0))) == 100
+    # Sized for a tokenizer that makes a token of 2.5 characters of such words.
+    assert len(prompt_of(100, random.Random(0), 2.5)) == 250
     assert quantile([4.0, 1.0, 3.0, 2.0], 0.5) == pytest.approx(2.5)
     assert quantile([5.0], 0.9) == 5.0

@@ -6,16 +6,24 @@ seeded sampling, chat and completions, streamed and whole, ``max_tokens``, ``sto
 
 Where we differ on purpose, docs/vllm.md ("Differences from vLLM's server") lists it; the
 comparison leaves out only ids, timestamps and fields that name the server.
+
+The same fleet (one worker behind our frontend) is what the planner's profile sweep
+(``python -m dynamo.planner.profile --url``) is run against last: it sizes its prompts
+for the model's real tokenizer and writes a profile the planner loads.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from dynamo.planner.profile import PerformanceModel, load_profile
 from engine_fleet import MODEL, Fleet, fleet_env, launch_vllm_server, stop_all, wait_vllm_server
 from helpers import WorkerPool
 from llm_helpers import post_json, sse_data
@@ -200,3 +208,25 @@ def test_seeded_chat_with_n_and_max_tokens_is_vllms(servers: Servers) -> None:
     assert chat_view(ours) == chat_view(theirs)
     assert {c["finish_reason"] for c in ours["choices"]} <= {"length", "stop"}
     assert usage(ours) == usage(theirs)
+
+
+# --- the planner's profile sweep --------------------------------------------------------
+
+
+def test_the_planners_profile_sweep_runs_on_the_real_engine(servers: Servers, tmp_path: Path) -> None:
+    output = tmp_path / "profile.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "dynamo.planner.profile", "--url", f"http://127.0.0.1:{servers.our_port}",
+         "--model", MODEL, "--isl", "64,256", "--concurrency", "1,2", "--osl", "8", "--rounds", "2",
+         "--output", str(output)],
+        capture_output=True, text=True, timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    # The tiny model's tokenizer is not byte-level (about 1.3 characters a token of these
+    # words): prompts sized one token a byte would be over 10 % off, which fails a point.
+    found = re.search(r"prompts: ([0-9.]+) characters a token", proc.stdout)
+    assert found and float(found.group(1)) > 1.1, proc.stdout
+    profile = load_profile(output)
+    assert sorted((p.isl, p.concurrency) for p in profile.points) == [(64, 1), (64, 2), (256, 1), (256, 2)]
+    assert all(p.ttft_ms > 0 and p.throughput_rps > 0 for p in profile.points), profile.points
+    assert PerformanceModel(profile).capacity(128, ttft_ms=60_000, itl_ms=60_000) > 0

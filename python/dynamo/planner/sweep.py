@@ -12,9 +12,12 @@ between, both at ``--quantile`` over the requests; throughput is the requests co
 per second after the warm-up round.
 
 Prompts are random lowercase words (a fresh prefix per request, so no prefix-cache
-hits); their token count is what the frontend reports (``usage.prompt_tokens``) and is
-recorded as the point's ``isl`` only when it is within 10 % of the one asked, else the
-command fails naming the model's tokenization as the cause.
+hits), sized for the model's tokenizer: before the sweep, one probe prompt measures how
+many characters of such words make a token (the frontend's ``usage.prompt_tokens``;
+1 on the byte-level card, about 2-4 on BPE tokenizers), and every prompt is that many
+characters per token asked. The token count the frontend reports is recorded as the
+point's ``isl`` only when it is within 10 % of the one asked, else the command fails
+naming the model's tokenization as the cause.
 """
 
 from __future__ import annotations
@@ -40,6 +43,9 @@ from dynamo.supervisor import free_port
 REQUEST_TIMEOUT = 120.0
 #: Bound on the started mocker's HTTP input coming up.
 START_TIMEOUT = 60.0
+#: Characters of the probe prompt that sizes prompts for the tokenizer (at most the
+#: smallest ``--isl``, so that it fits wherever the sweep's prompts do).
+PROBE_CHARS = 512
 
 
 @dataclass
@@ -62,15 +68,30 @@ def quantile(values: list[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
 
 
-def prompt_of(isl: int, rng: random.Random) -> str:
-    """About ``isl`` tokens of random words (one token per byte on the byte-level card)."""
+def prompt_of(isl: int, rng: random.Random, chars_per_token: float = 1.0) -> str:
+    """About ``isl`` tokens of random words, for a tokenizer that makes a token of
+    ``chars_per_token`` characters of them (1 on the byte-level card)."""
+    length = max(1, round(isl * chars_per_token))
     letters = "abcdefghijklmnopqrstuvwxyz"
     words, size = [], 0
-    while size < isl:
+    while size < length:
         word = "".join(rng.choice(letters) for _ in range(rng.randint(3, 8)))
         words.append(word)
         size += len(word) + 1
-    return " ".join(words)[:isl]
+    return " ".join(words)[:length]
+
+
+def chars_per_token(host: str, port: int, model: str, chars: int, seed: int) -> float:
+    """Characters of the sweep's random words per token of the model, from one probe
+    prompt of ``chars`` characters and the frontend's ``usage.prompt_tokens``."""
+    probe = prompt_of(chars, random.Random(seed - 1))
+    try:
+        tokens = one_request(host, port, model, probe, 1).prompt_tokens
+    except (OSError, RuntimeError, ValueError) as e:
+        raise RuntimeError(f"the probe request that sizes prompts failed: {type(e).__name__}: {e}") from e
+    if tokens <= 0:
+        raise RuntimeError("the frontend reported no prompt tokens (usage.prompt_tokens): prompts cannot be sized")
+    return len(probe) / tokens
 
 
 def one_request(host: str, port: int, model: str, prompt: str, osl: int) -> Measured:
@@ -108,7 +129,8 @@ def one_request(host: str, port: int, model: str, prompt: str, osl: int) -> Meas
 
 
 def measure_point(
-    host: str, port: int, model: str, isl: int, osl: int, concurrency: int, rounds: int, q: float, seed: int
+    host: str, port: int, model: str, isl: int, osl: int, concurrency: int, rounds: int, q: float, seed: int,
+    per_token: float = 1.0,
 ) -> ProfilePoint:
     """One point of the sweep (see the module's docstring)."""
     kept: list[Measured] = []
@@ -121,7 +143,7 @@ def measure_point(
         rng = random.Random(seed * 1_000_003 + isl * 1009 + concurrency * 31 + index)
         try:
             for round_ in range(rounds):
-                m = one_request(host, port, model, prompt_of(isl, rng), osl)
+                m = one_request(host, port, model, prompt_of(isl, rng, per_token), osl)
                 if round_ == 0:
                     warm.wait(REQUEST_TIMEOUT)
                     with lock:
@@ -145,8 +167,8 @@ def measure_point(
     mean_prompt = sum(m.prompt_tokens for m in kept) / len(kept)
     if abs(mean_prompt - isl) > 0.1 * isl:
         raise RuntimeError(
-            f"isl {isl}: the prompts came to {mean_prompt:.0f} tokens (the model's tokenizer is not one token "
-            "per byte: use the built-in card, or a model whose tokenizer is)"
+            f"isl {isl}: the prompts came to {mean_prompt:.0f} tokens at {per_token:.2f} characters a token "
+            "(measured by the probe): the model's tokenizer does not split random words evenly"
         )
     itls = [m.itl_s for m in kept if m.itl_s is not None]
     return ProfilePoint(
@@ -222,11 +244,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             url = urlsplit(args.url)
             host, port, engine = url.hostname or "127.0.0.1", url.port or 80, "unknown"
+        per_token = chars_per_token(host, port, args.model, min(PROBE_CHARS, *args.isl), args.seed)
+        print(f"prompts: {per_token:.2f} characters a token", flush=True)
         points = []
         for isl in args.isl:
             for concurrency in args.concurrency:
                 point = measure_point(
-                    host, port, args.model, isl, args.osl, concurrency, args.rounds, args.quantile, args.seed
+                    host, port, args.model, isl, args.osl, concurrency, args.rounds, args.quantile, args.seed,
+                    per_token,
                 )
                 print(
                     f"isl {isl:>6} concurrency {concurrency:>4}: TTFT {point.ttft_ms:8.1f} ms  "
