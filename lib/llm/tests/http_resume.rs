@@ -124,12 +124,10 @@ async fn start(builder: HttpServiceBuilder) -> RunningHttpService {
 const RESUMABLE: (&str, &str) = ("x-dynamo-resumable", "true");
 const PROMPT: &str = "the quick brown fox jumps over the lazy dog";
 
-#[tokio::test]
-async fn a_detached_stream_holds_its_models_share_until_its_generation_ends() {
-    let limits = HttpLimits {
-        admission: AdmissionLimits { max_inflight_requests: Some(1), ..Default::default() },
-        ..HttpLimits::default()
-    };
+/// A resumable stream whose client leaves keeps what admission gave it until its
+/// generation ends: with `limits` allowing one request, another is refused with
+/// `refused` meanwhile, and served once the detached generation is over.
+async fn a_detached_stream_holds_until_its_generation_ends(limits: HttpLimits, refused: u16) {
     let service = start(HttpService::builder().limits(limits)).await;
     let addr = service.local_addr();
     // About two seconds of generation at 10 ms per token.
@@ -139,9 +137,9 @@ async fn a_detached_stream_holds_its_models_share_until_its_generation_ends() {
     client.next().await.expect("a first event");
     drop(client);
     // The client left; its generation goes on, and so does its share.
-    let refused = open(addr, "POST", "/v1/chat/completions", &[], Some(&chat("x"))).await;
-    assert_eq!(refused.status, 429, "a detached generation still holds the model's one share");
-    drop(refused);
+    let second = open(addr, "POST", "/v1/chat/completions", &[], Some(&chat("x"))).await;
+    assert_eq!(second.status, refused, "a detached generation still holds the one request allowed");
+    drop(second);
     poll::eventually("the generation ends and lets go", common::WAIT, async || {
         (open(addr, "POST", "/v1/chat/completions", &[], Some(&chat("y"))).await.status == 200).then_some(())
     })
@@ -150,24 +148,18 @@ async fn a_detached_stream_holds_its_models_share_until_its_generation_ends() {
 }
 
 #[tokio::test]
+async fn a_detached_stream_holds_its_models_share_until_its_generation_ends() {
+    let limits = HttpLimits {
+        admission: AdmissionLimits { max_inflight_requests: Some(1), ..Default::default() },
+        ..HttpLimits::default()
+    };
+    a_detached_stream_holds_until_its_generation_ends(limits, 429).await;
+}
+
+#[tokio::test]
 async fn a_detached_stream_holds_its_global_slot_until_its_generation_ends() {
     let limits = HttpLimits { max_inflight: 1, ..HttpLimits::default() };
-    let service = start(HttpService::builder().limits(limits)).await;
-    let addr = service.local_addr();
-    let long = PROMPT.repeat(5);
-    let mut client = open(addr, "POST", "/v1/chat/completions", &[RESUMABLE], Some(&chat(&long))).await;
-    assert_eq!(client.status, 200);
-    client.next().await.expect("a first event");
-    drop(client);
-    // The client left; its generation goes on and still fills the one global slot.
-    let refused = open(addr, "POST", "/v1/chat/completions", &[], Some(&chat("x"))).await;
-    assert_eq!(refused.status, 503, "a detached generation still holds the global in-flight slot");
-    drop(refused);
-    poll::eventually("the generation ends and frees the slot", common::WAIT, async || {
-        (open(addr, "POST", "/v1/chat/completions", &[], Some(&chat("y"))).await.status == 200).then_some(())
-    })
-    .await;
-    service.shutdown().await.unwrap();
+    a_detached_stream_holds_until_its_generation_ends(limits, 503).await;
 }
 
 #[tokio::test]
