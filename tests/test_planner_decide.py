@@ -233,6 +233,13 @@ def test_a_serving_replica_goes_only_after_several_quiet_passes_in_a_row() -> No
     # A starting replica is not held back by the count.
     starting = decider.load("agg", {"agg": RoleState(ready=4, pending=1)}, quiet)
     assert (starting.action, starting.target) == ("down", 4), starting
+    # Nor is a serving one while the demand falls (three falling forecasts): a fall is
+    # not a quiet window between busy ones, and the count would keep the fleet up long
+    # after it (on the lab's step, not back to the minimum by the end).
+    for rate in (12.0, 8.0, 4.0):
+        decider.throughput("agg", fleet, rate, ISL)
+    falling = decider.load("agg", fleet, quiet)
+    assert (falling.action, falling.target) == ("down", 3), falling
 
 
 def test_a_missing_signal_is_a_visible_hold() -> None:

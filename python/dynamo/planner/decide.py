@@ -25,8 +25,9 @@
   moves: that band is the hysteresis that keeps a constant load from flapping 2↔1. When
   the throughput loop's last ``FALLING_FORECASTS`` forecasts each fell, the demand falls
   rather than wobbles: the check is made at the lower of the observed rate and the latest
-  forecast, with half the margin (a fleet that shrinks late on a fall pays for it in GPU
-  time, and a fall does not flap).
+  forecast, with half the margin, and without waiting for ``scale_down_windows`` passes
+  in a row (a fleet that shrinks late on a fall pays for it in GPU time, and a fall
+  does not flap).
 
 A replica that was started but is not ready yet (*pending*) is counted in the fleet,
 never waited for: a scale-down decision is made as if it were there, and executing it
@@ -359,7 +360,7 @@ class Decider:
                 return Decision(role, "load", current, current, why)
         self.fits_in_a_row[role] += 1
         in_a_row = self.config.scale_down_windows
-        if not state.pending and self.fits_in_a_row[role] < in_a_row:
+        if not state.pending and not self._falling(role) and self.fits_in_a_row[role] < in_a_row:
             return Decision(
                 role, "load", current, current,
                 f"hold: {current - 1} replica(s) would do ({why}), "
