@@ -17,11 +17,12 @@ Holt's method is the same with every ``s`` zero. ``phi`` (0 < phi <= 1) damps th
 (Gardner and McKenzie's damped trend, statsmodels' ``damped_trend``): at 1 the trend
 goes on forever, the plain method; under 1 a forecast h intervals ahead adds at most
 ``phi / (1 - phi)`` intervals of trend, so a rise that stops is not carried past its
-top. For a fractional ``h`` the sum is ``phi * (1 - phi^h) / (1 - phi)``. Holt-Winters starts once it has seen one
-season (level: its mean, trend: 0, each ``s``: the value less that mean) and forecasts
-the mean of what it saw before that. A season needs history the planner rarely has at
-start: ``warm_start`` (past values, e.g. ``trace_rates`` of a recorded trace) gives it.
-Every model never forecasts below zero.
+top. For a fractional ``h`` the sum is ``phi * (1 - phi^h) / (1 - phi)``.
+
+Holt-Winters starts once it has seen one season (level: its mean, trend: 0, each ``s``:
+the value less that mean) and forecasts the mean of what it saw before that. A season
+needs history the planner rarely has at start: ``warm_start`` (past values, e.g.
+``trace_rates`` of a recorded trace) gives it. Every model never forecasts below zero.
 """
 
 from __future__ import annotations
