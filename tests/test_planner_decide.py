@@ -96,6 +96,26 @@ def test_a_backlog_sizes_the_fleet_in_proportion_counting_starting_replicas() ->
     assert calm.action == "hold", calm
 
 
+def test_a_falling_forecast_lets_the_fleet_shrink_with_half_the_margin() -> None:
+    fleet = {"agg": RoleState(ready=3)}
+    # 11 req/s seen: 2 replicas carry 4 req/s each within 80 % of the targets, 4.5 within 90 %.
+    light = seen(11.0, 3)
+
+    def after(forecasts: list[float]) -> str:
+        decider = Decider(config(), PerformanceModel(profile()))
+        for rate in forecasts:
+            decider.throughput("agg", fleet, rate, ISL)
+        return decider.load("agg", fleet, light).action
+
+    # Flat, or one fall (noise): judged at the load seen with the whole margin.
+    assert after([8.8, 8.8, 8.8]) == "hold"
+    assert after([8.8, 9.0, 8.8]) == "hold"
+    # Three falling forecasts: at the latest (8.8: 4.4 a replica) with half the margin.
+    assert after([12.0, 10.0, 8.8]) == "down"
+    # Still not below what half the margin allows (9.6: 4.8 a replica).
+    assert after([12.0, 10.0, 9.6]) == "hold"
+
+
 def test_a_replica_is_added_for_latency_only_after_several_slow_passes_in_a_row() -> None:
     decider = Decider(config(scale_up_windows=2))
     fleet = {"agg": RoleState(ready=2)}
@@ -213,6 +233,13 @@ def test_a_serving_replica_goes_only_after_several_quiet_passes_in_a_row() -> No
     # A starting replica is not held back by the count.
     starting = decider.load("agg", {"agg": RoleState(ready=4, pending=1)}, quiet)
     assert (starting.action, starting.target) == ("down", 4), starting
+    # Nor is a serving one while the demand falls (three falling forecasts): a fall is
+    # not a quiet window between busy ones, and the count would keep the fleet up long
+    # after it (on the lab's step, not back to the minimum by the end).
+    for rate in (12.0, 8.0, 4.0):
+        decider.throughput("agg", fleet, rate, ISL)
+    falling = decider.load("agg", fleet, quiet)
+    assert (falling.action, falling.target) == ("down", 3), falling
 
 
 def test_a_missing_signal_is_a_visible_hold() -> None:

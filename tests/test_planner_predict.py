@@ -50,6 +50,25 @@ def test_holt_forecasts_further_ahead_along_its_trend() -> None:
     assert (winters.predict(1.0), winters.predict(2.0)) == (pytest.approx(2.0, abs=0.5), pytest.approx(6.0, abs=0.5))
 
 
+def test_a_damped_trend_stops_where_a_plain_one_goes_on() -> None:
+    # A rise that has stopped: 2, 4, ... 40, then flat at 40.
+    series = [2.0 * i for i in range(1, 21)] + [40.0] * 2
+    plain = make_predictor("holt", alpha=0.5, beta=0.3, warm_start=series)
+    damped = make_predictor("holt", alpha=0.5, beta=0.3, phi=0.8, warm_start=series)
+    # The plain trend carries the forecast on in proportion to the horizon; the damped
+    # one adds at most phi / (1 - phi) = 4 intervals of its trend, however far it looks.
+    assert plain.predict(10.0) - plain.predict(5.0) == pytest.approx(5.0 * (plain.predict(2.0) - plain.predict()))
+    assert damped.predict(1000.0) - damped.predict() < 4.0 * (damped.predict(2.0) - damped.predict()) / 0.8**2
+    assert 40.0 < damped.predict(10.0) < plain.predict(10.0)
+    # phi 1 is the plain method, for Holt-Winters too.
+    same = make_predictor("holt", alpha=0.5, beta=0.3, phi=1.0, warm_start=series)
+    assert same.predict(3.0) == plain.predict(3.0)
+    seasonal = [2.0, 6.0] * 6 + [4.0, 8.0, 6.0, 10.0]
+    winters = make_predictor("holt_winters", season=2, warm_start=seasonal)
+    damped_winters = make_predictor("holt_winters", season=2, phi=0.5, warm_start=seasonal)
+    assert damped_winters.predict(8.0) < winters.predict(8.0)
+
+
 def test_holt_never_forecasts_negative_demand() -> None:
     holt = make_predictor("holt", alpha=0.9, beta=0.9, warm_start=[20, 10, 2, 0])
     assert holt.predict() == 0.0
@@ -75,6 +94,9 @@ def test_bad_names_and_parameters_are_errors() -> None:
         make_predictor("holt_winters", season=1)
     with pytest.raises(ValueError, match="gamma"):
         make_predictor("holt_winters", gamma=1.5)
+    for kind in ("holt", "holt_winters"):
+        with pytest.raises(ValueError, match="phi"):
+            make_predictor(kind, phi=0.0)
 
 
 def daily(days: int, season: int = 12) -> list[float]:
@@ -157,3 +179,22 @@ def test_the_floor_is_the_forecast_for_when_a_replica_asked_for_now_serves() -> 
     assert ahead > next_one + 3.0
     assert f"forecast {ahead:.2f} req/s" in decision.reason, (decision, next_one, ahead)
     assert decision.target == math.ceil(ahead / 5.0), decision
+
+
+def test_before_any_start_is_seen_the_configured_start_up_sets_how_far_ahead() -> None:
+    from dynamo.planner.decide import RoleState
+    from dynamo.planner.step import expected_startup_s
+
+    base = {"model": "m", "roles": {"agg": {"max_replicas": 20}}, "intervals": {"throughput_s": 20, "load_s": 10}}
+    assert expected_startup_s(build_config(base)) == 0.0
+    local = build_config({**base, "connector": {"kind": "local", "startup_delay_s": 25}})
+    assert expected_startup_s(local) == 25.0
+    # Set, it wins over the connector's delay (which a process only adds to).
+    both = build_config({**base, "expected_startup_s": 40, "connector": {"kind": "local", "startup_delay_s": 25}})
+    assert expected_startup_s(both) == 40.0
+    state = PlanningState(local, Decider(local))
+    assert state.startup_s == 25.0
+    # Once a start is seen, what was seen replaces the estimate.
+    state.note_fleet({"agg": RoleState(ready=1, pending=1)}, 0.0)
+    state.note_fleet({"agg": RoleState(ready=2)}, 50.0)
+    assert state.startup_s == 50.0

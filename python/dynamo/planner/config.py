@@ -80,6 +80,9 @@ class PredictorConfig(_Strict):
     #: ``holt_winters``: the seasonal term's smoothing and the season, in throughput intervals.
     gamma: float = Field(default=0.3, ge=0.0, le=1.0)
     season: int = Field(default=24, ge=2)
+    #: ``holt``, ``holt_winters``: the trend's damping, in (0, 1]; 1 carries a trend on
+    #: forever, under 1 a forecast adds at most ``phi / (1 - phi)`` intervals of trend.
+    phi: float = Field(default=1.0, gt=0.0, le=1.0)
     #: Past request rates (req/s, one per throughput interval) that warm the model up.
     warm_start: list[float] = Field(default_factory=list)
     #: A Mooncake-format trace whose per-interval request rates warm the model up
@@ -146,6 +149,10 @@ class PlannerConfig(_Strict):
     advisory: bool = False
     #: Allow ``min_replicas: 0``.
     scale_to_zero: bool = False
+    #: Seconds a started replica is assumed to take to become ready until the planner has
+    #: seen one start (then it uses what it saw): how far ahead the throughput loop
+    #: forecasts. ``None``: the local connector's ``startup_delay_s``, else 0.
+    expected_startup_s: float | None = Field(default=None, ge=0.0)
     #: Seconds after a worker becomes ready during which its latencies do not correct the model.
     warmup_s: float = Field(default=30.0, ge=0.0)
     #: Seconds after which a signal not refreshed counts as stale.

@@ -22,7 +22,12 @@
   the throughput loop's forecast rises (unless the observed rate fell under the earlier
   forecast since), nor until more than one throughput interval
   after the role grew (unless demand is gone). Between that line and the target nothing
-  moves: that band is the hysteresis that keeps a constant load from flapping 2↔1.
+  moves: that band is the hysteresis that keeps a constant load from flapping 2↔1. When
+  the throughput loop's last ``FALLING_FORECASTS`` forecasts each fell, the demand falls
+  rather than wobbles: the check is made at the lower of the observed rate and the latest
+  forecast, with half the margin, and without waiting for ``scale_down_windows`` passes
+  in a row (a fleet that shrinks late on a fall pays for it in GPU time, and a fall
+  does not flap).
 
 A replica that was started but is not ready yet (*pending*) is counted in the fleet,
 never waited for: a scale-down decision is made as if it were there, and executing it
@@ -33,6 +38,8 @@ Every target is then constrained by ``min_replicas``/``max_replicas`` and the GP
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -111,6 +118,10 @@ def count_reversals(changes: Iterable[int]) -> int:
     return reversals
 
 
+#: Demand forecasts that must each fall for a scale-down to count the demand as falling.
+FALLING_FORECASTS = 3
+
+
 class Decider:
     """The two loops' rules over one configuration and (optionally) a performance model."""
 
@@ -125,7 +136,7 @@ class Decider:
         self.over_in_a_row: dict[str, int] = {name: 0 for name in config.roles}
         #: Each role's waiting requests at its last load pass (whether a backlog shrinks).
         self.last_waiting: dict[str, int] = {}
-        #: Each role's last two demand forecasts (req/s), the latest last.
+        #: Each role's last ``FALLING_FORECASTS`` demand forecasts (req/s), the latest last.
         self.forecasts: dict[str, list[float]] = {}
         #: Each role's last input-length forecast (tokens): steadier than one window's mean.
         self.isl_forecasts: dict[str, float] = {}
@@ -169,7 +180,7 @@ class Decider:
             pairs = (("request_rate", predicted_rate), ("isl", predicted_isl))
             gone = missing or tuple(name for name, value in pairs if value is None)
             return Decision(role, "throughput", current, current, "hold: no demand forecast", gone)
-        self.forecasts[role] = [*self.forecasts.get(role, [])[-1:], predicted_rate]
+        self.forecasts[role] = [*self.forecasts.get(role, [])[1 - FALLING_FORECASTS:], predicted_rate]
         self.isl_forecasts[role] = predicted_isl
         if self.model is None:
             return Decision(role, "throughput", current, current, "hold: no profile (the load loop sizes alone)")
@@ -187,15 +198,15 @@ class Decider:
             self.grew_at[role] = self.passes[role]
         return Decision(role, "throughput", current, target, f"floor {floor}: {why}{capped}")
 
-    def _fits_with(self, role: str, ready: int, serving: int, obs: Observation) -> tuple[bool, str]:
-        """Whether ``serving`` replicas keep the role under the targets less the margin
+    def _fits_with(self, role: str, ready: int, serving: int, obs: Observation, margin: float) -> tuple[bool, str]:
+        """Whether ``serving`` replicas keep the role under the targets less ``margin``
         (``obs`` was seen with ``ready`` replicas serving)."""
         rate = obs.request_rate or 0.0
         if rate == 0 and obs.waiting == 0 and obs.waiting_for_workers == 0:
             return True, "no demand"
         if serving == 0:
             return False, "demand remains"
-        keep = 1.0 - self.config.scale_down_margin
+        keep = 1.0 - margin
         ttft, itl = self._limits(role)
         # The fleet as it is already misses the band, or holds work it has not started:
         # one replica fewer cannot do better, whatever the profile says of the rate.
@@ -234,6 +245,13 @@ class Decider:
             return self.config.roles[role].max_replicas
         demand = obs.request_rate + obs.waiting / self.config.intervals.throughput_s
         return math.ceil(demand / capacity - 1e-9)
+
+    def _falling(self, role: str) -> bool:
+        """Whether each of the role's last ``FALLING_FORECASTS`` demand forecasts fell."""
+        forecasts = self.forecasts.get(role, [])
+        return len(forecasts) == FALLING_FORECASTS and all(
+            later < earlier for earlier, later in itertools.pairwise(forecasts)
+        )
 
     def load(self, role: str, fleet: Mapping[str, RoleState], obs: Observation) -> Decision:
         """The load loop's pass for ``role``: up, -1 or hold."""
@@ -321,7 +339,12 @@ class Decider:
         # One fewer: a pending replica goes first, so the serving fleet shrinks only
         # when none is pending.
         serving = min(state.ready, current - 1)
-        fits, why = self._fits_with(role, state.ready, serving, obs)
+        forecasts, margin = self.forecasts.get(role, []), self.config.scale_down_margin
+        if self._falling(role) and obs.request_rate:
+            # A fall, not noise around a constant load: judge at the lower of the load seen
+            # and the one forecast, with half the hysteresis.
+            obs, margin = dataclasses.replace(obs, request_rate=min(obs.request_rate, forecasts[-1])), margin / 2
+        fits, why = self._fits_with(role, state.ready, serving, obs, margin)
         if not fits:
             self.fits_in_a_row[role] = 0
             return Decision(role, "load", current, current, f"hold: {current - 1} replica(s) would not do ({why})")
@@ -329,15 +352,15 @@ class Decider:
             cooling, forecasts = self._cooling(role), self.forecasts.get(role, [])
             late = f"the role grew {cooling} pass(es) too recently" if cooling else ""
             # Rising, and the load has not fallen back under the earlier forecast since.
-            if len(forecasts) == 2 and forecasts[1] > forecasts[0] and (obs.request_rate or 0.0) >= forecasts[0]:
-                late = f"the forecast rises ({forecasts[0]:.2f} -> {forecasts[1]:.2f} req/s)"
+            if len(forecasts) >= 2 and forecasts[-1] > forecasts[-2] and (obs.request_rate or 0.0) >= forecasts[-2]:
+                late = f"the forecast rises ({forecasts[-2]:.2f} -> {forecasts[-1]:.2f} req/s)"
             if late:
                 self.fits_in_a_row[role] = 0
                 why = f"hold: {current - 1} replica(s) would do ({why}), but {late}"
                 return Decision(role, "load", current, current, why)
         self.fits_in_a_row[role] += 1
         in_a_row = self.config.scale_down_windows
-        if not state.pending and self.fits_in_a_row[role] < in_a_row:
+        if not state.pending and not self._falling(role) and self.fits_in_a_row[role] < in_a_row:
             return Decision(
                 role, "load", current, current,
                 f"hold: {current - 1} replica(s) would do ({why}), "

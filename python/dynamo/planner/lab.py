@@ -383,8 +383,13 @@ def static_peak(workload: Workload, settings: Settings, log: Callable[[str], Non
 
 
 def planning_state(settings: Settings, model: PerformanceModel | None) -> PlanningState:
-    """The planner's state for one configuration (``model`` None: the load loop alone)."""
-    return PlanningState(settings.config, Decider(settings.config, model))
+    """The planner's state for one configuration (``model`` None: the load loop alone).
+    The simulated connector's start-up is known, as the local connector's delay is: it is
+    the planner's start-up estimate until it sees one, unless the configuration sets one."""
+    config = settings.config
+    if config.expected_startup_s is None:
+        config = config.model_copy(update={"expected_startup_s": settings.startup_s})
+    return PlanningState(config, Decider(config, model))
 
 
 def compare(

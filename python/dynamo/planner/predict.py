@@ -8,16 +8,21 @@ linear exponential smoothing: a level and a trend, each smoothed) and ``holt_win
 not installed here and would bring scipy and pandas for a few lines of arithmetic, so
 both are the recurrences below, written out:
 
-    level_t  = alpha * (x_t - s_{t-m}) + (1 - alpha) * (level_{t-1} + trend_{t-1})
-    trend_t  = beta * (level_t - level_{t-1}) + (1 - beta) * trend_{t-1}
+    level_t  = alpha * (x_t - s_{t-m}) + (1 - alpha) * (level_{t-1} + phi * trend_{t-1})
+    trend_t  = beta * (level_t - level_{t-1}) + (1 - beta) * phi * trend_{t-1}
     s_t      = gamma * (x_t - level_t) + (1 - gamma) * s_{t-m}
-    forecast_{t+h} = level_t + h * trend_t + s_{t+h-m}    (h <= m)
+    forecast_{t+h} = level_t + (phi + phi^2 + ... + phi^h) * trend_t + s_{t+h-m}    (h <= m)
 
-Holt's method is the same with every ``s`` zero. Holt-Winters starts once it has seen one
-season (level: its mean, trend: 0, each ``s``: the value less that mean) and forecasts
-the mean of what it saw before that. A season needs history the planner rarely has at
-start: ``warm_start`` (past values, e.g. ``trace_rates`` of a recorded trace) gives it.
-Every model never forecasts below zero.
+Holt's method is the same with every ``s`` zero. ``phi`` (0 < phi <= 1) damps the trend
+(Gardner and McKenzie's damped trend, statsmodels' ``damped_trend``): at 1 the trend
+goes on forever, the plain method; under 1 a forecast h intervals ahead adds at most
+``phi / (1 - phi)`` intervals of trend, so a rise that stops is not carried past its
+top. For a fractional ``h`` the sum is ``phi * (1 - phi^h) / (1 - phi)``.
+
+Holt-Winters starts once it has seen one season (level: its mean, trend: 0, each ``s``:
+the value less that mean) and forecasts the mean of what it saw before that. A season
+needs history the planner rarely has at start: ``warm_start`` (past values, e.g.
+``trace_rates`` of a recorded trace) gives it. Every model never forecasts below zero.
 """
 
 from __future__ import annotations
@@ -69,14 +74,22 @@ class MovingAveragePredictor:
         return sum(self._values) / len(self._values) if self._values else None
 
 
-class HoltPredictor:
-    """Holt's linear trend method (see the module's docstring)."""
+def _damped_steps(phi: float, steps: float) -> float:
+    """``phi + phi^2 + ... + phi^steps``: the intervals of trend a forecast ``steps`` ahead adds."""
+    return steps if phi >= 1.0 else phi * (1.0 - phi**steps) / (1.0 - phi)
 
-    def __init__(self, alpha: float, beta: float) -> None:
+
+class HoltPredictor:
+    """Holt's linear trend method, its trend damped by ``phi`` (see the module's docstring)."""
+
+    def __init__(self, alpha: float, beta: float, phi: float = 1.0) -> None:
         if not (0.0 < alpha <= 1.0 and 0.0 <= beta <= 1.0):
             raise ValueError("Holt's method needs 0 < alpha <= 1 and 0 <= beta <= 1")
+        if not 0.0 < phi <= 1.0:
+            raise ValueError("the trend's damping phi must be in (0, 1]")
         self.alpha = alpha
         self.beta = beta
+        self.phi = phi
         self._level: float | None = None
         self._trend = 0.0
 
@@ -84,25 +97,27 @@ class HoltPredictor:
         if self._level is None:
             self._level = value
             return
-        previous = self._level
-        self._level = self.alpha * value + (1.0 - self.alpha) * (previous + self._trend)
-        self._trend = self.beta * (self._level - previous) + (1.0 - self.beta) * self._trend
+        previous, trend = self._level, self.phi * self._trend
+        self._level = self.alpha * value + (1.0 - self.alpha) * (previous + trend)
+        self._trend = self.beta * (self._level - previous) + (1.0 - self.beta) * trend
 
     def predict(self, steps: float = 1.0) -> float | None:
         if self._level is None:
             return None
-        return max(0.0, self._level + steps * self._trend)
+        return max(0.0, self._level + _damped_steps(self.phi, steps) * self._trend)
 
 
 class HoltWintersPredictor:
     """Holt-Winters' additive seasonal method (see the module's docstring)."""
 
-    def __init__(self, alpha: float, beta: float, gamma: float, season: int) -> None:
+    def __init__(self, alpha: float, beta: float, gamma: float, season: int, phi: float = 1.0) -> None:
         if not (0.0 < alpha <= 1.0 and 0.0 <= beta <= 1.0 and 0.0 <= gamma <= 1.0):
             raise ValueError("Holt-Winters needs 0 < alpha <= 1 and 0 <= beta, gamma <= 1")
         if season < 2:
             raise ValueError("a season is at least 2 intervals")
-        self.alpha, self.beta, self.gamma, self.season = alpha, beta, gamma, season
+        if not 0.0 < phi <= 1.0:
+            raise ValueError("the trend's damping phi must be in (0, 1]")
+        self.alpha, self.beta, self.gamma, self.season, self.phi = alpha, beta, gamma, season, phi
         self._first: list[float] = []
         self._level = 0.0
         self._trend = 0.0
@@ -117,9 +132,9 @@ class HoltWintersPredictor:
                 self._seasonal = deque(x - self._level for x in self._first)
             return
         s = self._seasonal.popleft()
-        previous = self._level
-        self._level = self.alpha * (value - s) + (1.0 - self.alpha) * (previous + self._trend)
-        self._trend = self.beta * (self._level - previous) + (1.0 - self.beta) * self._trend
+        previous, trend = self._level, self.phi * self._trend
+        self._level = self.alpha * (value - s) + (1.0 - self.alpha) * (previous + trend)
+        self._trend = self.beta * (self._level - previous) + (1.0 - self.beta) * trend
         self._seasonal.append(self.gamma * (value - self._level) + (1.0 - self.gamma) * s)
 
     def predict(self, steps: float = 1.0) -> float | None:
@@ -128,7 +143,7 @@ class HoltWintersPredictor:
         if len(self._first) < self.season:
             return max(0.0, sum(self._first) / len(self._first))
         s = self._seasonal[(max(1, math.ceil(steps)) - 1) % self.season]
-        return max(0.0, self._level + steps * self._trend + s)
+        return max(0.0, self._level + _damped_steps(self.phi, steps) * self._trend + s)
 
 
 def trace_rates(path: Path, interval_s: float, time_scale: float = 1.0) -> list[float]:
@@ -163,10 +178,12 @@ def make_predictor(
     beta: float = 0.3,
     gamma: float = 0.3,
     season: int = 24,
+    phi: float = 1.0,
     warm_start: Iterable[float] = (),
 ) -> Predictor:
     """The predictor named ``kind`` (``constant``, ``moving_average``, ``holt``,
-    ``holt_winters``), having observed ``warm_start`` in order.
+    ``holt_winters``; ``phi`` damps the trend of the last two), having observed
+    ``warm_start`` in order.
 
     Raises:
         ValueError: an unknown ``kind`` or parameters out of range.
@@ -177,9 +194,9 @@ def make_predictor(
     elif kind == "moving_average":
         predictor = MovingAveragePredictor(window)
     elif kind == "holt":
-        predictor = HoltPredictor(alpha, beta)
+        predictor = HoltPredictor(alpha, beta, phi)
     elif kind == "holt_winters":
-        predictor = HoltWintersPredictor(alpha, beta, gamma, season)
+        predictor = HoltWintersPredictor(alpha, beta, gamma, season, phi)
     else:
         raise ValueError(f"unknown predictor '{kind}' (constant, moving_average, holt, holt_winters)")
     for value in warm_start:

@@ -8,7 +8,8 @@ correction unless a replica is warming up or the fleet holds a backlog, then eac
 role's load decision); ``throughput_step`` the
 throughput loop's (the windows' mean rate and input length into the predictors, then
 each role's floor from the rate forecast for when a replica asked for now would serve:
-the next interval plus the start-up time last seen, when that forecast is the higher).
+the next interval plus the start-up time last seen, or the configured estimate before
+one is seen, when that forecast is the higher).
 """
 
 from __future__ import annotations
@@ -20,6 +21,14 @@ from dynamo.planner.decide import Decider, Decision, RoleState
 from dynamo.planner.observe import FrontendWindow, observation
 from dynamo.planner.predict import Predictor, make_predictor, trace_rates
 from dynamo.planner.profile import Sample
+
+
+def expected_startup_s(config: PlannerConfig) -> float:
+    """The start-up time assumed before one is seen: ``expected_startup_s`` when set,
+    else the local connector's ``startup_delay_s`` (a floor: a process needs more), else 0."""
+    if config.expected_startup_s is not None:
+        return config.expected_startup_s
+    return getattr(config.connector, "startup_delay_s", 0.0)
 
 
 class PlanningState:
@@ -35,11 +44,11 @@ class PlanningState:
         p = config.predictor
         warm = trace_rates(p.warm_start_trace, config.intervals.throughput_s) if p.warm_start_trace else []
         self.rate_predictor: Predictor = make_predictor(
-            p.kind, window=p.window, alpha=p.alpha, beta=p.beta, gamma=p.gamma, season=p.season,
+            p.kind, window=p.window, alpha=p.alpha, beta=p.beta, gamma=p.gamma, season=p.season, phi=p.phi,
             warm_start=[*warm, *p.warm_start],
         )
         self.isl_predictor: Predictor = make_predictor(
-            p.kind, window=p.window, alpha=p.alpha, beta=p.beta, gamma=p.gamma, season=p.season,
+            p.kind, window=p.window, alpha=p.alpha, beta=p.beta, gamma=p.gamma, season=p.season, phi=p.phi,
         )
         self.windows: list[FrontendWindow] = []
         self.fleet: dict[str, RoleState] = {}
@@ -48,8 +57,9 @@ class PlanningState:
         #: Since when each role has had a replica starting (seen at a pass).
         self.pending_since: dict[str, float] = {}
         #: The start-up time last seen: from the pass that first saw a replica starting
-        #: to the pass that saw it ready (so to within one load interval); 0 before any.
-        self.startup_s = 0.0
+        #: to the pass that saw it ready (so to within one load interval); before any,
+        #: the configured estimate (``expected_startup_s``, or the local connector's delay).
+        self.startup_s = expected_startup_s(config)
 
     def note_fleet(self, fleet: Mapping[str, RoleState], now: float) -> None:
         """Record the fleet read at ``now`` (seconds, any monotonic clock)."""
