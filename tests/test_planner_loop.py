@@ -8,6 +8,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from typing import Any
@@ -16,7 +17,8 @@ from dynamo.planner.config import build_config
 from dynamo.planner.decide import Decider, RoleState
 from dynamo.planner.health import HealthServer
 from dynamo.planner.loop import Planner
-from dynamo.planner.observe import FrontendObserver
+from dynamo.planner.observe import FrontendObserver, FrontendWindow, LoadReports
+from dynamo.planner.profile import PerformanceModel, Profile
 from helpers import free_port
 
 
@@ -87,6 +89,29 @@ async def test_advisory_mode_decides_but_never_acts() -> None:
     acting, connector = planner(advisory=False, min_replicas=3)
     await acting.load_pass()
     assert connector.calls == [("agg", 3)] and acting.decisions[-1]["done"] is True
+
+
+async def test_the_urgent_pass_acts_on_a_queue_the_load_reports_show_building() -> None:
+    p, connector = planner(advisory=False)
+    points = [
+        {"isl": 128, "concurrency": c, "ttft_ms": 100.0 * c, "itl_ms": 10.0 * c, "throughput_rps": float(c)}
+        for c in (1, 2, 4, 8, 16)
+    ]
+    p.decider.model = PerformanceModel(Profile.model_validate({"points": points}))
+    reports = p.reports["agg"] = LoadReports(p.config.stale_after_s)
+    fleet = await p.connector.replicas()
+    # What a load pass left: 2 req/s of 128-token prompts on the 2 ready replicas.
+    window = FrontendWindow(seconds=10, request_rate=2.0, inflight=2, isl=128, osl=None, ttft_ms=200, itl_ms=20)
+    p.state.load_step(window, fleet, {"agg": 0}, (), time.monotonic())
+    for waiting in (0, 1, 1):  # no backlog: the fleet is not even read
+        reports.add({"worker_id": 1, "num_requests_waiting": waiting})
+        assert await p.urgent_pass() == []
+    for waiting in (30, 60, 90):  # three rises past the ready replicas: one scale-up
+        reports.add({"worker_id": 1, "num_requests_waiting": waiting})
+        decisions = await p.urgent_pass()
+    assert [(d.loop, d.action) for d in decisions] == [("urgent", "up")]
+    assert connector.calls == [("agg", decisions[0].target)] and decisions[0].target > 2
+    assert p.decisions[-1]["loop"] == "urgent" and p.decisions[-1]["done"] is True
 
 
 def test_a_bad_configuration_exits_2_naming_the_key(tmp_path) -> None:

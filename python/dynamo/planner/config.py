@@ -68,6 +68,10 @@ class Intervals(_Strict):
     throughput_s: float = Field(default=60.0, gt=0.0)
     #: The reactive loop: ±1 replica when the observed quantiles cross the targets.
     load_s: float = Field(default=10.0, gt=0.0)
+    #: The urgent check between load passes: the workers' waiting requests (their load
+    #: reports, already in memory) against the ready replicas; a backlog that the fleet
+    #: cannot serve scales up at once instead of at the next load pass. ``None``: off.
+    urgent_s: float | None = Field(default=1.0, gt=0.0)
 
 
 class PredictorConfig(_Strict):
@@ -155,6 +159,9 @@ class PlannerConfig(_Strict):
     expected_startup_s: float | None = Field(default=None, ge=0.0)
     #: Seconds after a worker becomes ready during which its latencies do not correct the model.
     warmup_s: float = Field(default=30.0, ge=0.0)
+    #: A new replica's speed during its warm-up, as a fraction of its full speed: a
+    #: scale-up for a backlog counts each replica it adds at this much capacity.
+    warmup_speed: float = Field(default=1.0, gt=0.0, le=1.0)
     #: Seconds after which a signal not refreshed counts as stale.
     stale_after_s: float = Field(default=5.0, gt=0.0)
     #: Scale down only when the fleet with one replica fewer is predicted to stay this

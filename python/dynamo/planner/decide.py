@@ -28,6 +28,12 @@
   forecast, with half the margin, and without waiting for ``scale_down_windows`` passes
   in a row (a fleet that shrinks late on a fall pays for it in GPU time, and a fall
   does not flap).
+* The **urgent check** (every ``intervals.urgent_s``, between load passes; ``step.py``
+  decides when it looks) acts on a queue that builds in the workers faster than a load
+  interval: more waiting requests than ready replicas, rising at each check. It takes the
+  demand as the last load pass's rate plus the queue's growth a second, sizes the fleet
+  for it as the load loop sizes a backlog, and counts the replicas it adds at their
+  warm-up speed (``warmup_speed``): they carry less while they warm up. It only grows.
 
 A replica that was started but is not ready yet (*pending*) is counted in the fleet,
 never waited for: a scale-down decision is made as if it were there, and executing it
@@ -87,7 +93,7 @@ class Decision:
     """One loop's verdict on one role."""
 
     role: str
-    loop: str  # "throughput" | "load"
+    loop: str  # "throughput" | "load" | "urgent"
     current: int
     target: int
     reason: str
@@ -245,6 +251,47 @@ class Decider:
             return self.config.roles[role].max_replicas
         demand = obs.request_rate + obs.waiting / self.config.intervals.throughput_s
         return math.ceil(demand / capacity - 1e-9)
+
+    def urgent(
+        self,
+        role: str,
+        fleet: Mapping[str, RoleState],
+        rate: float,
+        isl: float | None,
+        waiting: int,
+        growth: float,
+    ) -> Decision | None:
+        """The urgent check between load passes for ``role``: ``waiting`` requests in its
+        workers' queues, growing by ``growth`` a second, at the last load pass's ``rate``.
+        When more wait than replicas are ready, the demand is taken as that rate plus the
+        growth (what arrives and is not served) and the fleet raised to what it needs by the
+        profile's capacity, the backlog served within one throughput interval (as the load
+        loop sizes a backlog). ``None``: nothing to do (no backlog, no profile, or the fleet,
+        pending replicas counted, already carries it)."""
+        state = fleet[role]
+        if self.model is None or state.ready == 0 or waiting <= state.ready:
+            return None
+        obs = Observation(request_rate=rate + growth, isl=isl, ttft_ms=None, itl_ms=None, waiting=waiting)
+        needed = self._warm(self._needed(role, obs), state.ready)
+        if needed is None or needed <= state.total:
+            return None
+        target, capped = self._constrain(role, needed, fleet)
+        if target <= state.total:
+            return None
+        self.grew_at[role] = self.passes[role]
+        self.fits_in_a_row[role] = 0
+        return Decision(
+            role, "urgent", state.total, target,
+            f"{waiting} request(s) waiting on {state.ready} ready replica(s), growing {growth:.1f}/s, at "
+            f"{rate:.2f} req/s: {needed} replica(s) by the profile{capped}",
+        )
+
+    def _warm(self, needed: int | None, ready: int) -> int | None:
+        """``needed`` replicas with those added beyond the ``ready`` ones counted at their
+        warm-up speed (``warmup_speed``): what carries the load while they warm up."""
+        if needed is None or needed <= ready:
+            return needed
+        return ready + math.ceil((needed - ready) / self.config.warmup_speed - 1e-9)
 
     def _falling(self, role: str) -> bool:
         """Whether each of the role's last ``FALLING_FORECASTS`` demand forecasts fell."""

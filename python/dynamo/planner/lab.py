@@ -272,9 +272,10 @@ def _replay(
                 lab.set_replicas(d.target)
                 run.changes.append(d.change)
 
+    urgent_s = config.intervals.urgent_s if state is not None else None
     while not lab.done or t < lab.last_arrival_s:
-        t += load_s
-        w = lab.advance(t)
+        start, t = t, t + load_s
+        w = _load_window(lab, start, t, urgent_s, state, act)
         run.rejected += w["rejected"]
         run.failed_at_scale_down += w["failed_at_scale_down"]
         f = w["finished"]
@@ -310,6 +311,43 @@ def _replay(
     run.replica_seconds = lab.replica_seconds
     run.wall_s = time.perf_counter() - started
     return run
+
+
+def _merge(window: dict[str, Any], later: dict[str, Any]) -> dict[str, Any]:
+    """Two consecutive windows of ``PlannerLab.advance`` as one: the counts summed, the
+    finished requests in order, the state at the end the later one's."""
+    merged = dict(later)
+    for key in ("arrivals", "arrival_input_tokens", "rejected", "failed_at_scale_down"):
+        merged[key] = window[key] + later[key]
+    merged["finished"] = {k: [*window["finished"][k], *later["finished"][k]] for k in later["finished"]}
+    return merged
+
+
+def _load_window(
+    lab: PlannerLab, start: float, end: float, urgent_s: float | None, state: PlanningState | None,
+    act: Callable[[list[Decision]], None],
+) -> dict[str, Any]:
+    """Advance ``lab`` from ``start`` to ``end`` (one load interval) and return the window;
+    with ``urgent_s``, in steps of it, the urgent check made at each step before ``end``
+    (as the live planner's urgent loop does between its load passes)."""
+    if urgent_s is None or state is None:
+        return lab.advance(end)
+    window: dict[str, Any] | None = None
+    u = start
+    while u < end - 1e-9:
+        u = min(u + urgent_s, end)
+        part = lab.advance(u)
+        window = part if window is None else _merge(window, part)
+        if u < end - 1e-9:
+            waiting = {"agg": part["frontend_queue"] + sum(r["waiting"] for r in part["replicas"])}
+            fleet = state.fleet
+            if state.backlog(waiting):
+                starting, ready, _ = lab.counts()
+                fleet = {"agg": RoleState(ready=ready, pending=starting)}
+                state.note_fleet(fleet, u)
+            act(state.urgent_step(fleet, waiting, u))
+    assert window is not None
+    return window
 
 
 def _recovery_s(run: Run, throughput_s: float, load_s: float) -> float:
@@ -389,6 +427,8 @@ def planning_state(settings: Settings, model: PerformanceModel | None) -> Planni
     config = settings.config
     if config.expected_startup_s is None:
         config = config.model_copy(update={"expected_startup_s": settings.startup_s})
+    if "warmup_speed" not in config.model_fields_set:
+        config = config.model_copy(update={"warmup_speed": 1.0 / settings.warmup_factor})
     return PlanningState(config, Decider(config, model))
 
 

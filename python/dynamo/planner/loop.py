@@ -2,8 +2,10 @@
 
 ``Planner.load_pass`` runs every ``intervals.load_s`` (scrape the frontend, read the
 connector's replicas, then the load step); ``Planner.throughput_pass`` every
-``intervals.throughput_s`` (the throughput step). The steps themselves, with no I/O, are
-``dynamo.planner.step`` (the planner lab runs the same ones on simulated time).
+``intervals.throughput_s`` (the throughput step); ``Planner.urgent_pass`` every
+``intervals.urgent_s`` between them (the workers' waiting requests, scale-ups only).
+The steps themselves, with no I/O, are ``dynamo.planner.step`` (the planner lab runs the
+same ones on simulated time).
 Each decision is logged; in ``advisory`` mode it is only logged and shown on ``/health``.
 """
 
@@ -106,6 +108,23 @@ class Planner:
             await self._act(decision, fleet)
         return decisions
 
+    async def urgent_pass(self) -> list[Decision]:
+        """One urgent check between load passes (``intervals.urgent_s``): the workers'
+        waiting requests from their load reports, already in memory; the fleet is read
+        from the connector again only when they exceed its ready replicas. Its decisions
+        are scale-ups only (``PlanningState.urgent_step``)."""
+        now = time.monotonic()
+        waiting = {role: reports.waiting(now) for role, reports in self.reports.items()}
+        fleet: dict[str, RoleState] | None = self.state.fleet
+        if self.state.backlog(waiting):
+            fleet = await self._read_fleet()
+        if not fleet:
+            return []
+        decisions = self.state.urgent_step(fleet, waiting, now)
+        for decision in decisions:
+            await self._act(decision, fleet)
+        return decisions
+
     async def throughput_pass(self) -> list[Decision]:
         """One pass of the throughput loop: forecast the next interval, set the floors."""
         fleet = await self._read_fleet()
@@ -153,6 +172,9 @@ class Planner:
             asyncio.create_task(every(self.config.intervals.load_s, self.load_pass)),
             asyncio.create_task(every(self.config.intervals.throughput_s, self.throughput_pass)),
         ]
+        urgent_s = self.config.intervals.urgent_s
+        if urgent_s is not None and self.reports and self.decider.model is not None:
+            loops.append(asyncio.create_task(every(urgent_s, self.urgent_pass)))
         try:
             await asyncio.gather(*loops)
         finally:

@@ -9,11 +9,15 @@ role's load decision); ``throughput_step`` the
 throughput loop's (the windows' mean rate and input length into the predictors, then
 each role's floor from the rate forecast for when a replica asked for now would serve:
 the next interval plus the start-up time last seen, or the configured estimate before
-one is seen, when that forecast is the higher).
+one is seen, when that forecast is the higher); ``urgent_step`` the urgent check's
+between load passes (a queue in the workers that rose at each of the last checks, while
+no replica is starting: the fleet raised at once to what the profile says the backlog
+and its growth need, the replicas added counted at their warm-up speed).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 
 from dynamo.planner.config import PlannerConfig
@@ -21,6 +25,9 @@ from dynamo.planner.decide import Decider, Decision, RoleState
 from dynamo.planner.observe import FrontendWindow, observation
 from dynamo.planner.predict import Predictor, make_predictor, trace_rates
 from dynamo.planner.profile import Sample
+
+#: Urgent checks in a row at which the waiting requests must each have risen.
+RISING_CHECKS = 3
 
 
 def expected_startup_s(config: PlannerConfig) -> float:
@@ -60,6 +67,11 @@ class PlanningState:
         #: to the pass that saw it ready (so to within one load interval); before any,
         #: the configured estimate (``expected_startup_s``, or the local connector's delay).
         self.startup_s = expected_startup_s(config)
+        #: The last load window's request rate and mean input length (the urgent check's).
+        self.last_rate = 0.0
+        self.last_isl: float | None = None
+        #: Each role's last ``RISING_CHECKS + 1`` urgent checks: (when, waiting requests).
+        self.urgent_seen: dict[str, list[tuple[float, int]]] = {}
 
     def note_fleet(self, fleet: Mapping[str, RoleState], now: float) -> None:
         """Record the fleet read at ``now`` (seconds, any monotonic clock)."""
@@ -103,11 +115,38 @@ class PlanningState:
         scraped), the fleet, each role's waiting requests and the missing signals."""
         if window is not None:
             self.windows.append(window)
+            self.last_rate, self.last_isl = window.request_rate, window.isl
             self._correct(window, fleet, sum(waiting.values()), now)
         return [
             self.decider.load(role, fleet, observation(window, waiting.get(role, 0), missing))
             for role in self.config.roles
         ]
+
+    def backlog(self, waiting: Mapping[str, int]) -> bool:
+        """Whether any role holds more waiting requests than ready replicas by the fleet
+        last noted: the cheap test before an urgent check reads the fleet again."""
+        return any(w > self.fleet.get(role, RoleState(0)).ready for role, w in waiting.items())
+
+    def urgent_step(self, fleet: Mapping[str, RoleState], waiting: Mapping[str, int], now: float) -> list[Decision]:
+        """The urgent check's decisions (only the scale-ups; ``Decider.urgent``) from each
+        role's waiting requests at ``now``: only when they rose at each of the last
+        ``RISING_CHECKS`` checks (a queue that builds, not one request too many for a
+        moment) and no replica of the role is starting (one asked for already answers
+        it; the next load pass sizes the fleet on a whole window). Their growth is the
+        rise over those checks, a second."""
+        decisions = []
+        for role in self.config.roles:
+            w = waiting.get(role, 0)
+            seen = self.urgent_seen[role] = [*self.urgent_seen.get(role, [])[-RISING_CHECKS:], (now, w)]
+            if role not in fleet or fleet[role].pending or len(seen) <= RISING_CHECKS:
+                continue
+            if not all(b[1] > a[1] for a, b in itertools.pairwise(seen)) or now <= seen[0][0]:
+                continue
+            growth = (w - seen[0][1]) / (now - seen[0][0])
+            decision = self.decider.urgent(role, fleet, self.last_rate, self.last_isl, w, growth)
+            if decision is not None:
+                decisions.append(decision)
+        return decisions
 
     def throughput_step(self, fleet: Mapping[str, RoleState]) -> list[Decision]:
         """The throughput loop's decisions (one per role) from the windows since the last one."""
