@@ -107,10 +107,12 @@ impl InflightGuard {
     }
 
     /// The request was sent at `at` rather than when the guard was taken (a replay's
-    /// virtual clock).
+    /// virtual clock): its prefill counts as sent then, estimated on that clock.
     pub fn started_at(mut self, at: Instant) -> Self {
-        if self.prefill.is_some() {
-            self.tracker.load.lock().prefill_resent_at(self.worker, self.started, at);
+        if let Some(waiting) = self.prefill.take() {
+            let mut load = self.tracker.load.lock();
+            load.prefill_abandoned(self.worker, waiting.units, self.started);
+            self.prefill = Some(load.prefill_sent(self.worker, waiting.units, at));
         }
         self.started = at;
         self
@@ -153,6 +155,7 @@ impl InflightGuard {
         }
         if let (Some(first), Some(last), true) = (self.first, self.last, self.items >= 2) {
             load.record_tpot(self.worker, (last - first) / (self.items - 1));
+            load.record_decode(self.worker, last - first);
         }
         if let Some(sent) = self.sent {
             load.forget_sent(self.worker, sent, self.blocks, now);
@@ -208,7 +211,7 @@ mod tests {
         let tracker = InflightTracker::default();
         let mut first = tracker.start(3).prefilling(100);
         let second = tracker.start(3).prefilling(50);
-        let estimate = |now| tracker.load().lock().ttft_estimate(3, 10, now);
+        let estimate = |now| tracker.load().lock().ttft_estimate(3, 10, None, now);
         let now = Instant::now();
         assert_eq!(estimate(now), None, "nothing timed yet");
         first.observe_item();

@@ -194,7 +194,8 @@ impl KvRouter {
 
     /// The router's estimate of the time to first token of a prompt of `token_ids` on
     /// the best of the `live` workers: each worker's prefill work waiting plus the
-    /// prompt's tokens not in its predicted prefix, at its observed rate
+    /// prompt's tokens not in its predicted prefix, at its observed rate, or the wait for
+    /// the KV room of the prompt's blocks not in its predicted prefix when longer
     /// ([`super::ttft`]), and at least the wait of its oldest request without a first
     /// item. `None` while a live worker has no timed first item.
     pub fn ttft_estimate(&self, token_ids: &[u32], live: &[u64], now: Instant) -> Option<Duration> {
@@ -207,7 +208,8 @@ impl KvRouter {
         let load = self.inflight.load().lock();
         let estimates = live.iter().map(|worker| {
             let cached = overlap.scores.get(worker).map_or(0, |&n| n as usize);
-            load.ttft_estimate(*worker, self.prefill_tokens(token_ids.len(), cached), now)
+            let blocks = new_blocks(hashes.len(), cached);
+            load.ttft_estimate(*worker, self.prefill_tokens(token_ids.len(), cached), Some(blocks), now)
         });
         combine(estimates, Aggregate::Best)
     }

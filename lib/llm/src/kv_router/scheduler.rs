@@ -33,7 +33,7 @@ use rand::Rng;
 
 use super::selector::{select, Candidate, SelectorWeights};
 use super::protocols::ForwardPassMetrics;
-use super::ttft::{PrefillQueue, Waiting};
+use super::ttft::{kv_room_wait, PrefillQueue, Waiting};
 
 /// Sent blocks stay counted until metrics received this long after the send.
 pub const METRICS_LAG: Duration = Duration::from_millis(250);
@@ -125,11 +125,17 @@ impl Reported {
         if self.waiting == 0 {
             return 0.0;
         }
+        self.waiting as f64 * self.request_blocks(per_request)
+    }
+
+    /// KV blocks a request will want: `per_request`, or without it as many as a running
+    /// request holds on average; at least one.
+    fn request_blocks(&self, per_request: Option<f64>) -> f64 {
         let per_request = per_request.unwrap_or_else(|| match self.running {
             0 => 1.0,
             running => self.active_blocks as f64 / running as f64,
         });
-        self.waiting as f64 * per_request.max(1.0)
+        per_request.max(1.0)
     }
 }
 
@@ -202,6 +208,9 @@ struct WorkerLoad {
     tpot: RecentMedian,
     /// Seconds to the first item.
     ttft: Ewma,
+    /// Seconds from a stream's first item to its last: how long a request holds its KV
+    /// blocks, about.
+    decode: Ewma,
     /// Prefill work sent and not started, and the observed rate (see [`super::ttft`]).
     prefill: PrefillQueue,
 }
@@ -224,6 +233,19 @@ impl WorkerLoad {
                 (self.inflight_blocks + peers) as f64
             }
         }
+    }
+}
+
+impl WorkerLoad {
+    /// How long a request wanting `blocks` KV blocks (as a queued one when unknown)
+    /// would wait for room on it at `now` ([`kv_room_wait`]); `None` without fresh
+    /// metrics or before a stream's decode was timed.
+    fn room_wait(&self, blocks: Option<u64>, now: Instant) -> Option<Duration> {
+        let r = self.fresh(now).filter(|r| r.total_blocks > 0)?;
+        let decode = (self.decode.samples > 0).then(|| Duration::from_secs_f64(self.decode.value))?;
+        let per_request = (self.new_blocks.samples > 0).then_some(self.new_blocks.value);
+        let own = blocks.map_or_else(|| r.request_blocks(per_request), |b| b as f64);
+        Some(kv_room_wait(self.decode_blocks(now) + own, r.total_blocks, r.active_blocks, decode))
     }
 }
 
@@ -352,16 +374,12 @@ impl LoadTracker {
     }
 
     /// A request of `units` prefill units was sent to `worker` at `at`: how it waits
-    /// there (see [`super::ttft`]).
+    /// there (see [`super::ttft`]). Its KV blocks, when it has any, are counted already
+    /// ([`Self::record_sent`]).
     pub fn prefill_sent(&mut self, worker: u64, units: u64, at: Instant) -> Waiting {
-        self.workers.entry(worker).or_default().prefill.sent(units, at)
-    }
-
-    /// The request sent to `worker` at `from` counts as sent at `to`.
-    pub fn prefill_resent_at(&mut self, worker: u64, from: Instant, to: Instant) {
-        if let Some(load) = self.workers.get_mut(&worker) {
-            load.prefill.resent_at(from, to);
-        }
+        let load = self.workers.entry(worker).or_default();
+        let room = load.room_wait(Some(0), at);
+        load.prefill.sent(units, room, at)
     }
 
     /// The request `waiting` sent to `worker` at `at` got its first item after `elapsed`.
@@ -377,15 +395,22 @@ impl LoadTracker {
     }
 
     /// The estimated time to first token on `worker` of a request of `units` prefill
-    /// units sent at `now`; `None` before the worker's first item was timed.
-    pub fn ttft_estimate(&self, worker: u64, units: u64, now: Instant) -> Option<Duration> {
-        self.workers.get(&worker).and_then(|l| l.prefill.estimate(units, now))
+    /// units and `blocks` new KV blocks (as a queued request's when unknown) sent at
+    /// `now`; `None` before the worker's first item was timed.
+    pub fn ttft_estimate(&self, worker: u64, units: u64, blocks: Option<u64>, now: Instant) -> Option<Duration> {
+        let load = self.workers.get(&worker)?;
+        load.prefill.estimate(units, load.room_wait(blocks, now), now)
     }
 
     /// A stream from `worker` took `per_item` per item after its first (its last item's
     /// time less its first's, over the items after the first).
     pub fn record_tpot(&mut self, worker: u64, per_item: Duration) {
         self.workers.entry(worker).or_default().tpot.add(per_item.as_secs_f64());
+    }
+
+    /// A stream from `worker` had its last item `decode` after its first.
+    pub fn record_decode(&mut self, worker: u64, decode: Duration) {
+        self.workers.entry(worker).or_default().decode.add(decode.as_secs_f64());
     }
 
     /// Requests in flight on `worker` from this router.
@@ -581,6 +606,47 @@ mod tests {
         let later = t0 + METRICS_LAG;
         tracker.update_metrics(1, &full(20, 30), later);
         assert_eq!(tracker.decode_blocks(1, later), 600.0 + 30.0 * 4.0);
+    }
+
+    #[test]
+    fn the_ttft_estimate_waits_for_kv_room_when_the_cache_is_full() {
+        let t0 = Instant::now();
+        let mut tracker = LoadTracker::new(SchedulerConfig::default());
+        // 16 requests running in 240 of 256 blocks (15 each), 4 queued.
+        let full = ForwardPassMetrics {
+            kv_active_blocks: 240,
+            kv_total_blocks: 256,
+            request_active_slots: 16,
+            num_requests_waiting: 4,
+            ..Default::default()
+        };
+        tracker.update_metrics(1, &full, t0);
+        // Prefill timed at 1 ms per unit; the wait for room needs a decode timed first.
+        let w = tracker.prefill_sent(1, 100, t0);
+        tracker.prefill_first_item(1, w, t0, Duration::from_millis(100));
+        assert_eq!(tracker.ttft_estimate(1, 10, Some(16), t0), Some(Duration::from_millis(10)));
+        // Requests hold their blocks for 1 s: the 240 blocks in use free 240 per second.
+        tracker.record_decode(1, Duration::from_secs(1));
+        // 240 in use + 4 × 15 queued + its own 16: 60 beyond the cache, 250 ms.
+        let estimate = tracker.ttft_estimate(1, 10, Some(16), t0).unwrap();
+        assert!((estimate.as_secs_f64() - 0.25).abs() < 1e-9, "{estimate:?}");
+        // Of unknown size it counts as a queued request (15 blocks).
+        let unknown = tracker.ttft_estimate(1, 10, None, t0).unwrap();
+        assert!((unknown.as_secs_f64() - 59.0 / 240.0).abs() < 1e-9, "{unknown:?}");
+        // A request sent now is estimated with its blocks already counted as sent (and
+        // queued requests now count as many blocks as the requests sent there).
+        tracker.record_sent(1, 15, t0);
+        let sent = tracker.prefill_sent(1, 10, t0);
+        assert!((sent.estimated.unwrap().as_secs_f64() - 59.0 / 240.0).abs() < 1e-9, "{sent:?}");
+        tracker.prefill_abandoned(1, 10, t0);
+        // Room again: the prefill queue alone.
+        let room = ForwardPassMetrics { kv_active_blocks: 100, num_requests_waiting: 0, ..full };
+        tracker.update_metrics(1, &room, t0 + METRICS_LAG);
+        assert_eq!(tracker.ttft_estimate(1, 10, Some(16), t0 + METRICS_LAG), Some(Duration::from_millis(10)));
+        // Stale metrics say nothing about room.
+        tracker.update_metrics(1, &full, t0 + METRICS_LAG);
+        let stale = t0 + METRICS_LAG + METRICS_STALE + Duration::from_secs(1);
+        assert_eq!(tracker.ttft_estimate(1, 10, Some(16), stale), Some(Duration::from_millis(10)));
     }
 
     #[test]
