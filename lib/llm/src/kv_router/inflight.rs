@@ -97,7 +97,7 @@ impl InflightGuard {
     /// Count `units` of prefill work waiting on the worker until the first item (or
     /// the end): the router's TTFT estimate ([`super::ttft`]).
     pub fn prefilling(mut self, units: u64) -> Self {
-        self.prefill = Some(self.tracker.load.lock().prefill_sent(self.worker, units, self.started));
+        self.prefill = Some(self.tracker.load.lock().prefill_sent(self.worker, units, self.sent.is_some(), self.started));
         self
     }
 
@@ -112,7 +112,7 @@ impl InflightGuard {
         if let Some(waiting) = self.prefill.take() {
             let mut load = self.tracker.load.lock();
             load.prefill_abandoned(self.worker, waiting.units, self.started);
-            self.prefill = Some(load.prefill_sent(self.worker, waiting.units, at));
+            self.prefill = Some(load.prefill_sent(self.worker, waiting.units, self.sent.is_some(), at));
         }
         self.started = at;
         self
@@ -211,7 +211,7 @@ mod tests {
         let tracker = InflightTracker::default();
         let mut first = tracker.start(3).prefilling(100);
         let second = tracker.start(3).prefilling(50);
-        let estimate = |now| tracker.load().lock().ttft_estimate(3, 10, None, now);
+        let estimate = |now| tracker.load().lock().ttft_estimate(3, 10, now);
         let now = Instant::now();
         assert_eq!(estimate(now), None, "nothing timed yet");
         first.observe_item();

@@ -237,15 +237,22 @@ impl WorkerLoad {
 }
 
 impl WorkerLoad {
-    /// How long a request wanting `blocks` KV blocks (as a queued one when unknown)
-    /// would wait for room on it at `now` ([`kv_room_wait`]); `None` without fresh
-    /// metrics or before a stream's decode was timed.
-    fn room_wait(&self, blocks: Option<u64>, now: Instant) -> Option<Duration> {
+    /// How long a request would wait for KV room on it at `now` ([`kv_room_wait`]),
+    /// behind the requests queued there per its metrics and those sent since, and `own`
+    /// more (1 for a request not sent yet); `None` without fresh metrics or before a
+    /// stream's decode was timed.
+    ///
+    /// Each waiting request is counted as wanting the blocks a running request holds on
+    /// average, not the blocks the router predicts it adds: a prefix cached but held by no
+    /// running request takes its blocks back from the free ones all the same, and blocks
+    /// shared by running requests are counted once in the blocks in use.
+    fn room_wait(&self, own: u64, now: Instant) -> Option<Duration> {
         let r = self.fresh(now).filter(|r| r.total_blocks > 0)?;
         let decode = (self.decode.samples > 0).then(|| Duration::from_secs_f64(self.decode.value))?;
-        let per_request = (self.new_blocks.samples > 0).then_some(self.new_blocks.value);
-        let own = blocks.map_or_else(|| r.request_blocks(per_request), |b| b as f64);
-        Some(kv_room_wait(self.decode_blocks(now) + own, r.total_blocks, r.active_blocks, decode))
+        let queued = r.waiting + self.pending.len() as u64 + own;
+        let ended: u64 = self.released.iter().map(|(_, b)| b).sum();
+        let demand = r.active_blocks as f64 - ended as f64 + queued as f64 * r.request_blocks(None);
+        Some(kv_room_wait(demand, r.total_blocks, r.active_blocks, decode))
     }
 }
 
@@ -374,11 +381,11 @@ impl LoadTracker {
     }
 
     /// A request of `units` prefill units was sent to `worker` at `at`: how it waits
-    /// there (see [`super::ttft`]). Its KV blocks, when it has any, are counted already
-    /// ([`Self::record_sent`]).
-    pub fn prefill_sent(&mut self, worker: u64, units: u64, at: Instant) -> Waiting {
+    /// there (see [`super::ttft`]). `recorded`: it is counted among the requests sent
+    /// already ([`Self::record_sent`]).
+    pub fn prefill_sent(&mut self, worker: u64, units: u64, recorded: bool, at: Instant) -> Waiting {
         let load = self.workers.entry(worker).or_default();
-        let room = load.room_wait(Some(0), at);
+        let room = load.room_wait(u64::from(!recorded), at);
         load.prefill.sent(units, room, at)
     }
 
@@ -395,11 +402,10 @@ impl LoadTracker {
     }
 
     /// The estimated time to first token on `worker` of a request of `units` prefill
-    /// units and `blocks` new KV blocks (as a queued request's when unknown) sent at
-    /// `now`; `None` before the worker's first item was timed.
-    pub fn ttft_estimate(&self, worker: u64, units: u64, blocks: Option<u64>, now: Instant) -> Option<Duration> {
+    /// units sent at `now`; `None` before the worker's first item was timed.
+    pub fn ttft_estimate(&self, worker: u64, units: u64, now: Instant) -> Option<Duration> {
         let load = self.workers.get(&worker)?;
-        load.prefill.estimate(units, load.room_wait(blocks, now), now)
+        load.prefill.estimate(units, load.room_wait(1, now), now)
     }
 
     /// A stream from `worker` took `per_item` per item after its first (its last item's
@@ -622,31 +628,35 @@ mod tests {
         };
         tracker.update_metrics(1, &full, t0);
         // Prefill timed at 1 ms per unit; the wait for room needs a decode timed first.
-        let w = tracker.prefill_sent(1, 100, t0);
+        let w = tracker.prefill_sent(1, 100, false, t0);
+        assert_eq!(w.room, None);
         tracker.prefill_first_item(1, w, t0, Duration::from_millis(100));
-        assert_eq!(tracker.ttft_estimate(1, 10, Some(16), t0), Some(Duration::from_millis(10)));
+        assert_eq!(tracker.ttft_estimate(1, 10, t0), Some(Duration::from_millis(10)));
         // Requests hold their blocks for 1 s: the 240 blocks in use free 240 per second.
         tracker.record_decode(1, Duration::from_secs(1));
-        // 240 in use + 4 × 15 queued + its own 16: 60 beyond the cache, 250 ms.
-        let estimate = tracker.ttft_estimate(1, 10, Some(16), t0).unwrap();
-        assert!((estimate.as_secs_f64() - 0.25).abs() < 1e-9, "{estimate:?}");
-        // Of unknown size it counts as a queued request (15 blocks).
-        let unknown = tracker.ttft_estimate(1, 10, None, t0).unwrap();
-        assert!((unknown.as_secs_f64() - 59.0 / 240.0).abs() < 1e-9, "{unknown:?}");
-        // A request sent now is estimated with its blocks already counted as sent (and
-        // queued requests now count as many blocks as the requests sent there).
-        tracker.record_sent(1, 15, t0);
-        let sent = tracker.prefill_sent(1, 10, t0);
-        assert!((sent.estimated.unwrap().as_secs_f64() - 59.0 / 240.0).abs() < 1e-9, "{sent:?}");
+        // 240 in use + (4 queued + itself) × 15: 59 beyond the cache, 59 / 240 s.
+        let seconds = |d: Option<Duration>| d.unwrap().as_secs_f64();
+        assert!((seconds(tracker.ttft_estimate(1, 10, t0)) - 59.0 / 240.0).abs() < 1e-9);
+        // Each queued request counts a running request's blocks, whatever the router
+        // predicted it adds (a cached prefix held by no running request needs room too).
+        tracker.record_sent(1, 1, t0);
+        assert!((seconds(tracker.ttft_estimate(1, 10, t0)) - 74.0 / 240.0).abs() < 1e-9, "one more queued");
+        // Sent and recorded, it is estimated behind the 4 queued only.
+        let sent = tracker.prefill_sent(1, 10, true, t0);
+        assert!((seconds(sent.room) - 59.0 / 240.0).abs() < 1e-9, "{sent:?}");
         tracker.prefill_abandoned(1, 10, t0);
+        // A request that ended since the metrics frees its blocks: 45 blocks, 3 requests.
+        tracker.forget_sent(1, 999, 45, t0);
+        assert!((seconds(tracker.ttft_estimate(1, 10, t0)) - 29.0 / 240.0).abs() < 1e-9);
         // Room again: the prefill queue alone.
         let room = ForwardPassMetrics { kv_active_blocks: 100, num_requests_waiting: 0, ..full };
-        tracker.update_metrics(1, &room, t0 + METRICS_LAG);
-        assert_eq!(tracker.ttft_estimate(1, 10, Some(16), t0 + METRICS_LAG), Some(Duration::from_millis(10)));
+        let later = t0 + METRICS_LAG;
+        tracker.update_metrics(1, &room, later);
+        assert_eq!(tracker.ttft_estimate(1, 10, later), Some(Duration::from_millis(10)));
         // Stale metrics say nothing about room.
-        tracker.update_metrics(1, &full, t0 + METRICS_LAG);
-        let stale = t0 + METRICS_LAG + METRICS_STALE + Duration::from_secs(1);
-        assert_eq!(tracker.ttft_estimate(1, 10, Some(16), stale), Some(Duration::from_millis(10)));
+        tracker.update_metrics(1, &full, later);
+        let stale = later + METRICS_STALE + Duration::from_secs(1);
+        assert_eq!(tracker.ttft_estimate(1, 10, stale), Some(Duration::from_millis(10)));
     }
 
     #[test]

@@ -8,18 +8,22 @@
 //! one unit per request when it does not (round-robin and random over OpenAI-level
 //! requests: requests waiting × the TTFT per waiting request). A request sent with `ahead`
 //! units already waiting on its worker, and `own` units of its own, that gets its first
-//! item after `t` is a sample of `t / (ahead + own)` seconds per unit; the worker's rate is
-//! a moving average of those samples.
+//! item after `t`, of which `room` was its estimated wait for KV room (below), is a sample
+//! of `(t - room) / (ahead + own)` seconds per unit; the worker's rate is a moving average
+//! of those samples.
 //!
 //! Prefill work is not what sets TTFT once a worker's KV cache is full: a request then
 //! waits in the worker's queue until running requests end and free the blocks it needs,
 //! however little of its prompt is left to compute (a prompt whose prefix is cached but
 //! not held by a running request needs its blocks back all the same). The wait for room
-//! ([`kv_room_wait`]) is the worker's predicted KV demand (the blocks in use per its load
-//! report, those of the requests queued there and sent since, and this request's) beyond
-//! its KV blocks, over the rate at which it frees blocks: in use blocks are held for
-//! about a request's decode time (its first item to its end, as observed), so they free
-//! at `in use / decode time` per second (Little's law).
+//! ([`kv_room_wait`]) is the worker's KV demand (the blocks in use per its load report,
+//! less those of requests ended since, and the blocks of the requests queued there and
+//! sent since, and of this one, each as many as a running request holds) beyond its KV
+//! blocks, over the rate at which it frees blocks: blocks in use are held for about a
+//! request's decode time (its first item to its last, as observed), so they free at
+//! `in use / decode time` per second (Little's law). Its inputs are the load report's
+//! fields (blocks in use and in all, requests running and waiting), which vLLM's workers
+//! publish as the mocker does.
 //!
 //! The estimate for a new request is the larger of the two (`(waiting units + its own) ×
 //! rate`, and the wait for room), and at least how long the oldest request waiting there
@@ -54,6 +58,8 @@ pub struct Waiting {
     pub ahead: u64,
     /// Its TTFT as estimated then, before the spread (`None` before the rate was known).
     pub estimated: Option<Duration>,
+    /// Its wait for KV room as estimated then, when known.
+    pub room: Option<Duration>,
 }
 
 /// One worker's prefill queue as the router sees it, and its observed rate.
@@ -80,7 +86,7 @@ impl PrefillQueue {
         let estimated = self.unscaled(units, room);
         self.waiting_units = self.waiting_units.saturating_add(units);
         *self.waiting_since.entry(at).or_default() += 1;
-        Waiting { units, ahead, estimated }
+        Waiting { units, ahead, estimated, room }
     }
 
     /// The TTFT of a request of `units` sent now as the rate alone estimates it.
@@ -110,9 +116,10 @@ impl PrefillQueue {
     }
 
     /// The request `waiting` sent at `at` got its first item after `elapsed`: it no
-    /// longer waits, and its time is a sample of the rate and of the spread.
+    /// longer waits, and its time (less its estimated wait for room) is a sample of the
+    /// rate, and its time a sample of the spread.
     pub(crate) fn first_item(&mut self, waiting: Waiting, at: Instant, elapsed: Duration) {
-        let Waiting { units, ahead, estimated } = waiting;
+        let Waiting { units, ahead, estimated, room } = waiting;
         self.waiting_units = self.waiting_units.saturating_sub(units);
         self.forget(at);
         if let Some(estimated) = estimated.filter(|e| !e.is_zero()) {
@@ -127,7 +134,8 @@ impl PrefillQueue {
                 self.spread = Some(sorted[at]);
             }
         }
-        let sample = elapsed.as_secs_f64() / (ahead + units).max(1) as f64;
+        let prefill = elapsed.saturating_sub(room.unwrap_or(Duration::ZERO));
+        let sample = prefill.as_secs_f64() / (ahead + units).max(1) as f64;
         self.seconds_per_unit = Some(match self.seconds_per_unit {
             None => sample,
             Some(rate) => rate + RATE_ALPHA * (sample - rate),
@@ -164,7 +172,7 @@ impl PrefillQueue {
 /// (`active_blocks / decode` per second; at least one block in use).
 pub fn kv_room_wait(demand_blocks: f64, total_blocks: u64, active_blocks: u64, decode: Duration) -> Duration {
     let excess = demand_blocks - total_blocks as f64;
-    if !(excess > 0.0) {
+    if excess.is_nan() || excess <= 0.0 {
         return Duration::ZERO;
     }
     let seconds = excess * decode.as_secs_f64() / active_blocks.max(1) as f64;
@@ -279,7 +287,7 @@ mod tests {
         assert_eq!(q.estimate(10, None, now), Some(10 * MS), "no spread yet");
         // Requests estimated at 10 ms: one in ten takes three times that.
         for i in 0..40 {
-            let w = Waiting { units: 1, ahead: 0, estimated: Some(10 * MS) };
+            let w = Waiting { units: 1, ahead: 0, estimated: Some(10 * MS), room: None };
             q.first_item(w, now, if i % 10 == 0 { 30 * MS } else { 10 * MS });
             if i + 1 == SPREAD_MIN_SAMPLES - 1 {
                 assert_eq!(q.spread, None, "not enough ratios yet");
@@ -319,15 +327,15 @@ mod tests {
         assert_eq!(q.estimate(10, Some(Duration::ZERO), now), Some(10 * MS));
         assert_eq!(q.estimate(10, Some(400 * MS), now), Some(400 * MS));
         // A request sent to wait for room was estimated at that wait; its actual TTFT is
-        // compared with it (here: as estimated, so the spread stays 1).
+        // compared with it, and only its time beyond that wait is prefill: 10 ms more for
+        // its 10 units keeps the rate at 1 ms per unit.
         for _ in 0..SPREAD_MIN_SAMPLES {
-            let w = q.sent(1, Some(400 * MS), now);
-            assert_eq!(w.estimated, Some(400 * MS));
-            q.first_item(w, now, 400 * MS);
+            let w = q.sent(10, Some(400 * MS), now);
+            assert_eq!((w.estimated, w.room), (Some(400 * MS), Some(400 * MS)));
+            q.first_item(w, now, 410 * MS);
         }
-        assert_eq!(q.spread, Some(1.0));
-        // Its rate samples are the prefill queue's all the same (400 ms for one unit).
-        assert!(q.estimate(1, None, now).unwrap() > 300 * MS);
+        assert!((q.spread.unwrap() - 410.0 / 400.0).abs() < 1e-9, "{:?}", q.spread);
+        assert_eq!(q.by_rate(10), Some(10 * MS));
     }
 
     #[test]

@@ -47,7 +47,7 @@ impl Selector for RoundRobin {
 
     fn ttft_estimate(&self, _tokens: &[u32], candidates: &[u64]) -> Option<Duration> {
         let (load, now) = (self.waiting.load().lock(), Instant::now());
-        combine(candidates.iter().map(|w| load.ttft_estimate(*w, 1, None, now)), Aggregate::Mean)
+        combine(candidates.iter().map(|w| load.ttft_estimate(*w, 1, now)), Aggregate::Mean)
     }
 }
 
