@@ -27,9 +27,10 @@
 //!
 //! The estimate for a new request is the larger of the two (`(waiting units + its own) ×
 //! rate`, and the wait for room), and at least how long the oldest request waiting there
-//! has waited already: both are learnt from requests that come back a TTFT late, so
-//! under a sudden surge they trail the queue, while the oldest waiting request shows at
-//! once that the worker's queue is past a target. That gives the typical TTFT, while a
+//! has waited already: the rate and the decode time are learnt from streams that come
+//! back late (a TTFT, a whole stream), and a load report is a moment old, so under a
+//! sudden surge the waits trail the queue, while the oldest waiting request shows at once
+//! that the worker's queue is past a target. That gives the typical TTFT, while a
 //! target is met or missed by the slow ones: the estimate is scaled by a high quantile
 //! ([`SPREAD_QUANTILE`]) of the worker's recent ratios of a request's actual TTFT to the
 //! one estimated when it was sent. It is approximate: the prefill units count only this
