@@ -97,7 +97,7 @@ impl InflightGuard {
     /// Count `units` of prefill work waiting on the worker until the first item (or
     /// the end): the router's TTFT estimate ([`super::ttft`]).
     pub fn prefilling(mut self, units: u64) -> Self {
-        self.prefill = Some(self.tracker.load.lock().prefill_sent(self.worker, units, self.started));
+        self.prefill = Some(self.tracker.load.lock().prefill_sent(self.worker, units, self.sent.is_some(), self.started));
         self
     }
 
@@ -107,10 +107,12 @@ impl InflightGuard {
     }
 
     /// The request was sent at `at` rather than when the guard was taken (a replay's
-    /// virtual clock).
+    /// virtual clock): its prefill counts as sent then, estimated on that clock.
     pub fn started_at(mut self, at: Instant) -> Self {
-        if self.prefill.is_some() {
-            self.tracker.load.lock().prefill_resent_at(self.worker, self.started, at);
+        if let Some(waiting) = self.prefill.take() {
+            let mut load = self.tracker.load.lock();
+            load.prefill_abandoned(self.worker, waiting.units, self.started);
+            self.prefill = Some(load.prefill_sent(self.worker, waiting.units, self.sent.is_some(), at));
         }
         self.started = at;
         self
@@ -153,6 +155,7 @@ impl InflightGuard {
         }
         if let (Some(first), Some(last), true) = (self.first, self.last, self.items >= 2) {
             load.record_tpot(self.worker, (last - first) / (self.items - 1));
+            load.record_decode(self.worker, last - first);
         }
         if let Some(sent) = self.sent {
             load.forget_sent(self.worker, sent, self.blocks, now);

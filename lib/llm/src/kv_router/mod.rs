@@ -17,8 +17,8 @@
 //! - [`scheduler`]: each worker's load (its metrics, what was sent since, its timing),
 //!   the straggler penalty and the busy threshold.
 //! - [`inflight`]: in-flight counts, released when a response stream ends.
-//! - [`ttft`]: each worker's prefill queue and rate: the router's TTFT estimate, which
-//!   admission compares with a TTFT target.
+//! - [`ttft`]: each worker's prefill queue and rate, and its wait for KV room: the
+//!   router's TTFT estimate, which admission compares with a TTFT target.
 //! - [`router`]: [`KvRouter`], which puts them together.
 //! - [`replica`]: several routers over the same workers sharing their decisions, and a
 //!   new one starting from a peer's snapshot.

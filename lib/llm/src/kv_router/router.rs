@@ -194,7 +194,8 @@ impl KvRouter {
 
     /// The router's estimate of the time to first token of a prompt of `token_ids` on
     /// the best of the `live` workers: each worker's prefill work waiting plus the
-    /// prompt's tokens not in its predicted prefix, at its observed rate
+    /// prompt's tokens not in its predicted prefix, at its observed rate, or its wait for
+    /// KV room behind the requests queued there when longer
     /// ([`super::ttft`]), and at least the wait of its oldest request without a first
     /// item. `None` while a live worker has no timed first item.
     pub fn ttft_estimate(&self, token_ids: &[u32], live: &[u64], now: Instant) -> Option<Duration> {
@@ -473,7 +474,7 @@ mod tests {
         let a = prompt(0, 32);
         assert_eq!(router.ttft_estimate(&a, &[1], now), None, "no worker timed yet");
         // Time worker 1 at 1 ms per prefill token: 100 tokens in 100 ms.
-        let timed = router.load().lock().prefill_sent(1, 100, now);
+        let timed = router.load().lock().prefill_sent(1, 100, false, now);
         router.load().lock().prefill_first_item(1, timed, now, Duration::from_millis(100));
         assert_eq!(router.ttft_estimate(&a, &[1], now), Some(Duration::from_millis(32)));
         // A routed request of A waits until its first item: 32 tokens ahead of the next.

@@ -33,7 +33,7 @@ use rand::Rng;
 
 use super::selector::{select, Candidate, SelectorWeights};
 use super::protocols::ForwardPassMetrics;
-use super::ttft::{PrefillQueue, Waiting};
+use super::ttft::{kv_room_wait, PrefillQueue, Waiting};
 
 /// Sent blocks stay counted until metrics received this long after the send.
 pub const METRICS_LAG: Duration = Duration::from_millis(250);
@@ -125,11 +125,17 @@ impl Reported {
         if self.waiting == 0 {
             return 0.0;
         }
+        self.waiting as f64 * self.request_blocks(per_request)
+    }
+
+    /// KV blocks a request will want: `per_request`, or without it as many as a running
+    /// request holds on average; at least one.
+    fn request_blocks(&self, per_request: Option<f64>) -> f64 {
         let per_request = per_request.unwrap_or_else(|| match self.running {
             0 => 1.0,
             running => self.active_blocks as f64 / running as f64,
         });
-        self.waiting as f64 * per_request.max(1.0)
+        per_request.max(1.0)
     }
 }
 
@@ -202,6 +208,9 @@ struct WorkerLoad {
     tpot: RecentMedian,
     /// Seconds to the first item.
     ttft: Ewma,
+    /// Seconds from a stream's first item to its last: how long a request holds its KV
+    /// blocks, about.
+    decode: Ewma,
     /// Prefill work sent and not started, and the observed rate (see [`super::ttft`]).
     prefill: PrefillQueue,
 }
@@ -224,6 +233,26 @@ impl WorkerLoad {
                 (self.inflight_blocks + peers) as f64
             }
         }
+    }
+}
+
+impl WorkerLoad {
+    /// How long a request would wait for KV room on it at `now` ([`kv_room_wait`]),
+    /// behind the requests queued there per its metrics and those sent since, and `own`
+    /// more (1 for a request not sent yet); `None` without fresh metrics or before a
+    /// stream's decode was timed.
+    ///
+    /// Each waiting request is counted as wanting the blocks a running request holds on
+    /// average, not the blocks the router predicts it adds: a prefix cached but held by no
+    /// running request takes its blocks back from the free ones all the same, and blocks
+    /// shared by running requests are counted once in the blocks in use.
+    fn room_wait(&self, own: u64, now: Instant) -> Option<Duration> {
+        let r = self.fresh(now).filter(|r| r.total_blocks > 0)?;
+        let decode = (self.decode.samples > 0).then(|| Duration::from_secs_f64(self.decode.value))?;
+        let queued = r.waiting + self.pending.len() as u64 + own;
+        let ended: u64 = self.released.iter().map(|(_, b)| b).sum();
+        let demand = r.active_blocks as f64 - ended as f64 + queued as f64 * r.request_blocks(None);
+        Some(kv_room_wait(demand, r.total_blocks, r.active_blocks, decode))
     }
 }
 
@@ -352,16 +381,12 @@ impl LoadTracker {
     }
 
     /// A request of `units` prefill units was sent to `worker` at `at`: how it waits
-    /// there (see [`super::ttft`]).
-    pub fn prefill_sent(&mut self, worker: u64, units: u64, at: Instant) -> Waiting {
-        self.workers.entry(worker).or_default().prefill.sent(units, at)
-    }
-
-    /// The request sent to `worker` at `from` counts as sent at `to`.
-    pub fn prefill_resent_at(&mut self, worker: u64, from: Instant, to: Instant) {
-        if let Some(load) = self.workers.get_mut(&worker) {
-            load.prefill.resent_at(from, to);
-        }
+    /// there (see [`super::ttft`]). `recorded`: it is counted among the requests sent
+    /// already ([`Self::record_sent`]).
+    pub fn prefill_sent(&mut self, worker: u64, units: u64, recorded: bool, at: Instant) -> Waiting {
+        let load = self.workers.entry(worker).or_default();
+        let room = load.room_wait(u64::from(!recorded), at);
+        load.prefill.sent(units, room, at)
     }
 
     /// The request `waiting` sent to `worker` at `at` got its first item after `elapsed`.
@@ -379,13 +404,19 @@ impl LoadTracker {
     /// The estimated time to first token on `worker` of a request of `units` prefill
     /// units sent at `now`; `None` before the worker's first item was timed.
     pub fn ttft_estimate(&self, worker: u64, units: u64, now: Instant) -> Option<Duration> {
-        self.workers.get(&worker).and_then(|l| l.prefill.estimate(units, now))
+        let load = self.workers.get(&worker)?;
+        load.prefill.estimate(units, load.room_wait(1, now), now)
     }
 
     /// A stream from `worker` took `per_item` per item after its first (its last item's
     /// time less its first's, over the items after the first).
     pub fn record_tpot(&mut self, worker: u64, per_item: Duration) {
         self.workers.entry(worker).or_default().tpot.add(per_item.as_secs_f64());
+    }
+
+    /// A stream from `worker` had its last item `decode` after its first.
+    pub fn record_decode(&mut self, worker: u64, decode: Duration) {
+        self.workers.entry(worker).or_default().decode.add(decode.as_secs_f64());
     }
 
     /// Requests in flight on `worker` from this router.
@@ -581,6 +612,51 @@ mod tests {
         let later = t0 + METRICS_LAG;
         tracker.update_metrics(1, &full(20, 30), later);
         assert_eq!(tracker.decode_blocks(1, later), 600.0 + 30.0 * 4.0);
+    }
+
+    #[test]
+    fn the_ttft_estimate_waits_for_kv_room_when_the_cache_is_full() {
+        let t0 = Instant::now();
+        let mut tracker = LoadTracker::new(SchedulerConfig::default());
+        // 16 requests running in 240 of 256 blocks (15 each), 4 queued.
+        let full = ForwardPassMetrics {
+            kv_active_blocks: 240,
+            kv_total_blocks: 256,
+            request_active_slots: 16,
+            num_requests_waiting: 4,
+            ..Default::default()
+        };
+        tracker.update_metrics(1, &full, t0);
+        // Prefill timed at 1 ms per unit; the wait for room needs a decode timed first.
+        let w = tracker.prefill_sent(1, 100, false, t0);
+        assert_eq!(w.room, None);
+        tracker.prefill_first_item(1, w, t0, Duration::from_millis(100));
+        assert_eq!(tracker.ttft_estimate(1, 10, t0), Some(Duration::from_millis(10)));
+        // Requests hold their blocks for 1 s: the 240 blocks in use free 240 per second.
+        tracker.record_decode(1, Duration::from_secs(1));
+        // 240 in use + (4 queued + itself) × 15: 59 beyond the cache, 59 / 240 s.
+        let seconds = |d: Option<Duration>| d.unwrap().as_secs_f64();
+        assert!((seconds(tracker.ttft_estimate(1, 10, t0)) - 59.0 / 240.0).abs() < 1e-9);
+        // Each queued request counts a running request's blocks, whatever the router
+        // predicted it adds (a cached prefix held by no running request needs room too).
+        tracker.record_sent(1, 1, t0);
+        assert!((seconds(tracker.ttft_estimate(1, 10, t0)) - 74.0 / 240.0).abs() < 1e-9, "one more queued");
+        // Sent and recorded, it is estimated behind the 4 queued only.
+        let sent = tracker.prefill_sent(1, 10, true, t0);
+        assert!((seconds(sent.room) - 59.0 / 240.0).abs() < 1e-9, "{sent:?}");
+        tracker.prefill_abandoned(1, 10, t0);
+        // A request that ended since the metrics frees its blocks: 45 blocks, 3 requests.
+        tracker.forget_sent(1, 999, 45, t0);
+        assert!((seconds(tracker.ttft_estimate(1, 10, t0)) - 29.0 / 240.0).abs() < 1e-9);
+        // Room again: the prefill queue alone.
+        let room = ForwardPassMetrics { kv_active_blocks: 100, num_requests_waiting: 0, ..full };
+        let later = t0 + METRICS_LAG;
+        tracker.update_metrics(1, &room, later);
+        assert_eq!(tracker.ttft_estimate(1, 10, later), Some(Duration::from_millis(10)));
+        // Stale metrics say nothing about room.
+        tracker.update_metrics(1, &full, later);
+        let stale = later + METRICS_STALE + Duration::from_secs(1);
+        assert_eq!(tracker.ttft_estimate(1, 10, stale), Some(Duration::from_millis(10)));
     }
 
     #[test]
