@@ -63,6 +63,16 @@ def test_a_building_queue_raises_the_fleet_at_the_third_rise() -> None:
     assert (decision.loop, decision.action, decision.current, decision.target) == ("urgent", "up", 1, 6)
 
 
+def test_a_step_after_a_quiet_window_is_sized_at_the_last_input_length_seen() -> None:
+    s = state()
+    # A load window in which no request ended has no input length (and no rate): the
+    # queue that then builds is sized at the last length seen, on its growth alone.
+    quiet = FrontendWindow(seconds=10, request_rate=0.0, inflight=0, isl=None, osl=None, ttft_ms=None, itl_ms=None)
+    s.load_step(quiet, {"agg": ONE}, {"agg": 0}, (), 10.0)
+    # 19.3 a second, plus 60 waiting served within the throughput interval: 20.3 req/s.
+    assert checks(s, [2, 20, 40, 60]) == [[], [], [], [5]]
+
+
 def test_the_added_replicas_count_at_their_warm_up_speed() -> None:
     # Half speed while warming up: the 4 replicas added count as 2, so 8 are added.
     assert checks(state(warmup_speed=0.5), [2, 20, 40, 60]) == [[], [], [], [9]]
