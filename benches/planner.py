@@ -116,12 +116,13 @@ def step_rate(t: float, seconds: float, base: float, peak: float) -> float:
     return peak if seconds / 3 <= t < 2 * seconds / 3 else base
 
 
-#: Each workload's rate at a time, and when its load step is (``None``: no step).
+#: Each workload's rate (req/s) at a time.
 WORKLOADS = {"ramp": ramp_rate, "step": step_rate}
 
 
 def step_at(workload: str, seconds: float) -> float | None:
-    """Seconds from the first send to the load step of ``workload``."""
+    """Seconds from the start of the sends to the load step of ``workload`` (``None``: it
+    has none)."""
     return seconds / 3 if workload == "step" else None
 
 
