@@ -1,7 +1,9 @@
 """The planner in real processes: an HTTP frontend, ``python -m dynamo.planner`` with its
 ``local`` connector, and the mocker workers it starts and drains, under an open-loop ramp
-(Poisson arrivals, base → peak → base req/s, by default 2 → 20 → 2 over 5 minutes). The
-same ramp then runs against a static fleet sized for the peak (by default the most
+(Poisson arrivals, base → peak → base req/s, by default 2 → 20 → 2 over 5 minutes) or,
+with ``--workload step``, a step (a third of the time at base, a third at peak, a third
+at base again: 2 → 20 → 2 req/s, 100 s each over the default 5 minutes). The
+same arrivals then run against a static fleet sized for the peak (by default the most
 replicas the planner held; ``--static-replicas``), held by a planner whose min and max are
 that size. Prints one row per configuration with the planner lab's figures (``--json``
 writes them as a list of rows):
@@ -14,8 +16,12 @@ writes them as a list of rows):
 * ``goodput_per_gpu``: requests within the targets per GPU-hour;
 * ``scale_events``: changes of the fleet size; ``reversals``: changes of direction;
 * ``failed_at_scale_down``: failed requests in flight when the fleet shrank;
-* ``recovery_s``: the longest stretch of consecutive ``BIN_S`` bins (by send time) whose
-  p90 TTFT or p90 inter-token gap broke its target.
+* ``recovery_s``: ramp: the longest stretch of consecutive ``BIN_S`` bins (by send time)
+  whose p90 TTFT or p90 inter-token gap broke its target; step (as the planner lab has
+  it, from the load step to the targets met again): from the step up to the end of the
+  stretch of broken bins that starts at or after it (0: no bin after the step broke);
+* ``first_up_s`` (step): from the step to the first sample of a fleet larger than at the
+  step; ``urgent_ups``: scale-ups the planner's urgent check asked for (its log).
 
 Run: ``python benches/planner.py [--minutes 5] [--json out.json]`` (needs only the wheel;
 embedded backend, mocker workers with the built-in byte-level card; ``--backend etcd``
@@ -89,6 +95,10 @@ class Run:
     records: list[Record] = field(default_factory=list)
     #: (time, replicas) samples of the fleet.
     fleet: list[tuple[float, int]] = field(default_factory=list)
+    #: When the offsets count from (the monotonic clock of ``Record.sent``).
+    began: float = 0.0
+    #: Scale-ups the planner's urgent check asked for (its log).
+    urgent_ups: int = 0
 
 
 def ramp_rate(t: float, seconds: float, base: float, peak: float) -> float:
@@ -101,15 +111,31 @@ def ramp_rate(t: float, seconds: float, base: float, peak: float) -> float:
     return peak - (peak - base) * min(1.0, (x - 0.6) / 0.4)
 
 
-def arrivals(seconds: float, base: float, peak: float, seed: int) -> list[float]:
-    """Send times of a Poisson process whose rate follows the ramp (thinning)."""
+def step_rate(t: float, seconds: float, base: float, peak: float) -> float:
+    """Requests/s at ``t``: base for the first third, peak for the second, base again."""
+    return peak if seconds / 3 <= t < 2 * seconds / 3 else base
+
+
+#: Each workload's rate (req/s) at a time.
+WORKLOADS = {"ramp": ramp_rate, "step": step_rate}
+
+
+def step_at(workload: str, seconds: float) -> float | None:
+    """Seconds from the start of the sends to the load step of ``workload`` (``None``: it
+    has none)."""
+    return seconds / 3 if workload == "step" else None
+
+
+def arrivals(workload: str, seconds: float, base: float, peak: float, seed: int) -> list[float]:
+    """Send times of a Poisson process whose rate follows the workload (thinning)."""
+    rate = WORKLOADS[workload]
     rng = random.Random(seed)
     t, out = 0.0, []
     while True:
         t += rng.expovariate(peak)
         if t >= seconds:
             return out
-        if rng.random() < ramp_rate(t, seconds, base, peak) / peak:
+        if rng.random() < rate(t, seconds, base, peak) / peak:
             out.append(t)
 
 
@@ -121,10 +147,10 @@ def body(i: int) -> bytes:
     }).encode()
 
 
-async def send_all(port: int, offsets: list[float]) -> list[Record]:
-    """Open loop: each request at its time, on an idle keep-alive connection or a new one."""
+async def send_all(port: int, offsets: list[float], start: float) -> list[Record]:
+    """Open loop: each request at its time after ``start``, on an idle keep-alive
+    connection or a new one."""
     idle: list[Connection] = []
-    start = time.monotonic()
     records: list[Record] = []
 
     async def one(i: int, at: float) -> None:
@@ -183,7 +209,8 @@ async def drive(frontend_port: int, planner_port: int, offsets: list[float], run
     stop = asyncio.Event()
     sampler = asyncio.create_task(sample_fleet(planner_port, run, stop))
     try:
-        run.records = await send_all(frontend_port, offsets)
+        run.began = time.monotonic()
+        run.records = await send_all(frontend_port, offsets, run.began)
     finally:
         stop.set()
         await sampler
@@ -198,7 +225,7 @@ def planner_config(args: argparse.Namespace, frontend_port: int, settings: Path,
         "targets": {"ttft": {"quantile": 0.9, "ms": args.ttft_ms}, "itl": {"quantile": 0.9, "ms": args.itl_ms}},
         "roles": {"agg": {"min_replicas": least, "max_replicas": most, "gpus_per_replica": 1, "endpoint": ENDPOINT,
                           "command": command}},
-        "intervals": {"load_s": args.load_interval, "throughput_s": 30},
+        "intervals": {"load_s": args.load_interval, "throughput_s": 30, "urgent_s": args.urgent_interval},
         "stale_after_s": 10,
         "profile": str(args.profile) if args.profile else None,
         "connector": {"kind": "local", "startup_delay_s": args.startup_delay, "stop_timeout_s": 30},
@@ -240,6 +267,8 @@ def run_config(name: str, args: argparse.Namespace, log_dir: Path, least: int, m
         asyncio.run(drive(frontend_port, planner_port, offsets, run))
     finally:
         processes.stop(grace=40)
+    planner_log = (log_dir / "planner.log").read_text(errors="replace")
+    run.urgent_ups = sum("urgent loop: agg up" in line for line in planner_log.splitlines())
     return run
 
 
@@ -263,17 +292,37 @@ def figures(run: Run, args: argparse.Namespace) -> dict[str, Any]:
     downs = [t for (_, a), (t, b) in itertools.pairwise(run.fleet) if b < a]
     failed = [r for r in records if not r.ok]
     failed_at_down = [r for r in failed if any(r.sent <= t <= r.ended for t in downs)]
-    bins: dict[int, list[Record]] = {}
-    for r in records:
-        bins.setdefault(int((r.sent - start) // BIN_S), []).append(r)
-    longest = streak = 0
-    for index in range(max(bins) + 1 if bins else 0):
-        rs = bins.get(index, [])
-        broken = bool(rs) and (
-            percentile([r.ttft for r in rs], 90) > ttft_s or percentile([r.gap for r in rs], 90) > gap_s
-        )
-        streak = streak + 1 if broken else 0
-        longest = max(longest, streak)
+
+    def broken_bins(since: float) -> list[bool]:
+        """Whether each ``BIN_S`` bin of the requests sent from ``since`` on broke a target."""
+        bins: dict[int, list[Record]] = {}
+        for r in records:
+            if r.sent >= since:
+                bins.setdefault(int((r.sent - since) // BIN_S), []).append(r)
+        return [
+            bool(rs) and (percentile([r.ttft for r in rs], 90) > ttft_s or percentile([r.gap for r in rs], 90) > gap_s)
+            for rs in (bins.get(index, []) for index in range(max(bins) + 1 if bins else 0))
+        ]
+
+    step = step_at(args.workload, args.minutes * 60.0)
+    first_up_s = None
+    if step is None:
+        longest = streak = 0
+        for broken in broken_bins(start):
+            streak = streak + 1 if broken else 0
+            longest = max(longest, streak)
+        recovery_s = longest * BIN_S
+    else:
+        after = broken_bins(run.began + step)
+        first = after.index(True) if True in after else len(after)
+        last = first
+        while last < len(after) and after[last]:
+            last += 1
+        recovery_s = last * BIN_S if last > first else 0.0
+        # The fleet's first growth after the step: from its size at the step.
+        at_step = [n for t, n in run.fleet if t <= run.began + step]
+        grown = [t for t, n in run.fleet if t > run.began + step and at_step and n > at_step[-1]]
+        first_up_s = grown[0] - (run.began + step) if grown else None
     return {
         "config": run.config,
         "requests": len(records),
@@ -284,7 +333,9 @@ def figures(run: Run, args: argparse.Namespace) -> dict[str, Any]:
         "scale_events": len(changes),
         "reversals": count_reversals(changes),
         "failed_at_scale_down": len(failed_at_down),
-        "recovery_s": longest * BIN_S,
+        "recovery_s": recovery_s,
+        "first_up_s": first_up_s,
+        "urgent_ups": run.urgent_ups,
         "peak_replicas": max(sizes, default=0),
         "ttft_p90_ms": percentile([r.ttft for r in records if r.ok], 90) * 1000,
         "itl_p90_ms": percentile([r.gap for r in records if r.ok], 90) * 1000,
@@ -293,20 +344,27 @@ def figures(run: Run, args: argparse.Namespace) -> dict[str, Any]:
 
 COLUMNS = [("config", "{}"), ("requests", "{}"), ("failed", "{}"), ("sla_attainment", "{:.3f}"),
            ("gpu_hours", "{:.4f}"), ("goodput_per_gpu", "{:.0f}"), ("scale_events", "{}"), ("reversals", "{}"),
-           ("failed_at_scale_down", "{}"), ("recovery_s", "{:.0f}"), ("peak_replicas", "{}"),
+           ("failed_at_scale_down", "{}"), ("recovery_s", "{:.0f}"), ("first_up_s", "{:.1f}"), ("urgent_ups", "{}"),
+           ("peak_replicas", "{}"),
            ("ttft_p90_ms", "{:.0f}"), ("itl_p90_ms", "{:.0f}")]
 
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = "| " + " | ".join(name for name, _ in COLUMNS) + " |"
     rule = "|" + "|".join("---" for _ in COLUMNS) + "|"
-    lines = ["| " + " | ".join(fmt.format(row[name]) for name, fmt in COLUMNS) + " |" for row in rows]
+    lines = [
+        "| " + " | ".join("-" if row[name] is None else fmt.format(row[name]) for name, fmt in COLUMNS) + " |"
+        for row in rows
+    ]
     return "\n".join([head, rule, *lines])
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--minutes", type=float, default=5.0, help="length of the ramp (default 5)")
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="ramp",
+                        help="ramp (40 %% rise, 20 %% at the peak, 40 %% fall; default) or step (thirds at base, "
+                        "peak, base)")
+    parser.add_argument("--minutes", type=float, default=5.0, help="length of the workload (default 5)")
     parser.add_argument("--base-rate", type=float, default=2.0, help="req/s at the start and end (default 2)")
     parser.add_argument("--peak-rate", type=float, default=20.0, help="req/s at the peak (default 20)")
     parser.add_argument("--ttft-ms", type=float, default=500.0, help="p90 TTFT target (default 500)")
@@ -315,6 +373,8 @@ def main() -> int:
     parser.add_argument("--static-replicas", type=int,
                         help="size of the static fleet (default: the most replicas the planner held)")
     parser.add_argument("--load-interval", type=float, default=2.0, help="the planner's load loop (s, default 2)")
+    parser.add_argument("--urgent-interval", type=lambda v: None if v == "off" else float(v), default=1.0,
+                        help="the planner's urgent check (s, default 1; off: none)")
     parser.add_argument("--startup-delay", type=float, default=0.0, help="held back before each worker start (s)")
     parser.add_argument("--backend", choices=["embedded", "etcd"], default="embedded",
                         help="embedded (file discovery, TCP planes; default) or etcd (etcd discovery, NATS planes; "
@@ -328,8 +388,9 @@ def main() -> int:
     parser.add_argument("--log-dir", type=Path, help="children's logs (default: a temporary folder)")
     args = parser.parse_args()
     log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="bench-planner-"))
-    offsets = arrivals(args.minutes * 60.0, args.base_rate, args.peak_rate, args.seed)
-    print(f"ramp {args.base_rate:g} -> {args.peak_rate:g} -> {args.base_rate:g} req/s over {args.minutes:g} min; "
+    offsets = arrivals(args.workload, args.minutes * 60.0, args.base_rate, args.peak_rate, args.seed)
+    print(f"{args.workload} {args.base_rate:g} -> {args.peak_rate:g} -> {args.base_rate:g} req/s over "
+          f"{args.minutes:g} min, urgent check {args.urgent_interval or 'off'}; "
           f"logs in {log_dir}", flush=True)
     rows = []
     static = args.static_replicas

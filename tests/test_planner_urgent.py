@@ -54,18 +54,29 @@ def checks(s: PlanningState, waiting: list[int], fleet: RoleState = ONE) -> list
 
 def test_a_building_queue_raises_the_fleet_at_the_third_rise() -> None:
     s = state()
-    # 2 -> 20 -> 40 -> 60 waiting: 19.3 a second on top of 4 req/s, plus 60 waiting served
-    # within the throughput interval (1 req/s): 24.3 req/s at 5 a replica is 5 replicas.
-    assert checks(s, [2, 20, 40, 60]) == [[], [], [], [5]]
+    # 2 -> 20 -> 40 -> 60 waiting: 19.3 a second on top of the 5 req/s the saturated
+    # replica serves (its capacity: more than the last window's 4), plus 60 waiting served
+    # within the throughput interval (1 req/s): 25.3 req/s at 5 a replica is 6 replicas.
+    assert checks(s, [2, 20, 40, 60]) == [[], [], [], [6]]
     # Once those are asked for, the queue that still grows until they are ready asks nothing more.
     assert s.urgent_step({"agg": RoleState(ready=1, pending=4)}, {"agg": 80}, 5.0) == []
     [decision] = s.urgent_step({"agg": RoleState(ready=1)}, {"agg": 100}, 6.0)
     assert (decision.loop, decision.action, decision.current, decision.target) == ("urgent", "up", 1, 6)
 
 
+def test_a_step_after_a_quiet_window_is_sized_at_the_last_input_length_seen() -> None:
+    s = state()
+    # A load window in which no request ended has no input length (and no rate): the
+    # queue that then builds is sized at the last length seen, at the replica's capacity
+    # (5 req/s) plus its growth (19.3 a second) and the backlog (1 req/s), not at rate 0.
+    quiet = FrontendWindow(seconds=10, request_rate=0.0, inflight=0, isl=None, osl=None, ttft_ms=None, itl_ms=None)
+    s.load_step(quiet, {"agg": ONE}, {"agg": 0}, (), 10.0)
+    assert checks(s, [2, 20, 40, 60]) == [[], [], [], [6]]
+
+
 def test_the_added_replicas_count_at_their_warm_up_speed() -> None:
-    # Half speed while warming up: the 4 replicas added count as 2, so 8 are added.
-    assert checks(state(warmup_speed=0.5), [2, 20, 40, 60]) == [[], [], [], [9]]
+    # Half speed while warming up: the 5 replicas added count as 2.5, so 10 are added.
+    assert checks(state(warmup_speed=0.5), [2, 20, 40, 60]) == [[], [], [], [11]]
 
 
 def test_noise_a_queue_that_dips_a_starting_replica_or_no_profile_change_nothing() -> None:
@@ -73,8 +84,10 @@ def test_noise_a_queue_that_dips_a_starting_replica_or_no_profile_change_nothing
     assert checks(state(), [2, 20, 15, 60, 70]) == [[]] * 5  # a dip: not three rises in a row
     assert checks(state(), [2, 20, 40, 60], RoleState(ready=1, pending=1)) == [[]] * 4
     assert checks(state(model=False), [2, 20, 40, 60]) == [[]] * 4
-    # A fleet that already carries the demand (pending replicas included) is left alone.
-    assert checks(state(), [2, 20, 40, 60], RoleState(ready=5)) == [[]] * 4
+    # A fleet at its max_replicas is left alone (a queue that builds on saturated replicas
+    # always needs more than they are: what they serve plus its growth).
+    capped = state(roles={"agg": {"min_replicas": 1, "max_replicas": 1}})
+    assert checks(capped, [2, 20, 40, 60]) == [[]] * 4
 
 
 def test_off_without_an_interval() -> None:

@@ -13,6 +13,7 @@ Raw HTTP/1.1 over asyncio streams: no client library between the test and the wi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import statistics
 import time
@@ -180,6 +181,46 @@ class Load:
     def between(self, start: float, end: float) -> list[Outcome]:
         """Outcomes of requests started in [start, end)."""
         return [o for o in self.outcomes if start <= o.started < end]
+
+
+@dataclass
+class OpenLoad:
+    """An open loop against the frontend on `port`: one request every `1 / rate` seconds
+    whatever the answers (a queue builds when the fleet serves fewer), until stopped.
+    `rate` may change while it runs (a load step)."""
+
+    port: int
+    model: str
+    rate: float
+    max_tokens: int = MAX_TOKENS
+    outcomes: list[Outcome] = field(default_factory=list)
+    _stop: asyncio.Event = field(default_factory=asyncio.Event)
+    _sender: asyncio.Task[None] | None = None
+    _requests: list[asyncio.Task[None]] = field(default_factory=list)
+
+    def start(self) -> None:
+        self._sender = asyncio.create_task(self._send())
+
+    async def _one(self, index: int) -> None:
+        body = chat_body(self.model, index, self.max_tokens)
+        self.outcomes.append(await stream_chat(self.port, body, self.max_tokens))
+
+    async def _send(self) -> None:
+        index, due = 0, time.monotonic()
+        while not self._stop.is_set():
+            if time.monotonic() >= due:
+                self._requests.append(asyncio.create_task(self._one(index)))
+                index += 1
+                due += 1.0 / self.rate
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), max(0.0, due - time.monotonic()))
+
+    async def stop(self) -> None:
+        """Stop sending and wait for the requests in flight (each is bounded)."""
+        self._stop.set()
+        if self._sender is not None:
+            await self._sender
+        await asyncio.wait_for(asyncio.gather(*self._requests), REQUEST_BOUND + 10)
 
 
 @dataclass

@@ -31,7 +31,8 @@
 * The **urgent check** (every ``intervals.urgent_s``, between load passes; ``step.py``
   decides when it looks) acts on a queue that builds in the workers faster than a load
   interval: more waiting requests than ready replicas, rising at each check. It takes the
-  demand as the last load pass's rate plus the queue's growth a second, sizes the fleet
+  demand as what the ready replicas serve (their capacity, or the last load pass's rate
+  when higher) plus the queue's growth a second, sizes the fleet
   for it as the load loop sizes a backlog, and counts the replicas it adds at their
   warm-up speed (``warmup_speed``): they carry less while they warm up. It only grows.
 
@@ -263,15 +264,20 @@ class Decider:
     ) -> Decision | None:
         """The urgent check between load passes for ``role``: ``waiting`` requests in its
         workers' queues, growing by ``growth`` a second, at the last load pass's ``rate``.
-        When more wait than replicas are ready, the demand is taken as that rate plus the
-        growth (what arrives and is not served) and the fleet raised to what it needs by the
-        profile's capacity, the backlog served within one throughput interval (as the load
-        loop sizes a backlog). ``None``: nothing to do (no backlog, no profile, or the fleet,
-        pending replicas counted, already carries it)."""
+        When more wait than replicas are ready, the demand is taken as what the ready
+        replicas serve plus the growth (what arrives and is not served), and the fleet
+        raised to what it needs by the profile's capacity, the backlog served within one
+        throughput interval (as the load loop sizes a backlog). While a queue builds, the
+        ready replicas serve at least their capacity, whatever the last window's rate was
+        (a step that follows a quiet window arrives at their capacity plus the growth, not
+        at the old rate plus it). ``None``: nothing to do (no backlog, no profile, or the
+        fleet, pending replicas counted, already carries it)."""
         state = fleet[role]
         if self.model is None or state.ready == 0 or waiting <= state.ready:
             return None
-        obs = Observation(request_rate=rate + growth, isl=isl, ttft_ms=None, itl_ms=None, waiting=waiting)
+        length = self.isl_forecasts.get(role, isl)
+        served = rate if length is None else max(rate, state.ready * self.model.capacity(length, *self._limits(role)))
+        obs = Observation(request_rate=served + growth, isl=isl, ttft_ms=None, itl_ms=None, waiting=waiting)
         needed = self._warm(self._needed(role, obs), state.ready)
         if needed is None or needed <= state.total:
             return None
@@ -283,7 +289,7 @@ class Decider:
         return Decision(
             role, "urgent", state.total, target,
             f"{waiting} request(s) waiting on {state.ready} ready replica(s), growing {growth:.1f}/s, at "
-            f"{rate:.2f} req/s: {needed} replica(s) by the profile{capped}",
+            f"{served:.2f} req/s served: {needed} replica(s) by the profile{capped}",
         )
 
     def _warm(self, needed: int | None, ready: int) -> int | None:

@@ -67,7 +67,9 @@ class PlanningState:
         #: to the pass that saw it ready (so to within one load interval); before any,
         #: the configured estimate (``expected_startup_s``, or the local connector's delay).
         self.startup_s = expected_startup_s(config)
-        #: The last load window's request rate and mean input length (the urgent check's).
+        #: The last load window's request rate, and the last mean input length a window
+        #: had (the urgent check's: a window in which no request ended has none, and a
+        #: step that follows a quiet window must still be sized).
         self.last_rate = 0.0
         self.last_isl: float | None = None
         #: Each role's last ``RISING_CHECKS + 1`` urgent checks: (when, waiting requests).
@@ -115,7 +117,9 @@ class PlanningState:
         scraped), the fleet, each role's waiting requests and the missing signals."""
         if window is not None:
             self.windows.append(window)
-            self.last_rate, self.last_isl = window.request_rate, window.isl
+            self.last_rate = window.request_rate
+            if window.isl is not None:
+                self.last_isl = window.isl
             self._correct(window, fleet, sum(waiting.values()), now)
         return [
             self.decider.load(role, fleet, observation(window, waiting.get(role, 0), missing))
