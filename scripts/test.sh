@@ -11,8 +11,26 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/dynamo-target}"
 PYTHON="${PYTHON:-python}"
 
-step() { printf '\n==> %s\n' "$*"; }
+# Each step's wall time is printed when the next one starts, and all of them at the end
+# (where CI's time goes).
+timings=()
+current=""
+started=$SECONDS
+step_done() {
+    if [ -n "$current" ]; then
+        timings+=("$(printf '%5ds  %s' "$((SECONDS - started))" "$current")")
+        printf '(%ds)\n' "$((SECONDS - started))"
+    fi
+}
+step() { step_done; current="$*"; started=$SECONDS; printf '\n==> %s\n' "$*"; }
+report_timings() {
+    step_done
+    current=""
+    printf '\n==> wall time per step\n'
+    printf '%s\n' "${timings[@]}"
+}
 
+step "test dependencies (scripts/install-test-deps.sh)"
 bash scripts/install-test-deps.sh
 
 step "README quick start: pip install -v . && dynamo-run ..., in a fresh virtual environment"
@@ -41,6 +59,7 @@ step "lint: ruff"
 step "python tests"
 status=0
 "$PYTHON" -m pytest -q "$@" || status=$?
+report_timings
 if [ "$status" -eq 5 ]; then
     echo "pytest collected no tests; nothing failed"
     status=0
