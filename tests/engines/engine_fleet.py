@@ -63,18 +63,23 @@ def engine_env(base: dict[str, str]) -> dict[str, str]:
 
 
 def engine_processes() -> list[Any]:
-    """The engine processes of this test session (``VLLM::*``, ``python -m dynamo.vllm``,
-    vLLM's server), wherever they hang: children of this process, of its children, or
-    orphans adopted by init. Processes of other sessions (another run on the machine)
-    are not counted."""
+    """The engine processes this test process started (``VLLM::*``, ``python -m
+    dynamo.vllm``, vLLM's server), wherever they hang: its descendants, and orphans of
+    its session adopted by init or a process outside the session. Another run's engines
+    (another session, or a sibling pytest-xdist worker's descendants) are not counted."""
     import psutil
 
     session = os.getsid(0)
+    mine = {p.pid for p in psutil.Process().children(recursive=True)}
     found = []
-    for proc in psutil.process_iter(["pid", "name", "cmdline"]):
+    for proc in psutil.process_iter(["pid", "ppid", "name", "cmdline"]):
         try:
             command = " ".join(proc.info["cmdline"] or []) or proc.info["name"] or ""
-            if proc.pid != os.getpid() and ENGINE_PROCESS.search(command) and os.getsid(proc.pid) == session:
+            if not ENGINE_PROCESS.search(command) or proc.pid == os.getpid():
+                continue
+            parent = proc.info["ppid"]
+            orphan = os.getsid(proc.pid) == session and (parent == 1 or os.getsid(parent) != session)
+            if proc.pid in mine or orphan:
                 found.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError):
             continue
