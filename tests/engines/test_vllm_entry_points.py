@@ -40,10 +40,12 @@ def dynamo_run(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> It
         *DYNAMO_RUN, "in=http", "out=vllm", "--model-path", str(tiny_model), "--model-name", MODEL,
         "--http-port", str(port), "--", *ENGINE_FLAGS,
     ]
-    process = pool.command(argv, name="dynamo-run-vllm")
-    wait_http(process, port, "/v1/models", lambda r: models_of(r) == [MODEL])
-    yield Served(process, port)
-    stop_all(pool)
+    try:  # also when the start fails: no engine outlives the module
+        process = pool.command(argv, name="dynamo-run-vllm")
+        wait_http(process, port, "/v1/models", lambda r: models_of(r) == [MODEL])
+        yield Served(process, port)
+    finally:
+        stop_all(pool)
 
 
 def chat(port: int, **extra: Any) -> Any:
@@ -105,10 +107,12 @@ def graph(
         f"--Frontend.port={port}", f"--Common.model-path={tiny_model}", f"--Common.model-name={MODEL}",
         *[f"--{s}.ServiceArgs.dynamo.namespace={namespace}" for s in ("Frontend", "Processor", "Worker")],
     ]
-    process = pool.command(argv, name="serve-agg-vllm", cwd=EXAMPLES_DIR / "llm")
-    wait_http(process, port, "/v1/models", lambda r: models_of(r) == [MODEL])
-    yield Served(process, port)
-    stop_all(pool)
+    try:  # also when the start fails: no engine outlives the module
+        process = pool.command(argv, name="serve-agg-vllm", cwd=EXAMPLES_DIR / "llm")
+        wait_http(process, port, "/v1/models", lambda r: models_of(r) == [MODEL])
+        yield Served(process, port)
+    finally:
+        stop_all(pool)
 
 
 def test_the_llm_graph_serves_the_model_with_engine_vllm(graph: Served) -> None:

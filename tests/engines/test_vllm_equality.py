@@ -116,14 +116,16 @@ def servers(tiny_model: Path, module_pool: WorkerPool, request: pytest.FixtureRe
             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
     env = fleet_env("embedded", request, tmp_path_factory.mktemp("equality"))
     fleet = Fleet(WorkerPool(env, module_pool.log_dir), "embedded", tiny_model)
-    fleet.start_frontend()
-    worker = fleet.start_worker()
-    server, vllm_port = launch_vllm_server(module_pool, tiny_model)
-    wait_vllm_server(server, vllm_port)
-    fleet.wait_serving(worker)
-    assert fleet.frontend is not None
-    yield Servers(vllm_port, fleet.frontend.port)
-    stop_all(fleet.pool)
+    try:  # also when a start fails: no engine outlives the module (module_pool stops the server)
+        fleet.start_frontend()
+        worker = fleet.start_worker()
+        server, vllm_port = launch_vllm_server(module_pool, tiny_model)
+        wait_vllm_server(server, vllm_port)
+        fleet.wait_serving(worker)
+        assert fleet.frontend is not None
+        yield Servers(vllm_port, fleet.frontend.port)
+    finally:
+        stop_all(fleet.pool)
 
 
 # --- completions ----------------------------------------------------------------------

@@ -58,15 +58,17 @@ def served(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         "--http-port", str(port), "--chat-template", str(template), "--tool-call-parser", "hermes",
         "--", *ENGINE_FLAGS,
     ]
-    process = pool.command(argv, name="dynamo-run-vllm-tools")
-    vllm_server, vllm_port = launch_vllm_server(
-        pool, tiny_model, "--chat-template", str(template), "--tool-call-parser", "hermes", "--enable-auto-tool-choice",
-        "--seed", "0",
-    )
-    wait_http(process, port, "/v1/models", lambda r: models_of(r) == [MODEL])
-    wait_vllm_server(vllm_server, vllm_port)
-    yield Served(port, vllm_port)
-    stop_all(pool)
+    try:  # also when a start fails: no engine outlives the module
+        process = pool.command(argv, name="dynamo-run-vllm-tools")
+        vllm_server, vllm_port = launch_vllm_server(
+            pool, tiny_model, "--chat-template", str(template), "--tool-call-parser", "hermes",
+            "--enable-auto-tool-choice", "--seed", "0",
+        )
+        wait_http(process, port, "/v1/models", lambda r: models_of(r) == [MODEL])
+        wait_vllm_server(vllm_server, vllm_port)
+        yield Served(port, vllm_port)
+    finally:
+        stop_all(pool)
 
 
 def calls_of(port: int, body: dict[str, Any]) -> tuple[list[dict[str, Any]], str, str]:

@@ -45,11 +45,13 @@ def fleet(request: pytest.FixtureRequest, tiny_model: Path,
     logs = root / "logs"
     logs.mkdir()
     fleet = Fleet(WorkerPool(fleet_env(request.param, request, root), logs), request.param, tiny_model)
-    fleet.start_frontend("--router-mode", "kv")
-    workers = [fleet.start_worker("--migration-limit", "1") for _ in range(2)]
-    fleet.wait_serving(*workers)
-    yield fleet
-    stop_all(fleet.pool)
+    try:  # also when a start fails: no engine outlives the fleet
+        fleet.start_frontend("--router-mode", "kv")
+        workers = [fleet.start_worker("--migration-limit", "1") for _ in range(2)]
+        fleet.wait_serving(*workers)
+        yield fleet
+    finally:
+        stop_all(fleet.pool)
 
 
 def instance_id(worker: WorkerProcess) -> int:

@@ -4,8 +4,6 @@ and the reliability table the tests fill (printed at the end of the session and,
 
 from __future__ import annotations
 
-import json
-import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +12,7 @@ from typing import Any
 import pytest
 from fleet import Fleet
 from llm_helpers import write_model_dir
-from load import Report
+from load import Report, print_reliability
 
 _REPORTS: list[Report] = []
 
@@ -54,23 +52,13 @@ def record() -> Any:
     return _REPORTS.append
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Under pytest-xdist, a worker hands its rows to the controller, which prints the
+    table (tests/conftest.py): a worker's own summary is not shown."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["fault_reports"] = [r.as_dict() for r in _REPORTS]
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if not _REPORTS:
-        return
-    terminalreporter.section("reliability (fault suite)")
-    terminalreporter.write_line(
-        "| fault | backend | sent | ok | failed | truncated | hung | error time p50 / max (s) | recovery (s) | why |"
-    )
-    terminalreporter.write_line("|---|---|---|---|---|---|---|---|---|---|")
-
-    def s(v: float | None) -> str:
-        return "-" if v is None else f"{v:.2f}"
-
-    for r in _REPORTS:
-        terminalreporter.write_line(
-            f"| {r.fault} | {r.backend} | {r.sent} | {r.ok} | {r.failed} | {r.truncated} | {r.hung} | "
-            f"{s(r.error_p50)} / {s(r.error_max)} | {s(r.recovery)} | {'; '.join(r.reasons)[:200]} |"
-        )
-    target = os.environ.get("DYN_FAULT_REPORT")
-    if target:
-        Path(target).write_text(json.dumps([r.as_dict() for r in _REPORTS], indent=2))
+    print_reliability(terminalreporter, [r.as_dict() for r in _REPORTS])

@@ -15,9 +15,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import statistics
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 #: Tokens each request asks for.
@@ -281,3 +283,29 @@ def _reason(detail: str) -> str:
             word = "…"
         words.append(word)
     return " ".join(words)[:120]
+
+
+def print_reliability(terminalreporter: Any, rows: list[dict[str, Any]]) -> None:
+    """Print the reliability table of the fault suite's rows (``Report.as_dict()``) at
+    the end of the session and, when ``DYN_FAULT_REPORT`` names a file, write them there
+    as JSON (for docs/reliability.md)."""
+    if not rows:
+        return
+    terminalreporter.section("reliability (fault suite)")
+    terminalreporter.write_line(
+        "| fault | backend | sent | ok | failed | truncated | hung | error time p50 / max (s) | recovery (s) | why |"
+    )
+    terminalreporter.write_line("|---|---|---|---|---|---|---|---|---|---|")
+
+    def s(v: float | None) -> str:
+        return "-" if v is None else f"{v:.2f}"
+
+    for r in rows:
+        terminalreporter.write_line(
+            f"| {r['fault']} | {r['backend']} | {r['sent']} | {r['ok']} | {r['failed']} | {r['truncated']} | "
+            f"{r['hung']} | {s(r['error_p50'])} / {s(r['error_max'])} | {s(r['recovery'])} | "
+            f"{'; '.join(r['reasons'])[:200]} |"
+        )
+    target = os.environ.get("DYN_FAULT_REPORT")
+    if target:
+        Path(target).write_text(json.dumps(rows, indent=2))

