@@ -34,7 +34,13 @@ if not HAS_GPU:
 from dynamo.engine.handler import Handler  # noqa: E402
 from dynamo.vllm import adapter  # noqa: E402
 from dynamo.vllm.args import parse_args  # noqa: E402
-from dynamo.vllm.worker import VllmAdapter, configure_disagg, configure_kv_events  # noqa: E402
+from dynamo.vllm.worker import (  # noqa: E402
+    VllmAdapter,
+    configure_disagg,
+    configure_kv_events,
+    kv_events_endpoint,
+    remove_own_ipc_socket,
+)
 from llm_helpers import HandlerContext  # noqa: E402
 from vllm.config import KVEventsConfig, KVTransferConfig  # noqa: E402
 from vllm.logprobs import Logprob  # noqa: E402
@@ -166,9 +172,9 @@ def test_disagg_graph_configs_reach_vllms_parser(graph: str, monkeypatch: pytest
     assert (prefill.engine_args.max_model_len, prefill.engine_args.block_size) == (8192, 16)
 
 
-def test_kv_events_configure_vllms_zmq_publisher_on_loopback() -> None:
+def test_kv_events_configure_vllms_zmq_publisher() -> None:
     config = parse_args(["--model", "/m"])
-    configure_kv_events(config, 45678)
+    configure_kv_events(config, "tcp://*:45678")
     events = config.engine_args.kv_events_config
     assert isinstance(events, KVEventsConfig)
     assert (events.enable_kv_cache_events, events.publisher, events.endpoint) == (
@@ -177,8 +183,21 @@ def test_kv_events_configure_vllms_zmq_publisher_on_loopback() -> None:
     assert config.engine_args.enable_prefix_caching is True
 
     off = parse_args(["--model", "/m", "--no-kv-events"])
-    configure_kv_events(off, 45678)
+    configure_kv_events(off, "tcp://*:45678")
     assert off.engine_args.kv_events_config is None
+
+
+def test_kv_events_endpoint_is_a_private_ipc_socket_unless_a_port_is_asked() -> None:
+    def no_port() -> int:
+        raise AssertionError("no TCP port is taken for an IPC endpoint")
+
+    first = kv_events_endpoint(parse_args(["--model", "/m"]), no_port)
+    second = kv_events_endpoint(parse_args(["--model", "/m"]), no_port)
+    assert first.startswith("ipc://") and first != second, (first, second)
+    assert kv_events_endpoint(parse_args(["--model", "/m", "--kv-events-port", "45678"]), no_port) == "tcp://*:45678"
+    # Data parallelism: vLLM offsets a TCP port per rank and takes no IPC endpoint there.
+    parallel = parse_args(["--model", "/m", "--data-parallel-size", "2"])
+    assert kv_events_endpoint(parallel, lambda: 45999) == "tcp://*:45999"
 
 
 def test_module_help_lists_dynamo_and_vllm_flags() -> None:
@@ -380,24 +399,31 @@ def test_scheduler_stats_become_the_routers_load_metrics() -> None:
 # --- KV events from vLLM's own publisher -------------------------------------------------
 
 
-async def test_vllms_own_kv_event_publisher_feeds_the_kv_index(runtime: Any, namespace: str) -> None:
+@pytest.mark.parametrize("transport", ["ipc", "tcp"])
+async def test_vllms_own_kv_event_publisher_feeds_the_kv_index(runtime: Any, namespace: str, transport: str) -> None:
     """vLLM's ZmqEventPublisher (its own msgspec/msgpack encoding of BlockStored and
     BlockRemoved, sha256 byte hashes) → the worker's ZMQ bridge → the event plane → a
     KvIndexer, as `python -m dynamo.vllm --kv-events` wires it."""
     pytest.importorskip("msgpack", reason="the zmq extra is not installed: pip install 'ai-dynamo[zmq]'")
     import time
 
+    from dynamo.engine.kv_events import ZmqKvEvents
     from dynamo.llm import KvIndexer, ZmqKvEventPublisher, ZmqKvEventPublisherConfig
     from helpers import free_port, wait_until
     from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVEventBatch, ZmqEventPublisher
 
     component = runtime.namespace(namespace).component("vllm")
     indexer = KvIndexer(component, 4)
-    port = free_port()
-    # As configure_kv_events sets it: vLLM binds only wildcard endpoints (it connects to
-    # any other), so it binds tcp://*:PORT and the bridge connects on loopback.
-    publisher = ZmqEventPublisher(data_parallel_rank=0, endpoint=f"tcp://*:{port}")
-    config = ZmqKvEventPublisherConfig(worker_id=7, kv_block_size=4, zmq_endpoint=f"tcp://127.0.0.1:{port}")
+    # As the worker sets it (kv_events_endpoint): a private IPC socket by default,
+    # tcp://*:PORT with --kv-events-port (vLLM binds only wildcard TCP endpoints); the
+    # bridge subscribes where ZmqKvEvents says (a wildcard host read as loopback).
+    flags = ["--kv-events-port", str(free_port())] if transport == "tcp" else []
+    endpoint = kv_events_endpoint(parse_args(["--model", "/m", *flags]), free_port)
+    assert endpoint.startswith(f"{transport}://"), endpoint
+    publisher = ZmqEventPublisher(data_parallel_rank=0, endpoint=endpoint)
+    config = ZmqKvEventPublisherConfig(
+        worker_id=7, kv_block_size=4, zmq_endpoint=ZmqKvEvents(endpoint).subscribe_endpoint()
+    )
     bridge = ZmqKvEventPublisher(component, config)
     tokens = list(range(100, 112))  # three blocks of 4
     hashes = [bytes([i]) * 32 for i in (1, 2, 3)]
@@ -428,6 +454,9 @@ async def test_vllms_own_kv_event_publisher_feeds_the_kv_index(runtime: Any, nam
     finally:
         await bridge.shutdown()
         publisher.shutdown()
+        remove_own_ipc_socket(publisher.get_publisher_config())
+    if transport == "ipc":
+        assert not os.path.exists(endpoint[len("ipc://"):]), "the worker's IPC socket file is removed"
 
 
 # --- the request handler, with vLLM's own output objects --------------------------------

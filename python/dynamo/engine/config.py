@@ -100,7 +100,8 @@ def add_arguments(parser: argparse.ArgumentParser, engine: str, own_flags: froze
     )
     add(
         "--kv-events-port", type=int, default=0,
-        help=f"loopback port of {engine}'s ZMQ event publisher (default 0: a free one)",
+        help=f"TCP port of {engine}'s ZMQ event publisher (default 0: unset; vLLM then publishes on a private "
+             "IPC socket, other engines on a free port)",
     )
     add(
         "--metrics", action=argparse.BooleanOptionalAction, default=True,

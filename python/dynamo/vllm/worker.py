@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import pathlib
+import tempfile
+import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
@@ -43,7 +46,7 @@ class VllmAdapter(EngineAdapter):
         return ns.served_model_name[0] if ns.served_model_name else None
 
     def configure(self, config: WorkerConfig, free_port: Callable[[], int]) -> None:
-        configure_kv_events(config, config.kv_events_port or free_port())
+        configure_kv_events(config, kv_events_endpoint(config, free_port))
         configure_disagg(config, free_port() if config.role != "agg" else None)
 
     async def start(self, config: WorkerConfig, on_load: LoadCallback | None) -> Any:
@@ -66,6 +69,7 @@ class VllmAdapter(EngineAdapter):
 
     async def stop(self, engine: Any) -> None:
         engine.shutdown()
+        remove_own_ipc_socket(engine.vllm_config.kv_events_config)
 
     def prepare(self, request: Mapping[str, Any], transfer: Mapping[str, Any] | None = None) -> Any:
         from . import adapter
@@ -130,18 +134,41 @@ def configure_disagg(config: WorkerConfig, side_channel_port: int | None = None)
         os.environ.setdefault("VLLM_NIXL_SIDE_CHANNEL_PORT", str(side_channel_port))
 
 
-def configure_kv_events(config: WorkerConfig, port: int) -> None:
-    """Ask vLLM to publish KV cache events on ZMQ port ``port`` unless the command line
-    configured its own ``--kv-events-config``. vLLM binds only wildcard endpoints (it
-    connects to any other), so the endpoint is ``tcp://*:port``; the worker's bridge
-    connects to it on loopback."""
+def kv_events_endpoint(config: WorkerConfig, free_port: Callable[[], int]) -> str:
+    """Where vLLM publishes its KV cache events. With ``--kv-events-port`` that port on
+    every interface (``tcp://*:PORT``: vLLM binds only wildcard TCP endpoints); else a
+    private IPC socket in the temporary folder, which no other process can take between
+    the worker choosing it and vLLM binding it (a free TCP port can be) and which is not
+    exposed on the network; with data parallelism (vLLM gives each rank the port plus
+    its rank, and no IPC) a free TCP port."""
+    if config.kv_events_port:
+        return f"tcp://*:{config.kv_events_port}"
+    if (getattr(config.engine_args, "data_parallel_size", 1) or 1) > 1:
+        return f"tcp://*:{free_port()}"
+    return f"ipc://{tempfile.gettempdir()}/{IPC_SOCKET_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}"
+
+
+#: The name of the IPC sockets :func:`kv_events_endpoint` makes, in the temporary folder.
+IPC_SOCKET_PREFIX = "dynamo-kv-events-"
+
+
+def remove_own_ipc_socket(events: Any) -> None:
+    """Remove the socket file of a KV events endpoint :func:`kv_events_endpoint` made
+    (ZMQ leaves it behind); any other endpoint is left alone."""
+    endpoint = getattr(events, "endpoint", None) or ""
+    if endpoint.startswith("ipc://") and os.path.basename(endpoint).startswith(IPC_SOCKET_PREFIX):
+        pathlib.Path(endpoint[len("ipc://"):]).unlink(missing_ok=True)
+
+
+def configure_kv_events(config: WorkerConfig, endpoint: str) -> None:
+    """Ask vLLM to publish KV cache events on ZMQ ``endpoint`` (vLLM binds it; the
+    worker's bridge subscribes there, a wildcard host read as loopback) unless the
+    command line configured its own ``--kv-events-config``."""
     from vllm.config import KVEventsConfig
 
     engine_args = config.engine_args
     if not config.kv_events:
         return
     if engine_args.kv_events_config is None:
-        engine_args.kv_events_config = KVEventsConfig(
-            enable_kv_cache_events=True, publisher="zmq", endpoint=f"tcp://*:{port}"
-        )
+        engine_args.kv_events_config = KVEventsConfig(enable_kv_cache_events=True, publisher="zmq", endpoint=endpoint)
     engine_args.enable_prefix_caching = True
