@@ -135,3 +135,32 @@ def test_the_busy_threshold_is_checked_and_reaches_the_fleet(tmp_path: Path, cap
     assert waited["requests"] == queued["requests"] and waited["failed_at_scale_down"] == waited["rejected"] == 0
     # Held at the frontend, the backlog's requests wait there instead of in one engine.
     assert waited["ttft_p90_ms"] != queued["ttft_p90_ms"], (queued, waited)
+
+
+def test_recovery_counts_the_requests_sent_after_the_step_not_a_backlog_served_late(tmp_path: Path) -> None:
+    from dynamo.planner.lab import Run, _broken_after_s
+
+    targets = settings(tmp_path).config.targets  # p90 TTFT <= 1000 ms, ITL <= 60 ms
+    run = Run("planner")
+
+    def sent(index: int, at: float, ttft: float | None, itl: float | None = 20.0) -> None:
+        run.sent[index], run.ttft[index], run.itl[index] = at, ttft, itl
+
+    # A backlog sent before the step (at 100 s) and served very late does not count.
+    for i in range(10):
+        sent(i, 95.0 + i * 0.1, 60_000.0)
+    # 100-110 s and 110-120 s: late; 120-130 s: in time; 130-140 s: one never answered
+    # among ten counts as late only past the quantile (9 of 10 in time: p90 in time).
+    for i in range(10):
+        sent(100 + i, 101.0 + i, 5_000.0)
+        sent(200 + i, 111.0 + i, 2_000.0)
+        sent(300 + i, 121.0 + i, 300.0)
+        sent(400 + i, 131.0 + i, None if i == 0 else 300.0)
+    assert _broken_after_s(run, 100.0, 10.0, targets) == 20.0
+    # An inter-token gap over its target breaks a bin as well.
+    for i in range(10):
+        run.itl[300 + i] = 90.0
+    assert _broken_after_s(run, 100.0, 10.0, targets) == 30.0
+    # Nothing after the step breaks a target (the one bin from 131 s holds ten requests,
+    # one never answered: its p90 is in time): recovered at once.
+    assert _broken_after_s(run, 131.0, 10.0, targets) == 0.0

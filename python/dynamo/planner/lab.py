@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from dynamo._core import PlannerLab, planner_lab_point
-from dynamo.planner.config import PlannerConfig, PlannerConfigError, load_config
+from dynamo.planner.config import PlannerConfig, PlannerConfigError, Targets, load_config
 from dynamo.planner.decide import Decider, Decision, RoleState, count_reversals
 from dynamo.planner.observe import FrontendWindow
 from dynamo.planner.profile import PerformanceModel, Profile, ProfilePoint
@@ -239,6 +239,8 @@ class Run:
     config: str
     ttft: dict[int, float | None] = field(default_factory=dict)
     itl: dict[int, float | None] = field(default_factory=dict)
+    #: Each finished request's send (arrival) time, s.
+    sent: dict[int, float] = field(default_factory=dict)
     rejected: int = 0
     failed_at_scale_down: int = 0
     replica_seconds: float = 0.0
@@ -281,6 +283,7 @@ def _replay(
         f = w["finished"]
         run.ttft.update(zip(f["index"], f["ttft_ms"], strict=True))
         run.itl.update(zip(f["index"], f["itl_ms"], strict=True))
+        run.sent.update(zip(f["index"], f["arrival_s"], strict=True))
         ttfts = [x for x in f["ttft_ms"] if x is not None]
         itls = [x for x in f["itl_ms"] if x is not None]
         ttft_q, itl_q = _quantile(ttfts, targets.ttft.quantile), _quantile(itls, targets.itl.quantile)
@@ -350,17 +353,45 @@ def _load_window(
     return window
 
 
-def _recovery_s(run: Run, throughput_s: float, load_s: float) -> float:
+def _breaks(run: Run, indices: list[int], targets: Targets) -> bool:
+    """Whether the requests ``indices`` break a target at its quantile (one that never
+    got a first token counts as late)."""
+    ttfts = [math.inf if run.ttft.get(i) is None else run.ttft[i] for i in indices]
+    itls = [run.itl[i] for i in indices if run.itl.get(i) is not None]
+    ttft_q, itl_q = _quantile(ttfts, targets.ttft.quantile), _quantile(itls, targets.itl.quantile)
+    return (ttft_q is not None and ttft_q > targets.ttft.ms) or (itl_q is not None and itl_q > targets.itl.ms)
+
+
+def _broken_after_s(run: Run, since: float, bin_s: float, targets: Targets) -> float:
+    """From ``since`` to the end of the first run of ``bin_s`` bins of requests *sent*
+    from then on that break a target (0: none breaks one), as ``benches/planner.py``
+    measures it: a backlog served late after the fleet has grown does not hold up the
+    requests sent since, which the fleet serves in time."""
+    bins: dict[int, list[int]] = {}
+    for i, sent in run.sent.items():
+        if sent >= since:
+            bins.setdefault(int((sent - since) // bin_s), []).append(i)
+    broken = [_breaks(run, bins.get(b, []), targets) for b in range(max(bins) + 1)] if bins else []
+    first = next((b for b, x in enumerate(broken) if x), None)
+    if first is None:
+        return 0.0
+    last = first
+    while last < len(broken) and broken[last]:
+        last += 1
+    return last * bin_s
+
+
+def _recovery_s(run: Run, throughput_s: float, load_s: float, targets: Targets) -> float:
     """The longest time from a load step (the arrival rate over a throughput interval
-    rising by ``STEP_FACTOR`` or more) to the first load interval meeting the targets after it."""
+    rising by ``STEP_FACTOR`` or more) until the requests sent after it meet the targets
+    again (``_broken_after_s``, in load-interval bins)."""
     per = max(1, round(throughput_s / load_s))
     rates = [sum(r for _, _, r, _, _, _ in run.timeline[i:i + per]) / per for i in range(0, len(run.timeline), per)]
     worst = 0.0
     for k in range(1, len(rates)):
         if (rates[k - 1] > 0 and rates[k] >= STEP_FACTOR * rates[k - 1]) or rates[k - 1] == 0 < rates[k]:
             step_at = k * per * load_s
-            met = next((end for end, _, _, _, _, ok in run.timeline[k * per:] if ok), None)
-            worst = max(worst, (met if met is not None else run.timeline[-1][0]) - step_at)
+            worst = max(worst, _broken_after_s(run, step_at, load_s, targets))
     return worst
 
 
@@ -388,7 +419,9 @@ def _row(run: Run, settings: Settings) -> dict[str, Any]:
         "reversals": count_reversals(run.changes),
         "failed_at_scale_down": run.failed_at_scale_down,
         "rejected": run.rejected,
-        "recovery_s": _recovery_s(run, settings.config.intervals.throughput_s, settings.config.intervals.load_s),
+        "recovery_s": _recovery_s(
+            run, settings.config.intervals.throughput_s, settings.config.intervals.load_s, settings.config.targets
+        ),
         "to_min_s": None if back is None else max(0.0, back - run.last_arrival_s),
         "excluded_warmup": run.excluded_warmup,
         "excluded_backlog": run.excluded_backlog,
