@@ -234,9 +234,7 @@ impl WorkerLoad {
             }
         }
     }
-}
 
-impl WorkerLoad {
     /// How long a request would wait for KV room on it at `now` ([`kv_room_wait`]),
     /// behind the requests queued there per its metrics and those sent since, and `own`
     /// more (1 for a request not sent yet); `None` without fresh metrics or before a
