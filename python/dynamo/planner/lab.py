@@ -245,8 +245,9 @@ class Run:
     failed_at_scale_down: int = 0
     replica_seconds: float = 0.0
     changes: list[int] = field(default_factory=list)
-    #: Per load interval: (end s, replicas starting + ready, arrivals/s, p90 TTFT, p90 ITL, targets met).
-    timeline: list[tuple[float, int, float, float | None, float | None, bool]] = field(default_factory=list)
+    #: Per load interval: (end s, replicas starting + ready, arrivals/s, p90 TTFT, p90 ITL) of
+    #: the requests that ended in it (the plot's; ``recovery_s`` counts by send time).
+    timeline: list[tuple[float, int, float, float | None, float | None]] = field(default_factory=list)
     last_arrival_s: float = 0.0
     wall_s: float = 0.0
     #: Load windows the live correction left out because a replica was warming up.
@@ -288,10 +289,7 @@ def _replay(
         itls = [x for x in f["itl_ms"] if x is not None]
         ttft_q, itl_q = _quantile(ttfts, targets.ttft.quantile), _quantile(itls, targets.itl.quantile)
         starting, ready, _ = lab.counts()
-        # A window in which nothing ended while requests wait meets nothing.
-        met = (ttft_q is not None or w["inflight"] == 0) and (ttft_q is None or ttft_q <= targets.ttft.ms) \
-            and (itl_q is None or itl_q <= targets.itl.ms)
-        run.timeline.append((t, starting + ready, w["arrivals"] / load_s, ttft_q, itl_q, met))
+        run.timeline.append((t, starting + ready, w["arrivals"] / load_s, ttft_q, itl_q))
         if state is None:
             continue
         window = FrontendWindow(
@@ -386,7 +384,7 @@ def _recovery_s(run: Run, throughput_s: float, load_s: float, targets: Targets) 
     rising by ``STEP_FACTOR`` or more) until the requests sent after it meet the targets
     again (``_broken_after_s``, in load-interval bins)."""
     per = max(1, round(throughput_s / load_s))
-    rates = [sum(r for _, _, r, _, _, _ in run.timeline[i:i + per]) / per for i in range(0, len(run.timeline), per)]
+    rates = [sum(r for _, _, r, _, _ in run.timeline[i:i + per]) / per for i in range(0, len(run.timeline), per)]
     worst = 0.0
     for k in range(1, len(rates)):
         if (rates[k - 1] > 0 and rates[k] >= STEP_FACTOR * rates[k - 1]) or rates[k - 1] == 0 < rates[k]:

@@ -50,13 +50,9 @@ class PlanningState:
         self.decider = decider
         p = config.predictor
         warm = trace_rates(p.warm_start_trace, config.intervals.throughput_s) if p.warm_start_trace else []
-        self.rate_predictor: Predictor = make_predictor(
-            p.kind, window=p.window, alpha=p.alpha, beta=p.beta, gamma=p.gamma, season=p.season, phi=p.phi,
-            warm_start=[*warm, *p.warm_start],
-        )
-        self.isl_predictor: Predictor = make_predictor(
-            p.kind, window=p.window, alpha=p.alpha, beta=p.beta, gamma=p.gamma, season=p.season, phi=p.phi,
-        )
+        params = p.model_dump(include={"window", "alpha", "beta", "gamma", "season", "phi"})
+        self.rate_predictor: Predictor = make_predictor(p.kind, **params, warm_start=[*warm, *p.warm_start])
+        self.isl_predictor: Predictor = make_predictor(p.kind, **params)
         self.windows: list[FrontendWindow] = []
         self.fleet: dict[str, RoleState] = {}
         #: When each role's ready count last rose (its youngest replica became ready).
