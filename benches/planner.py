@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from dynamo.planner.decide import count_reversals
+from dynamo.planner.lab import first_broken_run_end
 from serving_load import (
     REQUEST_ERRORS,
     Connection,
@@ -313,12 +314,7 @@ def figures(run: Run, args: argparse.Namespace) -> dict[str, Any]:
             longest = max(longest, streak)
         recovery_s = longest * BIN_S
     else:
-        after = broken_bins(run.began + step)
-        first = after.index(True) if True in after else len(after)
-        last = first
-        while last < len(after) and after[last]:
-            last += 1
-        recovery_s = last * BIN_S if last > first else 0.0
+        recovery_s = first_broken_run_end(broken_bins(run.began + step)) * BIN_S
         # The fleet's first growth after the step: from its size at the step.
         at_step = [n for t, n in run.fleet if t <= run.began + step]
         grown = [t for t, n in run.fleet if t > run.began + step and at_step and n > at_step[-1]]

@@ -370,13 +370,19 @@ def _broken_after_s(run: Run, since: float, bin_s: float, targets: Targets) -> f
         if sent >= since:
             bins.setdefault(int((sent - since) // bin_s), []).append(i)
     broken = [_breaks(run, bins.get(b, []), targets) for b in range(max(bins) + 1)] if bins else []
+    return first_broken_run_end(broken) * bin_s
+
+
+def first_broken_run_end(broken: list[bool]) -> int:
+    """Bins from the first to the end of the first run of broken ones (``True``), that
+    first bin's predecessors included; 0 when none is broken."""
     first = next((b for b, x in enumerate(broken) if x), None)
     if first is None:
-        return 0.0
+        return 0
     last = first
     while last < len(broken) and broken[last]:
         last += 1
-    return last * bin_s
+    return last
 
 
 def _recovery_s(run: Run, throughput_s: float, load_s: float, targets: Targets) -> float:
