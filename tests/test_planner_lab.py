@@ -15,7 +15,19 @@ from typing import Any
 
 import pytest
 from dynamo.planner.config import build_config
-from dynamo.planner.lab import CONFIGS, RAMP_PHASES, STEP_PHASES, Settings, Workload, best_ratio, compare, main, ramp
+from dynamo.planner.lab import (
+    CONFIGS,
+    RAMP_PHASES,
+    STEP_PHASES,
+    Settings,
+    Workload,
+    best_ratio,
+    compare,
+    main,
+    ramp,
+    warp,
+    workload_from,
+)
 
 SLICE = Path(__file__).parent / "data" / "mooncake_slice.jsonl"
 
@@ -164,3 +176,39 @@ def test_recovery_counts_the_requests_sent_after_the_step_not_a_backlog_served_l
     # Nothing after the step breaks a target (the one bin from 131 s holds ten requests,
     # one never answered: its p90 is in time): recovered at once.
     assert _broken_after_s(run, 131.0, 10.0, targets) == 0.0
+
+
+def test_warp_puts_a_flat_trace_on_the_ramp_keeping_order_count_and_bursts() -> None:
+    flat = [i * 100.0 for i in range(11_000)]  # 10 req/s for 1,100 s
+    stamps, scaled = warp(flat, RAMP_PHASES)
+    assert len(stamps) == len(flat) and stamps == sorted(stamps)
+    assert (stamps[0], stamps[-1]) == (0.0, pytest.approx(1920_000.0))
+    # The shape's rates are scaled so that it holds the trace, and the arrivals follow it.
+    total = sum(seconds * (r0 + r1) / 2 for seconds, r0, r1 in scaled)
+    assert total == pytest.approx(len(flat))
+    ends = list(itertools.accumulate(seconds for seconds, _, _ in scaled))
+    for (seconds, r0, r1), end in zip(scaled, ends, strict=True):
+        inside = sum(end - seconds <= t / 1000 < end for t in stamps)
+        assert inside == pytest.approx(seconds * (r0 + r1) / 2, abs=2), (end, inside)
+    # 2 -> 20 req/s: the top holds ten times the rate of the flat start.
+    top = sum(900 <= t / 1000 < 1020 for t in stamps) / 120
+    start = sum(0 <= t / 1000 < 600 for t in stamps) / 600
+    assert top / start == pytest.approx(10, rel=0.05)
+    # A burst stays a burst: two arrivals at one instant stay together.
+    burst, _ = warp([0.0, 500.0, 500.0, 1000.0], STEP_PHASES)
+    assert burst[1] == burst[2] and burst[0] < burst[1] < burst[3]
+
+
+def test_a_trace_on_a_shape_keeps_its_blocks_and_lengths(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    workload = workload_from(str(SLICE), 1.0, 0, 200, "step")
+    assert workload.trace is not None and workload.trace.parent == tmp_path / "cache" / "dynamo" / "planner-lab"
+    original = [json.loads(line) for line in SLICE.read_text().splitlines()[:200]]
+    warped = [json.loads(line) for line in workload.trace.read_text().splitlines()]
+    strip = [{k: v for k, v in r.items() if k != "timestamp"} for r in original]
+    assert [{k: v for k, v in r.items() if k != "timestamp"} for r in warped] == strip
+    assert warped[-1]["timestamp"] == pytest.approx(900_000.0)
+    rates = workload.rates(300.0)
+    assert rates[1] > 5 * rates[0] and rates[1] > 5 * rates[2], rates
+    with pytest.raises(ValueError, match="re-times a trace file"):
+        workload_from("ramp", 1.0, 0, None, "step")

@@ -591,6 +591,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--time-scale", type=float, default=1.0, help="arrival-rate multiplier (default 1)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the ramp and the engines (default 0)")
     parser.add_argument("--limit", type=int, help="replay only the first N requests of the trace")
+    parser.add_argument("--shape", choices=sorted(SYNTHETIC),
+                        help="re-time the trace's requests so their rate follows this synthetic workload's shape "
+                        "(scaled to hold them all; lengths, blocks and order kept)")
     parser.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated rows (default: all)")
     parser.add_argument("--busy-threshold", type=float,
                         help="the router's busy threshold (0-1]: arrivals wait at the frontend while every ready "
@@ -641,11 +644,71 @@ def settings_from(args: argparse.Namespace) -> Settings:
     )
 
 
-def workload_from(trace: str, time_scale: float, seed: int, limit: int | None) -> Workload:
-    """``ramp``, ``step`` or a trace file (its first ``limit`` requests)."""
+def _segment_time(c: float, seconds: float, r0: float, r1: float) -> float:
+    """The time into a segment (rate linear from ``r0`` to ``r1`` over ``seconds``) by which
+    ``c`` requests have arrived: the root of ``r0 t + (r1 - r0) t^2 / (2 seconds) = c``."""
+    a, b = (r1 - r0) / (2.0 * seconds), r0
+    if abs(a) < 1e-12:
+        return c / b if b > 0 else seconds
+    root = b * b + 4.0 * a * c
+    return min(seconds, max(0.0, (-b + math.sqrt(max(0.0, root))) / (2.0 * a)))
+
+
+Phases = Sequence[tuple[float, float, float]]
+
+
+def warp(stamps_ms: Sequence[float], phases: Phases) -> tuple[list[float], list[tuple[float, float, float]]]:
+    """Re-time arrivals so that their rate follows the shape of ``phases``, keeping their
+    order and their local bursts: ``phases``' rates are scaled so that the shape holds
+    exactly ``len(stamps_ms)`` requests, and the arrival at fraction ``u`` of the
+    original span moves to where the scaled shape has seen ``u`` of its requests (a flat
+    trace comes out following the shape; a burst in it stays a burst). Returns the new
+    times (ms) and the scaled phases."""
+    if not stamps_ms:
+        return [], list(phases)
+    counts = [seconds * (r0 + r1) / 2.0 for seconds, r0, r1 in phases]
+    total = sum(counts)
+    if total <= 0 or any(r0 < 0 or r1 < 0 or seconds <= 0 for seconds, r0, r1 in phases):
+        raise ValueError("a shape needs positive durations, rates >= 0 and some arrivals")
+    k = len(stamps_ms) / total
+    scaled = [(seconds, r0 * k, r1 * k) for seconds, r0, r1 in phases]
+    first, last = min(stamps_ms), max(stamps_ms)
+    span = last - first
+    out = []
+    for t in stamps_ms:
+        target = len(stamps_ms) * ((t - first) / span if span > 0 else 0.5)
+        start = 0.0
+        for i, ((seconds, r0, r1), n) in enumerate(zip(scaled, (c * k for c in counts), strict=True)):
+            if target <= n or i == len(scaled) - 1:
+                out.append((start + _segment_time(min(target, n), seconds, r0, r1)) * 1000.0)
+                break
+            target -= n
+            start += seconds
+    return out, scaled
+
+
+def workload_from(trace: str, time_scale: float, seed: int, limit: int | None, shape: str | None = None) -> Workload:
+    """``ramp``, ``step`` or a trace file (its first ``limit`` requests; with ``shape``,
+    re-timed onto that synthetic workload's shape by ``warp`` and written under the lab's
+    cache, blocks and lengths kept)."""
     if trace in SYNTHETIC:
+        if shape is not None:
+            raise ValueError("--shape re-times a trace file; 'ramp' and 'step' have their own shape")
         return Workload(trace, requests=ramp(seed, SYNTHETIC[trace]), time_scale=time_scale, phases=SYNTHETIC[trace])
     path = Path(trace)
+    if shape is not None:
+        if shape not in SYNTHETIC:
+            raise ValueError(f"unknown shape '{shape}' ({', '.join(SYNTHETIC)})")
+        with path.open() as lines:
+            rows = [json.loads(line) for line in lines if line.strip()]
+        rows = rows[:limit] if limit is not None else rows
+        stamps, _ = warp([float(r["timestamp"]) for r in rows], SYNTHETIC[shape])
+        text = "".join(json.dumps({**r, "timestamp": round(t, 3)}) + "\n" for r, t in zip(rows, stamps, strict=True))
+        out = _cache_dir() / f"warped-{hashlib.sha256(text.encode()).hexdigest()[:16]}.jsonl"
+        if not out.exists():
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(text)
+        return Workload(f"{path.name} on {shape}", trace=out, time_scale=time_scale)
     if limit is None:
         return Workload(path.name, trace=path, time_scale=time_scale)
     requests = []
@@ -663,7 +726,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         settings = settings_from(args)
-        workload = workload_from(args.trace, args.time_scale, args.seed, args.limit)
+        workload = workload_from(args.trace, args.time_scale, args.seed, args.limit, args.shape)
     except (PlannerConfigError, OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
