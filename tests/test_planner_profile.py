@@ -43,8 +43,30 @@ def test_capacity_interpolates_along_input_length_and_clamps() -> None:
     at_128 = model.capacity(128, 400, None)  # concurrency 4 -> 4 req/s
     at_1024 = model.capacity(1024, 400, None)  # concurrency 2 -> 1 req/s
     assert (at_128, at_1024) == (pytest.approx(4.0), pytest.approx(1.0))
-    assert model.capacity(576, 400, None) == pytest.approx(2.5)
+    # Between the lengths along a power law through both: 4 * (576/128)^(-2/3).
+    assert model.capacity(576, 400, None) == pytest.approx(4.0 * 4.5 ** (-2 / 3))
     assert model.capacity(64, 400, None) == at_128 and model.capacity(4096, 400, None) == at_1024
+
+
+def test_between_lengths_a_quadratic_prefill_is_followed_not_overstated() -> None:
+    """A replica whose per-request time grows with the square of the prompt (quadratic
+    attention, as the mocker's timing model): capacity ~ isl^-2, TTFT ~ isl^2. The model,
+    given only 2k and 32k, gives the capacity at 8k that the profile would measure
+    there; a straight line between the two would give 12.8x more."""
+    def point(isl: int, c: int) -> dict[str, float]:
+        scale = (isl / 1000) ** 2
+        return {"isl": isl, "concurrency": c, "ttft_ms": 10 * scale * c, "itl_ms": 5.0 * c,
+                "throughput_rps": c / scale}
+
+    profile = Profile.model_validate({"engine": "quadratic", "points": [
+        point(isl, c) for isl in (2000, 32000) for c in (1, 2, 4, 8)]})
+    measured = Profile.model_validate({"engine": "quadratic", "points": [point(8000, c) for c in (1, 2, 4, 8)]})
+    model = PerformanceModel(profile)
+    # The ITL limit holds each replica at 4.5 requests in flight, whatever the prompt.
+    want = PerformanceModel(measured).capacity(8000, None, 22.5)
+    assert want == pytest.approx(4.5 / 64)
+    assert model.capacity(8000, None, 22.5) == pytest.approx(want)
+    assert model.latency(8000, 2) == pytest.approx(PerformanceModel(measured).latency(8000, 2))
 
 
 def test_latency_between_points() -> None:

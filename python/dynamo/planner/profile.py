@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 from bisect import bisect_left
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,6 +99,18 @@ def load_profile(path: Path) -> Profile:
 
 def _lerp(x: float, x0: float, x1: float, y0: float, y1: float) -> float:
     return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+def _along_length(isl: float, x0: float, x1: float, y0: float, y1: float) -> float:
+    """A latency or a capacity between two profiled input lengths: a power law through
+    both points (straight on log-log axes), linear where a value is 0. Prefill cost grows
+    faster than the prompt (attention is quadratic in it), so capacity falls and latency
+    rises along a power law; a straight line between two lengths overstates a replica in
+    between (by 1.7x at the Mooncake trace's mean prompt, between its median and 90th
+    percentile: docs/performance.md, "Planner lab")."""
+    if x1 == x0 or min(x0, x1, y0, y1) <= 0:
+        return _lerp(isl, x0, x1, y0, y1)
+    return y0 * math.exp(math.log(y1 / y0) * math.log(isl / x0) / math.log(x1 / x0))
 
 
 def _capacity_of_curve(curve: list[ProfilePoint], ttft_ms: float | None, itl_ms: float | None) -> float:
@@ -214,8 +227,8 @@ class PerformanceModel:
         corrected by the live factors (clamped to the profiled concurrencies)."""
         values = [_on_curve(self._curves[length], concurrency) for length in self._around(isl)]
         lo, hi = self._around(isl)
-        ttft = _lerp(isl, lo, hi, values[0][0], values[1][0])
-        itl = _lerp(isl, lo, hi, values[0][1], values[1][1])
+        ttft = _along_length(isl, lo, hi, values[0][0], values[1][0])
+        itl = _along_length(isl, lo, hi, values[0][1], values[1][1])
         return ttft * self.correction.ttft_factor, itl * self.correction.itl_factor
 
     def capacity(self, isl: float, ttft_ms: float | None, itl_ms: float | None) -> float:
@@ -227,7 +240,7 @@ class PerformanceModel:
         lo, hi = self._around(isl)
         at_lo = _capacity_of_curve(self._curves[lo], raw_ttft, raw_itl)
         at_hi = _capacity_of_curve(self._curves[hi], raw_ttft, raw_itl)
-        return _lerp(isl, lo, hi, at_lo, at_hi)
+        return _along_length(isl, lo, hi, at_lo, at_hi)
 
     def correct(self, sample: Sample) -> bool:
         """Fold a live sample into the correction (see ``LiveCorrection.add``); a sample
