@@ -167,7 +167,11 @@ class PlanningState:
         later = self.rate_predictor.predict(ahead)
         if rate is not None and later is not None:
             rate = max(rate, later)
+        # How much that forecast moves in one interval (0 without a trend): the load passes
+        # until the next throughput pass follow it on a fall.
+        further = self.rate_predictor.predict(ahead + 1.0)
+        trend = 0.0 if later is None or further is None else further - later
         isl = self.isl_predictor.predict()
         if rate is not None and isl is None and rate == 0:
             isl = 1.0  # no traffic yet: no input length, and none needed
-        return [self.decider.throughput(role, fleet, rate, isl, missing) for role in self.config.roles]
+        return [self.decider.throughput(role, fleet, rate, isl, missing, trend) for role in self.config.roles]
