@@ -116,6 +116,30 @@ def test_a_falling_forecast_lets_the_fleet_shrink_with_half_the_margin() -> None
     assert after([12.0, 10.0, 9.6]) == "hold"
 
 
+def test_on_a_fall_the_floor_follows_the_forecast_trend_between_throughput_passes() -> None:
+    fleet = {"agg": RoleState(ready=3)}
+    light = seen(11.0, 3)
+
+    def after(forecasts: list[float], trend: float, passes: int = 1) -> list[str]:
+        decider = Decider(config(intervals={"load_s": 10, "throughput_s": 20}), PerformanceModel(profile()))
+        for rate in forecasts:
+            decider.throughput("agg", fleet, rate, ISL, trend=trend)
+        return [decider.load("agg", fleet, light).reason for _ in range(passes)]
+
+    # Three falling forecasts, the latest 10.5 req/s: a floor of 3 until the next pass.
+    assert after([14.0, 12.0, 10.5], 0.0) == ["hold: at the floor (3)"]
+    # Falling 4 req/s an interval: half an interval on the forecast is 8.5 req/s, which 2
+    # replicas carry within half the margin (4.25 a replica; 4.5 within 90 % of the targets).
+    [down] = after([14.0, 12.0, 10.5], -4.0)
+    assert down.startswith("2 replica(s) suffice (4.25 req/s per replica"), down
+    # Falling 1 req/s an interval: 10.0 req/s half an interval on (a floor of 2), but 5 a
+    # replica is over 90 % of the targets; one interval on, and no further, 9.5 (4.75) is too.
+    reasons = after([14.0, 12.0, 10.5], -1.0, passes=3)
+    assert [r.split(" (")[0] for r in reasons] == ["hold: 2 replica(s) would not do"] * 3, reasons
+    # A trend without three falling forecasts is not a fall: the pass's floor holds.
+    assert after([10.5, 10.5, 10.5], -4.0) == ["hold: at the floor (3)"]
+
+
 def test_a_replica_is_added_for_latency_only_after_several_slow_passes_in_a_row() -> None:
     decider = Decider(config(scale_up_windows=2))
     fleet = {"agg": RoleState(ready=2)}

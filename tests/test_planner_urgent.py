@@ -90,6 +90,23 @@ def test_noise_a_queue_that_dips_a_starting_replica_or_no_profile_change_nothing
     assert checks(capped, [2, 20, 40, 60]) == [[]] * 4
 
 
+def test_a_rise_within_the_noise_of_the_arrivals_changes_nothing() -> None:
+    six = RoleState(ready=6)  # 30 req/s within the targets; 20 req/s arrive
+
+    def busy() -> PlanningState:
+        s = state()
+        window = FrontendWindow(seconds=10, request_rate=20.0, inflight=20, isl=ISL, osl=None, ttft_ms=333, itl_ms=33)
+        s.load_step(window, {"agg": six}, {"agg": 0}, (), 0.5)
+        return s
+
+    # 9 more waiting over 3 s: the count of 60 arrivals varies by 7.7 (one standard
+    # deviation), so a rise under two is a fleet that keeps up, not a queue that builds.
+    assert checks(busy(), [6, 9, 12, 15], six) == [[]] * 4
+    # 30 more is one: 30 req/s served + 10 a second of growth + 36 waiting served within
+    # the throughput interval (0.6 req/s) is 9 replicas.
+    assert checks(busy(), [6, 16, 26, 36], six) == [[], [], [], [9]]
+
+
 def test_off_without_an_interval() -> None:
     config = build_config({"model": "m", "intervals": {"urgent_s": None}})
     assert config.intervals.urgent_s is None

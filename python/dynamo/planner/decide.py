@@ -27,7 +27,9 @@
   rather than wobbles: the check is made at the lower of the observed rate and the latest
   forecast, with half the margin, and without waiting for ``scale_down_windows`` passes
   in a row (a fleet that shrinks late on a fall pays for it in GPU time, and a fall
-  does not flap).
+  does not flap). The floor and that forecast then follow the forecast's trend from the
+  throughput pass to each load pass (up to one throughput interval on): a fall goes on
+  between the throughput passes, and a floor held at the last pass's forecast lags it.
 * The **urgent check** (every ``intervals.urgent_s``, between load passes; ``step.py``
   decides when it looks) acts on a queue that builds in the workers faster than a load
   interval: more waiting requests than ready replicas, rising at each check. It takes the
@@ -150,6 +152,10 @@ class Decider:
         #: Each role's load passes so far, and the pass at which it last grew.
         self.passes: dict[str, int] = {name: 0 for name in config.roles}
         self.grew_at: dict[str, int] = {}
+        #: Each role's last throughput pass: its demand forecast (req/s), the forecast's
+        #: trend (req/s per throughput interval), the capacity a replica (req/s) and the
+        #: load pass it followed.
+        self.last_pass: dict[str, tuple[float, float, float, int]] = {}
 
     def _limits(self, role: str) -> tuple[float | None, float | None]:
         """The (TTFT, ITL) targets a role answers for: prefill the first, decode the second."""
@@ -180,8 +186,11 @@ class Decider:
         predicted_rate: float | None,
         predicted_isl: float | None,
         missing: tuple[str, ...] = (),
+        trend: float = 0.0,
     ) -> Decision:
-        """The throughput loop's pass for ``role``: set its floor, raise the fleet to it."""
+        """The throughput loop's pass for ``role``: set its floor, raise the fleet to it.
+        ``trend``: how much the forecast moves in one throughput interval (req/s; 0 for a
+        predictor without a trend), which the load passes until the next one follow on a fall."""
         current = fleet[role].total
         if predicted_rate is None or predicted_isl is None:
             pairs = (("request_rate", predicted_rate), ("isl", predicted_isl))
@@ -200,6 +209,7 @@ class Decider:
             why = f"forecast {predicted_rate:.2f} req/s ÷ {capacity:.2f} req/s per replica"
         floor, capped = self._constrain(role, floor, fleet)
         self.floors[role] = floor
+        self.last_pass[role] = (predicted_rate, trend, capacity, self.passes[role])
         target = max(current, floor)
         if target > current:
             self.grew_at[role] = self.passes[role]
@@ -306,6 +316,23 @@ class Decider:
             later < earlier for earlier, later in itertools.pairwise(forecasts)
         )
 
+    def _fall_since_pass(self, role: str) -> tuple[int, float] | None:
+        """On a falling demand (``_falling``) whose forecast has a falling trend: the floor
+        and the forecast moved along that trend from the last throughput pass to this load
+        pass, at most one throughput interval on (the floor never above the pass's own).
+        ``None``: not falling, or no trend to follow."""
+        last = self.last_pass.get(role)
+        if last is None or not self._falling(role):
+            return None
+        rate, trend, capacity, at = last
+        if trend >= 0 or capacity <= 0:
+            return None
+        intervals = self.config.intervals
+        elapsed = min(1.0, (self.passes[role] - at) * intervals.load_s / intervals.throughput_s)
+        rate = max(0.0, rate + trend * elapsed)
+        floor = max(math.ceil(rate / capacity - 1e-9), self.config.roles[role].min_replicas)
+        return min(floor, self.floors[role]), rate
+
     def load(self, role: str, fleet: Mapping[str, RoleState], obs: Observation) -> Decision:
         """The load loop's pass for ``role``: up, -1 or hold."""
         self.passes[role] += 1
@@ -386,6 +413,9 @@ class Decider:
             target, capped = self._constrain(role, current + 1, fleet)
             return Decision(role, "load", current, target, f"{'; '.join(over)}{capped}")
         floor = max(self.floors[role], self.config.roles[role].min_replicas)
+        fall = self._fall_since_pass(role)
+        if fall is not None:
+            floor = fall[0]
         if current - 1 < floor:
             self.fits_in_a_row[role] = 0
             return Decision(role, "load", current, current, f"hold: at the floor ({floor})")
@@ -395,8 +425,9 @@ class Decider:
         forecasts, margin = self.forecasts.get(role, []), self.config.scale_down_margin
         if self._falling(role) and obs.request_rate:
             # A fall, not noise around a constant load: judge at the lower of the load seen
-            # and the one forecast, with half the hysteresis.
-            obs, margin = dataclasses.replace(obs, request_rate=min(obs.request_rate, forecasts[-1])), margin / 2
+            # and the one forecast (moved along its trend since the pass), with half the hysteresis.
+            forecast = forecasts[-1] if fall is None else fall[1]
+            obs, margin = dataclasses.replace(obs, request_rate=min(obs.request_rate, forecast)), margin / 2
         fits, why = self._fits_with(role, state.ready, serving, obs, margin)
         if not fits:
             self.fits_in_a_row[role] = 0

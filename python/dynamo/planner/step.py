@@ -10,14 +10,16 @@ throughput loop's (the windows' mean rate and input length into the predictors, 
 each role's floor from the rate forecast for when a replica asked for now would serve:
 the next interval plus the start-up time last seen, or the configured estimate before
 one is seen, when that forecast is the higher); ``urgent_step`` the urgent check's
-between load passes (a queue in the workers that rose at each of the last checks, while
-no replica is starting: the fleet raised at once to what the profile says the backlog
-and its growth need, the replicas added counted at their warm-up speed).
+between load passes (a queue in the workers that rose at each of the last checks, by
+more than the arrivals' own noise, while no replica is starting: the fleet raised at
+once to what the profile says the backlog and its growth need, the replicas added
+counted at their warm-up speed).
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Mapping
 
 from dynamo.planner.config import PlannerConfig
@@ -28,6 +30,9 @@ from dynamo.planner.profile import Sample
 
 #: Urgent checks in a row at which the waiting requests must each have risen.
 RISING_CHECKS = 3
+#: Standard deviations of the arrivals' count over those checks by which the waiting
+#: requests must have risen: under that, the rise is the noise of a fleet that keeps up.
+QUEUE_NOISE_SIGMAS = 2.0
 
 
 def expected_startup_s(config: PlannerConfig) -> float:
@@ -130,10 +135,12 @@ class PlanningState:
     def urgent_step(self, fleet: Mapping[str, RoleState], waiting: Mapping[str, int], now: float) -> list[Decision]:
         """The urgent check's decisions (only the scale-ups; ``Decider.urgent``) from each
         role's waiting requests at ``now``: only when they rose at each of the last
-        ``RISING_CHECKS`` checks (a queue that builds, not one request too many for a
-        moment) and no replica of the role is starting (one asked for already answers
-        it; the next load pass sizes the fleet on a whole window). Their growth is the
-        rise over those checks, a second."""
+        ``RISING_CHECKS`` checks, in all by ``QUEUE_NOISE_SIGMAS`` standard deviations of
+        the arrivals' count over them at the last window's rate or more (a queue that
+        builds, not one request too many for a moment, nor the waiting count of a busy
+        fleet that keeps up) and no replica of the role is starting (one asked for
+        already answers it; the next load pass sizes the fleet on a whole window). Their
+        growth is the rise over those checks, a second."""
         decisions = []
         for role in self.config.roles:
             w = waiting.get(role, 0)
@@ -142,7 +149,12 @@ class PlanningState:
                 continue
             if not all(b[1] > a[1] for a, b in itertools.pairwise(seen)) or now <= seen[0][0]:
                 continue
-            growth = (w - seen[0][1]) / (now - seen[0][0])
+            # A rise the arrivals' own noise over those checks explains (a Poisson count's
+            # standard deviation, at the last window's rate) is not a queue that builds.
+            rise, span = w - seen[0][1], now - seen[0][0]
+            if rise < QUEUE_NOISE_SIGMAS * math.sqrt(self.last_rate * span):
+                continue
+            growth = rise / span
             decision = self.decider.urgent(role, fleet, self.last_rate, self.last_isl, w, growth)
             if decision is not None:
                 decisions.append(decision)
@@ -167,7 +179,11 @@ class PlanningState:
         later = self.rate_predictor.predict(ahead)
         if rate is not None and later is not None:
             rate = max(rate, later)
+        # How much that forecast moves in one interval (0 without a trend): the load passes
+        # until the next throughput pass follow it on a fall.
+        further = self.rate_predictor.predict(ahead + 1.0)
+        trend = 0.0 if later is None or further is None else further - later
         isl = self.isl_predictor.predict()
         if rate is not None and isl is None and rate == 0:
             isl = 1.0  # no traffic yet: no input length, and none needed
-        return [self.decider.throughput(role, fleet, rate, isl, missing) for role in self.config.roles]
+        return [self.decider.throughput(role, fleet, rate, isl, missing, trend) for role in self.config.roles]
