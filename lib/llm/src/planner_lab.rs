@@ -3,15 +3,16 @@
 //! steps as a planner would.
 //!
 //! [`PlannerLab::advance`] runs the discrete-event loop (the next arrival, the end of a
-//! replica's step, or a replica becoming ready, whichever is earliest; nothing sleeps) up
-//! to a simulated time and returns what happened in that window: each finished request's
-//! TTFT and ITL, arrivals, queue depth and every replica's load. [`PlannerLab::set_replicas`]
-//! resizes it the way a connector does: a new replica costs from the moment it is asked
-//! for, is ready `startup_s` later, and runs its first `warmup_s` of steps
-//! `warmup_factor` times slower (the warm-up a planner must leave out of its model);
-//! a removed replica that is still starting goes at once, a ready one drains (it takes
-//! no new request, finishes those it holds, then goes). Arrivals with no ready replica
-//! wait at the frontend, in order, and are dispatched when one becomes ready.
+//! replica's step or of a KV transfer, or a replica becoming ready, whichever is
+//! earliest; nothing sleeps) up to a simulated time and returns what happened in that
+//! window: each finished request's TTFT and ITL, arrivals, queue depth and every
+//! replica's load. [`PlannerLab::set_replicas`] resizes it the way a connector does: a
+//! new replica costs from the moment it is asked for, is ready `startup_s` later, and
+//! runs its first `warmup_s` of steps `warmup_factor` times slower (the warm-up a planner
+//! must leave out of its model); a removed replica that is still starting goes at once, a
+//! ready one drains (it takes no new request, finishes those it holds, then goes).
+//! Arrivals with no ready replica wait at the frontend, in order, and are dispatched when
+//! one becomes ready.
 //! Requests go to the ready replicas through the frontend's KV selector without KV events
 //! (`approx`: its own predictions of each replica's cache, and the replicas' load
 //! reports, refreshed at every arrival and step), replaying on the lab's clock, so a
@@ -19,6 +20,23 @@
 //! With a busy threshold ([`PlannerLabConfig::busy_threshold`]) the frontend also holds
 //! arrivals while every ready replica is busy, so a backlog waits where any replica,
 //! a new one included, can take it, instead of in one replica's engine queue.
+//!
+//! **Disaggregated** ([`PlannerLabConfig::disagg`]): two pools, [`Role::Prefill`] and
+//! [`Role::Decode`], each resized on its own ([`PlannerLab::set_role_replicas`]), each
+//! with its own selector. A request goes to a ready prefill replica, which computes its
+//! prompt as the mocker's `prefill_for_transfer` does (a one-token generation whose
+//! token is not sent; the prompt's full blocks stay cached there). Its full blocks then
+//! go to a ready decode replica picked by the decode pool's selector (prefilled requests
+//! wait, in order, while none is ready or, with a busy threshold, every one is busy),
+//! arriving after the mocker's transfer time (`blocks · block_size · kv_bytes_per_token`
+//! at `kv_transfer_gbps`), where they are stored as cached (`receive_kv`) and the request
+//! is added: the decode replica computes the prompt's uncached tail and emits the first
+//! token, as the decode worker does. Every prefill is remote (the lab sizes the pools;
+//! conditional disaggregation would move prefills between them). A request's TTFT thus
+//! spans the frontend queue, its prefill, the wait for a decode replica, the transfer and
+//! the decode replica's first step. A draining prefill replica finishes its prefills (and
+//! hands them over), a draining decode replica the transfers under way to it and its
+//! decodes.
 //!
 //! [`closed_loop_point`] measures one replica at a fixed concurrency: the capacity
 //! profile the lab's planner uses, taken from the same simulated engine.
@@ -35,14 +53,24 @@ use crate::lab_trace::{percentile, synthesize_tokens, LabError, TraceRequest, DE
 use crate::kv_router::{KvRouter, KvRouterConfig, SchedulerConfig};
 use crate::routing::{KvSelector, Outcome, Pick, Selector};
 
+/// The pools of a disaggregated lab, at time 0.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DisaggPools {
+    /// Prefill replicas ready (and warm) at time 0; may be 0.
+    pub prefill_replicas: usize,
+    /// Decode replicas ready (and warm) at time 0; may be 0.
+    pub decode_replicas: usize,
+}
+
 /// The planner lab's settings.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PlannerLabConfig {
-    /// Replicas ready (and warm) at time 0; may be 0.
+    /// Replicas ready (and warm) at time 0; may be 0. Aggregated only: 0 with `disagg`.
     pub replicas: usize,
     /// Tokens per trace block.
     pub trace_block_size: usize,
     /// Every replica's engine; default the mocker's with [`DEFAULT_LAB_GPU_BLOCKS`].
+    /// Its `kv_bytes_per_token` and `kv_transfer_gbps` time a disaggregated handoff.
     pub engine: MockerArgs,
     /// Arrival rate multiplier: timestamps are divided by it.
     pub time_scale: f64,
@@ -56,7 +84,10 @@ pub struct PlannerLabConfig {
     /// demand may reach, as `--busy-threshold`): while every ready replica is busy,
     /// arrivals wait at the frontend, in order, and go to the first replica that is not
     /// (or becomes ready). `None`: every arrival goes to a replica at once and queues there.
+    /// With `disagg` it holds prefilled requests from busy decode replicas the same way.
     pub busy_threshold: Option<f64>,
+    /// Prefill and decode pools instead of aggregated replicas (the module's docstring).
+    pub disagg: Option<DisaggPools>,
 }
 
 impl Default for PlannerLabConfig {
@@ -70,6 +101,7 @@ impl Default for PlannerLabConfig {
             warmup_s: 10.0,
             warmup_factor: 2.0,
             busy_threshold: None,
+            disagg: None,
         }
     }
 }
@@ -97,7 +129,62 @@ impl PlannerLabConfig {
                 return invalid(format!("the busy threshold must be in (0, 1], got {t}"));
             }
         }
+        if self.disagg.is_some() && self.replicas != 0 {
+            return invalid(format!("a disaggregated lab has no aggregated replicas: replicas must be 0, got {}", self.replicas));
+        }
         self.engine.validate().map_err(|e| LabError::Invalid(format!("engine arguments: {e}")))
+    }
+
+    /// The pools, the one that takes arrivals first.
+    fn roles(&self) -> &'static [Role] {
+        if self.disagg.is_some() {
+            &[Role::Prefill, Role::Decode]
+        } else {
+            &[Role::Agg]
+        }
+    }
+}
+
+/// What a replica does: the pool it is in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// Prefills and decodes (an aggregated lab).
+    Agg,
+    /// Computes prompts and hands their KV blocks over.
+    Prefill,
+    /// Receives prompts' KV blocks and decodes.
+    Decode,
+}
+
+impl Role {
+    /// Its name in reports and configurations.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Agg => "agg",
+            Role::Prefill => "prefill",
+            Role::Decode => "decode",
+        }
+    }
+
+    fn index(self) -> usize {
+        match self {
+            Role::Agg => 0,
+            Role::Prefill => 1,
+            Role::Decode => 2,
+        }
+    }
+}
+
+impl std::str::FromStr for Role {
+    type Err = LabError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "agg" => Ok(Role::Agg),
+            "prefill" => Ok(Role::Prefill),
+            "decode" => Ok(Role::Decode),
+            _ => Err(LabError::Invalid(format!("unknown role '{s}': expected agg, prefill or decode"))),
+        }
     }
 }
 
@@ -126,8 +213,10 @@ impl ReplicaState {
 /// One replica's load at the end of a window.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ReplicaLoad {
-    /// Its id (0, 1, … in the order they were asked for).
+    /// Its id (0, 1, … in the order they were asked for, over both pools).
     pub id: u64,
+    /// Its pool.
+    pub role: Role,
     /// Its state.
     pub state: ReplicaState,
     /// When it became ready (seconds), if it has.
@@ -153,8 +242,11 @@ pub struct FinishedRequest {
     pub itl_ms: Option<f64>,
     /// Prompt tokens.
     pub input_length: usize,
-    /// The replica that served it.
+    /// The replica that served it (disaggregated: the decode replica, or the prefill
+    /// replica when it failed there).
     pub replica: u64,
+    /// Disaggregated: the prefill replica that computed its prompt.
+    pub prefill_replica: Option<u64>,
 }
 
 /// What happened between two calls of [`PlannerLab::advance`].
@@ -174,19 +266,27 @@ pub struct WindowStats {
     pub rejected: usize,
     /// Requests that failed on a replica being removed (a drain that lost them).
     pub failed_at_scale_down: usize,
-    /// At the end: requests waiting at the frontend for a ready replica.
+    /// At the end: requests waiting at the frontend for a ready replica (disaggregated:
+    /// a prefill replica).
     pub frontend_queue: usize,
+    /// At the end, disaggregated: prefilled requests waiting for a decode replica.
+    pub handoff_queue: usize,
+    /// At the end, disaggregated: KV transfers under way to a decode replica.
+    pub transferring: usize,
     /// At the end: requests arrived and not finished (the frontend queue included).
     pub inflight: usize,
     /// At the end: every replica's load.
     pub replicas: Vec<ReplicaLoad>,
     /// Replica-seconds spent since time 0 (each replica from being asked for until gone).
     pub replica_seconds: f64,
+    /// The same per pool, in the lab's pool order (`agg`; or `prefill`, `decode`).
+    pub role_seconds: Vec<(Role, f64)>,
 }
 
 #[derive(Debug)]
 struct Replica {
     id: u64,
+    role: Role,
     worker: SimWorker,
     state: ReplicaState,
     requested_ms: f64,
@@ -194,15 +294,39 @@ struct Replica {
     /// Steps starting before this are warm-up steps.
     warm_from_ms: f64,
     step_end: Option<f64>,
+    /// KV transfers under way to it (a decode replica).
+    incoming: usize,
 }
 
 #[derive(Debug)]
 struct Stream {
     replica: u64,
-    pick: Pick,
+    /// The pick of the pool it is in now; `None` while it waits for a decode replica.
+    pick: Option<Pick>,
+    prefill_replica: Option<u64>,
+    /// Its prefill produced its (unsent) token.
+    prefilled: bool,
     first: Option<f64>,
     last: Option<f64>,
     tokens: u32,
+}
+
+/// A KV handoff under way.
+#[derive(Debug)]
+struct Transfer {
+    index: usize,
+    replica: u64,
+    end_ms: f64,
+    tokens: Vec<u32>,
+}
+
+/// One pool's selector, and the requests waiting for one of its replicas.
+#[derive(Debug)]
+struct Pool {
+    role: Role,
+    router: Arc<KvRouter>,
+    selector: KvSelector,
+    queue: VecDeque<usize>,
 }
 
 /// A simulated fleet stepped by its caller (see the module's docstring).
@@ -217,21 +341,23 @@ pub struct PlannerLab {
     now_ms: f64,
     replicas: Vec<Replica>,
     next_id: u64,
-    /// Replica-milliseconds of the replicas already gone.
+    /// Replica-milliseconds of the replicas already gone, in all and per role.
     retired_ms: f64,
-    frontend: VecDeque<usize>,
+    retired_role_ms: [f64; 3],
+    /// `agg`; or `prefill` (the frontend's queue) then `decode`.
+    pools: Vec<Pool>,
+    transfers: Vec<Transfer>,
     streams: FxHashMap<usize, Stream>,
-    router: Arc<KvRouter>,
-    selector: KvSelector,
-    /// The virtual clock's origin for the router.
+    /// The virtual clock's origin for the routers.
     base: Instant,
     window: WindowStats,
     outputs: Vec<SimOutput>,
 }
 
 impl PlannerLab {
-    /// A fleet of `config.replicas` ready replicas at time 0, to replay `requests`
-    /// (their timestamps in ms, divided by `config.time_scale`).
+    /// A fleet of `config.replicas` ready replicas (or, disaggregated, of
+    /// `config.disagg`'s pools) at time 0, to replay `requests` (their timestamps in ms,
+    /// divided by `config.time_scale`).
     pub fn new(requests: Vec<TraceRequest>, config: PlannerLabConfig) -> Result<Self, LabError> {
         config.validate()?;
         if let Some(bad) = requests.iter().find(|r| !(r.timestamp.is_finite() && r.timestamp >= 0.0)) {
@@ -240,14 +366,22 @@ impl PlannerLab {
         let arrival_ms: Vec<f64> = requests.iter().map(|r| r.timestamp / config.time_scale).collect();
         let mut order: Vec<usize> = (0..requests.len()).collect();
         order.sort_by(|&a, &b| arrival_ms[a].total_cmp(&arrival_ms[b]));
-        let router = KvRouter::new(KvRouterConfig {
-            block_size: config.engine.block_size as u32,
-            use_kv_events: false,
-            scheduler: SchedulerConfig { busy_threshold: config.busy_threshold, ..Default::default() },
-            ..Default::default()
-        });
         let base = Instant::now();
-        let selector = KvSelector::replaying(router.clone(), base, config.engine.seed);
+        let pools = config
+            .roles()
+            .iter()
+            .map(|&role| {
+                let router = KvRouter::new(KvRouterConfig {
+                    block_size: config.engine.block_size as u32,
+                    use_kv_events: false,
+                    scheduler: SchedulerConfig { busy_threshold: config.busy_threshold, ..Default::default() },
+                    ..Default::default()
+                });
+                let seed = if role == Role::Decode { config.engine.seed ^ 0xDEC0DE } else { config.engine.seed };
+                let selector = KvSelector::replaying(router.clone(), base, seed);
+                Pool { role, router, selector, queue: VecDeque::new() }
+            })
+            .collect();
         let mut lab = PlannerLab {
             requests,
             arrival_ms,
@@ -257,17 +391,23 @@ impl PlannerLab {
             replicas: Vec::new(),
             next_id: 0,
             retired_ms: 0.0,
-            frontend: VecDeque::new(),
+            retired_role_ms: [0.0; 3],
+            pools,
+            transfers: Vec::new(),
             streams: FxHashMap::default(),
-            router,
-            selector,
             base,
             window: WindowStats::default(),
             outputs: Vec::new(),
             config,
         };
-        for _ in 0..lab.config.replicas {
-            lab.add_replica(true)?;
+        let initial = match lab.config.disagg {
+            Some(pools) => vec![(Role::Prefill, pools.prefill_replicas), (Role::Decode, pools.decode_replicas)],
+            None => vec![(Role::Agg, lab.config.replicas)],
+        };
+        for (role, n) in initial {
+            for _ in 0..n {
+                lab.add_replica(role, true)?;
+            }
         }
         Ok(lab)
     }
@@ -284,13 +424,24 @@ impl PlannerLab {
 
     /// Whether every request has arrived and ended.
     pub fn done(&self) -> bool {
-        self.next == self.order.len() && self.streams.is_empty() && self.frontend.is_empty()
+        self.next == self.order.len() && self.streams.is_empty() && self.pools.iter().all(|p| p.queue.is_empty())
     }
 
-    /// Replicas (starting, ready, draining).
+    /// Replicas (starting, ready, draining), over every pool.
     pub fn counts(&self) -> (usize, usize, usize) {
         let count = |s| self.replicas.iter().filter(|r| r.state == s).count();
         (count(ReplicaState::Starting), count(ReplicaState::Ready), count(ReplicaState::Draining))
+    }
+
+    /// Replicas of `role`'s pool (starting, ready, draining).
+    pub fn role_counts(&self, role: Role) -> (usize, usize, usize) {
+        let count = |s| self.replicas.iter().filter(|r| r.role == role && r.state == s).count();
+        (count(ReplicaState::Starting), count(ReplicaState::Ready), count(ReplicaState::Draining))
+    }
+
+    /// The pools, the one that takes arrivals first: `agg`, or `prefill` and `decode`.
+    pub fn roles(&self) -> &'static [Role] {
+        self.config.roles()
     }
 
     /// Replica-seconds spent so far.
@@ -299,56 +450,83 @@ impl PlannerLab {
         (self.retired_ms + live) / 1000.0
     }
 
+    /// Replica-seconds of `role`'s pool spent so far.
+    pub fn role_seconds(&self, role: Role) -> f64 {
+        let live: f64 = self.replicas.iter().filter(|r| r.role == role).map(|r| self.now_ms - r.requested_ms).sum();
+        (self.retired_role_ms[role.index()] + live) / 1000.0
+    }
+
     fn at(&self, ms: f64) -> Instant {
         self.base + Duration::from_secs_f64(ms / 1000.0)
     }
 
-    /// Replica `i`'s load as the router sees it, at `t`.
+    fn pool(&self, role: Role) -> usize {
+        self.pools.iter().position(|p| p.role == role).unwrap_or(0)
+    }
+
+    /// Replica `i`'s load as its pool's router sees it, at `t`.
     fn report_load(&self, i: usize, t: f64) {
         let r = &self.replicas[i];
-        self.router.load().lock().update_metrics(r.id, &r.worker.metrics(), self.at(t));
+        self.pools[self.pool(r.role)].router.load().lock().update_metrics(r.id, &r.worker.metrics(), self.at(t));
     }
 
     /// Forget a replica that is gone (its cost counted to now).
     fn retire(&mut self, i: usize) {
         let gone = self.replicas.remove(i);
         self.retired_ms += self.now_ms - gone.requested_ms;
-        self.router.remove_worker(gone.id);
+        self.retired_role_ms[gone.role.index()] += self.now_ms - gone.requested_ms;
+        self.pools[self.pool(gone.role)].router.remove_worker(gone.id);
     }
 
-    fn add_replica(&mut self, warm: bool) -> Result<(), LabError> {
+    fn add_replica(&mut self, role: Role, warm: bool) -> Result<(), LabError> {
         let worker = SimWorker::new(self.config.engine.clone(), 1.0).map_err(|e| LabError::Invalid(e.to_string()))?;
         let now = self.now_ms;
         let startup = if warm { 0.0 } else { self.config.startup_s * 1000.0 };
         let warmup = if warm { 0.0 } else { self.config.warmup_s * 1000.0 };
         self.replicas.push(Replica {
             id: self.next_id,
+            role,
             worker,
             state: if startup == 0.0 { ReplicaState::Ready } else { ReplicaState::Starting },
             requested_ms: now,
             ready_ms: now + startup,
             warm_from_ms: now + startup + warmup,
             step_end: None,
+            incoming: 0,
         });
         self.next_id += 1;
         Ok(())
     }
 
-    /// Resize to `n` replicas starting or ready: new ones start (ready after the start-up
-    /// delay); removing takes starting replicas first (the latest asked for), then drains
-    /// the ready replica holding the fewest requests (the youngest on a tie).
+    /// Resize an aggregated lab to `n` replicas starting or ready: new ones start (ready
+    /// after the start-up delay); removing takes starting replicas first (the latest asked
+    /// for), then drains the ready replica holding the fewest requests (the youngest on a
+    /// tie). A disaggregated lab is resized per pool ([`PlannerLab::set_role_replicas`]).
     pub fn set_replicas(&mut self, n: usize) -> Result<(), LabError> {
-        let (starting, ready, _) = self.counts();
+        if self.config.disagg.is_some() {
+            return Err(LabError::Invalid("a disaggregated lab is resized per role (prefill, decode)".into()));
+        }
+        self.set_role_replicas(Role::Agg, n)
+    }
+
+    /// Resize `role`'s pool to `n` replicas starting or ready, as
+    /// [`PlannerLab::set_replicas`] does the aggregated fleet.
+    pub fn set_role_replicas(&mut self, role: Role, n: usize) -> Result<(), LabError> {
+        if !self.roles().contains(&role) {
+            let roles: Vec<&str> = self.roles().iter().map(|r| r.as_str()).collect();
+            return Err(LabError::Invalid(format!("this lab has no {} pool (its roles: {})", role.as_str(), roles.join(", "))));
+        }
+        let (starting, ready, _) = self.role_counts(role);
         let current = starting + ready;
         for _ in current..n {
-            self.add_replica(false)?;
+            self.add_replica(role, false)?;
         }
         if n > current {
             // A start-up delay of 0: ready at once, and the queue can move.
-            self.dispatch_queue(self.now_ms);
+            self.dispatch_queue(role, self.now_ms);
         }
         for _ in n..current {
-            let starting = self.replicas.iter().rposition(|r| r.state == ReplicaState::Starting);
+            let starting = self.replicas.iter().rposition(|r| r.role == role && r.state == ReplicaState::Starting);
             if let Some(i) = starting {
                 self.retire(i);
                 continue;
@@ -357,8 +535,8 @@ impl PlannerLab {
                 .replicas
                 .iter()
                 .enumerate()
-                .filter(|(_, r)| r.state == ReplicaState::Ready)
-                .min_by_key(|(_, r)| (r.worker.requests(), std::cmp::Reverse(r.id)))
+                .filter(|(_, r)| r.role == role && r.state == ReplicaState::Ready)
+                .min_by_key(|(_, r)| (r.worker.requests() + r.incoming, std::cmp::Reverse(r.id)))
                 .map(|(i, _)| i);
             if let Some(i) = victim {
                 self.replicas[i].state = ReplicaState::Draining;
@@ -371,7 +549,7 @@ impl PlannerLab {
     /// Remove replica `i` if it drained; whether it did.
     fn retire_if_drained(&mut self, i: usize) -> bool {
         let r = &self.replicas[i];
-        if r.state != ReplicaState::Draining || r.worker.requests() > 0 || r.step_end.is_some() {
+        if r.state != ReplicaState::Draining || r.worker.requests() > 0 || r.step_end.is_some() || r.incoming > 0 {
             return false;
         }
         self.retire(i);
@@ -394,39 +572,86 @@ impl PlannerLab {
         }
     }
 
-    /// Send request `index` to a ready replica at `t`; false when none is ready.
-    fn dispatch(&mut self, index: usize, t: f64) -> bool {
-        let ids: Vec<u64> = self.replicas.iter().filter(|r| r.state == ReplicaState::Ready).map(|r| r.id).collect();
+    /// Send request `index` to a ready replica of `role` at `t`; false when none is ready
+    /// (or, with a busy threshold, none is free). To a decode replica: its KV transfer
+    /// starts.
+    fn dispatch(&mut self, role: Role, index: usize, t: f64) -> bool {
+        let ids: Vec<u64> =
+            self.replicas.iter().filter(|r| r.role == role && r.state == ReplicaState::Ready).map(|r| r.id).collect();
         if ids.is_empty() {
             return false;
         }
         let tokens = synthesize_tokens(&self.requests[index], index, self.config.trace_block_size);
         for i in 0..self.replicas.len() {
-            if self.replicas[i].state == ReplicaState::Ready {
+            if self.replicas[i].role == role && self.replicas[i].state == ReplicaState::Ready {
                 self.report_load(i, t);
             }
         }
-        self.selector.set_clock(self.at(t));
-        let Ok(pick) = self.selector.select(&tokens, &ids) else { return false };
+        let p = self.pool(role);
+        self.pools[p].selector.set_clock(self.at(t));
+        let Ok(pick) = self.pools[p].selector.select(&tokens, &ids) else { return false };
         let Some(i) = self.replicas.iter().position(|r| r.id == pick.instance) else { return false };
-        let output_length = self.requests[index].output_length.max(1);
-        if self.replicas[i].worker.add(index as u64, tokens, output_length).is_err() {
-            self.selector.on_end(pick, Outcome::Failed);
+        if role == Role::Decode {
+            let blocks = tokens.len() / self.config.engine.block_size;
+            let end_ms = t + self.config.engine.transfer_seconds(blocks) * 1000.0;
+            self.replicas[i].incoming += 1;
+            let replica = pick.instance;
+            if let Some(stream) = self.streams.get_mut(&index) {
+                stream.replica = replica;
+                stream.pick = Some(pick);
+            }
+            self.transfers.push(Transfer { index, replica, end_ms, tokens });
+            return true;
+        }
+        let max_tokens = if role == Role::Prefill { 1 } else { self.requests[index].output_length.max(1) };
+        if self.replicas[i].worker.add(index as u64, tokens, max_tokens).is_err() {
+            self.pools[p].selector.on_end(pick, Outcome::Failed);
             self.window.rejected += 1;
             return true;
         }
-        self.streams.insert(index, Stream { replica: pick.instance, pick, first: None, last: None, tokens: 0 });
+        let stream = Stream {
+            replica: pick.instance,
+            pick: Some(pick),
+            prefill_replica: None,
+            prefilled: false,
+            first: None,
+            last: None,
+            tokens: 0,
+        };
+        self.streams.insert(index, stream);
         self.start_step(i, t);
         true
     }
 
-    fn dispatch_queue(&mut self, t: f64) {
-        while let Some(&index) = self.frontend.front() {
-            if !self.dispatch(index, t) {
+    fn dispatch_queue(&mut self, role: Role, t: f64) {
+        let p = self.pool(role);
+        while let Some(&index) = self.pools[p].queue.front() {
+            if !self.dispatch(role, index, t) {
                 break;
             }
-            self.frontend.pop_front();
+            self.pools[p].queue.pop_front();
         }
+    }
+
+    /// KV transfer `k` arrived: its blocks are cached on the decode replica, which
+    /// takes the request.
+    fn land(&mut self, k: usize, t: f64) {
+        let transfer = self.transfers.remove(k);
+        let Some(i) = self.replicas.iter().position(|r| r.id == transfer.replica) else { return };
+        self.replicas[i].incoming -= 1;
+        self.replicas[i].worker.import_kv(&transfer.tokens);
+        let output_length = self.requests[transfer.index].output_length.max(1);
+        if self.replicas[i].worker.add(transfer.index as u64, transfer.tokens, output_length).is_err() {
+            // Cannot happen: both pools run the same engine, whose prefill took the prompt.
+            if let Some(pick) = self.streams.remove(&transfer.index).and_then(|s| s.pick) {
+                self.pools[self.pool(Role::Decode)].selector.on_end(pick, Outcome::Failed);
+            }
+            self.window.rejected += 1;
+            self.retire_if_drained(i);
+            return;
+        }
+        self.start_step(i, t);
+        self.report_load(i, t);
     }
 
     fn finish_step(&mut self, i: usize, t: f64) {
@@ -435,15 +660,33 @@ impl PlannerLab {
         outputs.clear();
         self.replicas[i].worker.finish_step(&mut outputs);
         let draining = self.replicas[i].state == ReplicaState::Draining;
+        let role = self.replicas[i].role;
+        let p = self.pool(role);
+        let mut prefilled = false;
         for out in &outputs {
             let index = out.request as usize;
             let Some(stream) = self.streams.get_mut(&index) else { continue };
             if out.token {
-                stream.first.get_or_insert(t);
-                stream.last = Some(t);
-                stream.tokens += 1;
+                if role == Role::Prefill {
+                    // The prefill's one token is not sent: the decode replica's first is.
+                    stream.prefilled = true;
+                } else {
+                    stream.first.get_or_insert(t);
+                    stream.last = Some(t);
+                    stream.tokens += 1;
+                }
             }
-            if out.finished {
+            if out.finished && role == Role::Prefill && stream.prefilled {
+                // Prefilled: its KV goes to a decode replica.
+                stream.prefill_replica = Some(stream.replica);
+                if let Some(pick) = stream.pick.take() {
+                    self.pools[p].selector.set_clock(self.at(t));
+                    self.pools[p].selector.on_end(pick, Outcome::Completed);
+                }
+                let decode = self.pool(Role::Decode);
+                self.pools[decode].queue.push_back(index);
+                prefilled = true;
+            } else if out.finished {
                 let Some(stream) = self.streams.remove(&index) else { continue };
                 let arrival = self.arrival_ms[index];
                 let failed = stream.first.is_none();
@@ -461,19 +704,25 @@ impl PlannerLab {
                     itl_ms: itl,
                     input_length: self.requests[index].input_length,
                     replica: stream.replica,
+                    prefill_replica: stream.prefill_replica,
                 });
                 let outcome = if failed { Outcome::Failed } else { Outcome::Completed };
-                self.selector.set_clock(self.at(t));
-                self.selector.on_end(stream.pick, outcome);
+                if let Some(pick) = stream.pick {
+                    self.pools[p].selector.set_clock(self.at(t));
+                    self.pools[p].selector.on_end(pick, outcome);
+                }
             }
         }
         self.outputs = outputs;
         self.start_step(i, t);
         self.report_load(i, t);
         self.retire_if_drained(i);
-        if !self.frontend.is_empty() && self.config.busy_threshold.is_some() {
-            // A replica may have left the busy threshold: the frontend's queue can move.
-            self.dispatch_queue(t);
+        if !self.pools[p].queue.is_empty() && self.config.busy_threshold.is_some() {
+            // A replica may have left the busy threshold: the queue can move.
+            self.dispatch_queue(role, t);
+        }
+        if prefilled {
+            self.dispatch_queue(Role::Decode, t);
         }
     }
 
@@ -481,6 +730,7 @@ impl PlannerLab {
     /// A time in the past leaves the clock where it is.
     pub fn advance(&mut self, until_s: f64) -> Result<WindowStats, LabError> {
         let until = (until_s * 1000.0).max(self.now_ms);
+        let entry = self.roles()[0];
         loop {
             let arrival = self.order.get(self.next).map(|&i| self.arrival_ms[i]);
             let ready = self
@@ -496,18 +746,24 @@ impl PlannerLab {
                 .enumerate()
                 .filter_map(|(i, r)| r.step_end.map(|t| (i, t)))
                 .min_by(|a, b| a.1.total_cmp(&b.1));
-            // At equal times: a replica becomes ready, then a step ends, then a request arrives.
-            let earliest = [ready.map(|r| r.1), step.map(|s| s.1), arrival].into_iter().flatten().fold(f64::INFINITY, f64::min);
+            let transfer = self.transfers.iter().enumerate().map(|(k, tr)| (k, tr.end_ms)).min_by(|a, b| a.1.total_cmp(&b.1));
+            // At equal times: a replica becomes ready, then a step ends, then a transfer
+            // lands, then a request arrives.
+            let earliest = [ready.map(|r| r.1), step.map(|s| s.1), transfer.map(|x| x.1), arrival]
+                .into_iter()
+                .flatten()
+                .fold(f64::INFINITY, f64::min);
             if earliest > until {
                 break;
             }
             self.now_ms = earliest;
-            match (ready, step) {
-                (Some((i, t)), _) if t == earliest => {
+            match (ready, step, transfer) {
+                (Some((i, t)), _, _) if t == earliest => {
                     self.replicas[i].state = ReplicaState::Ready;
-                    self.dispatch_queue(t);
+                    let role = self.replicas[i].role;
+                    self.dispatch_queue(role, t);
                 }
-                (_, Some((i, t))) if t == earliest => {
+                (_, Some((i, t)), _) if t == earliest => {
                     self.finish_step(i, t);
                     // Requests an engine cannot schedule now and never will (cannot happen
                     // with prompts that fit; guards the loop).
@@ -515,13 +771,15 @@ impl PlannerLab {
                         return Err(LabError::Invalid(format!("replica {} is stuck with {} requests", r.id, r.worker.requests())));
                     }
                 }
+                (_, _, Some((k, t))) if t == earliest => self.land(k, t),
                 _ => {
                     let index = self.order[self.next];
                     self.next += 1;
                     self.window.arrivals += 1;
                     self.window.arrival_input_tokens += self.requests[index].input_length as u64;
-                    if !self.frontend.is_empty() || !self.dispatch(index, earliest) {
-                        self.frontend.push_back(index);
+                    let p = self.pool(entry);
+                    if !self.pools[p].queue.is_empty() || !self.dispatch(entry, index, earliest) {
+                        self.pools[p].queue.push_back(index);
                     }
                 }
             }
@@ -529,8 +787,10 @@ impl PlannerLab {
         self.now_ms = until;
         let mut window = std::mem::take(&mut self.window);
         window.end_s = until / 1000.0;
-        window.frontend_queue = self.frontend.len();
-        window.inflight = self.streams.len() + self.frontend.len();
+        window.frontend_queue = self.pools[self.pool(entry)].queue.len();
+        window.handoff_queue = if self.config.disagg.is_some() { self.pools[self.pool(Role::Decode)].queue.len() } else { 0 };
+        window.transferring = self.transfers.len();
+        window.inflight = self.streams.len() + window.frontend_queue;
         window.replicas = self
             .replicas
             .iter()
@@ -538,6 +798,7 @@ impl PlannerLab {
                 let m = r.worker.metrics();
                 ReplicaLoad {
                     id: r.id,
+                    role: r.role,
                     state: r.state,
                     ready_s: (r.state != ReplicaState::Starting).then_some(r.ready_ms / 1000.0),
                     running: m.request_active_slots,
@@ -547,6 +808,7 @@ impl PlannerLab {
             })
             .collect();
         window.replica_seconds = self.replica_seconds();
+        window.role_seconds = self.roles().iter().map(|&r| (r, self.role_seconds(r))).collect();
         self.window.start_s = window.end_s;
         Ok(window)
     }
@@ -794,6 +1056,132 @@ mod tests {
         assert!(on_new >= 10, "{on_new} of 40 went to the new replica");
         let err = PlannerLab::new(Vec::new(), PlannerLabConfig { busy_threshold: Some(0.0), ..config(1) }).unwrap_err();
         assert!(err.to_string().contains("busy threshold"), "{err}");
+    }
+
+    fn disagg(prefill_replicas: usize, decode_replicas: usize) -> PlannerLabConfig {
+        PlannerLabConfig { replicas: 0, disagg: Some(DisaggPools { prefill_replicas, decode_replicas }), ..config(0) }
+    }
+
+    fn all_finished(windows: &[WindowStats]) -> Vec<&FinishedRequest> {
+        windows.iter().flat_map(|w| &w.finished).collect()
+    }
+
+    fn p90(values: impl Iterator<Item = f64>) -> f64 {
+        let mut v: Vec<f64> = values.collect();
+        v.sort_by(f64::total_cmp);
+        percentile(&v, 0.9)
+    }
+
+    #[test]
+    fn disaggregated_pools_serve_every_request_the_same_way_twice() {
+        let trace = steady(4.0, 20.0, 2000, 30);
+        let play = || {
+            let mut lab = PlannerLab::new(trace.clone(), disagg(1, 1)).unwrap();
+            let mut windows = vec![lab.advance(5.0).unwrap()];
+            lab.set_role_replicas(Role::Prefill, 2).unwrap();
+            lab.set_role_replicas(Role::Decode, 3).unwrap();
+            assert_eq!((lab.role_counts(Role::Prefill), lab.role_counts(Role::Decode)), ((1, 1, 0), (2, 1, 0)));
+            windows.extend(run_to_end(&mut lab, 2.5));
+            windows
+        };
+        let a = play();
+        assert_eq!(a, play());
+        let done = all_finished(&a);
+        assert_eq!(done.len(), trace.len());
+        let roles: FxHashMap<u64, Role> = a.iter().flat_map(|w| &w.replicas).map(|r| (r.id, r.role)).collect();
+        for f in &done {
+            assert!(f.ttft_ms.is_some_and(|t| t > 0.0) && f.itl_ms.is_some(), "{f:?}");
+            assert_eq!(roles[&f.prefill_replica.unwrap()], Role::Prefill);
+            assert_eq!(roles[&f.replica], Role::Decode);
+        }
+        assert!(done.iter().any(|f| f.replica >= 3), "a decode replica added later serves");
+        let last = a.last().unwrap();
+        let by_role: f64 = last.role_seconds.iter().map(|(_, s)| s).sum();
+        assert!((by_role - last.replica_seconds).abs() < 1e-9);
+        assert_eq!(last.role_seconds.iter().map(|(r, _)| *r).collect::<Vec<_>>(), vec![Role::Prefill, Role::Decode]);
+    }
+
+    #[test]
+    fn a_disaggregated_ttft_is_the_prefill_the_transfer_and_the_first_decode_step() {
+        // One request alone: its TTFT is a prefill on one engine, the KV transfer, and
+        // the step of another engine that holds the prompt's full blocks as cached.
+        let request = TraceRequest { timestamp: 0.0, input_length: 2000, output_length: 4, hash_ids: vec![] };
+        let engine = MockerArgs { kv_transfer_gbps: 1.0, ..config(0).engine };
+        let tokens = synthesize_tokens(&request, 0, DEFAULT_TRACE_BLOCK_SIZE);
+        let mut prefill = SimWorker::new(engine.clone(), 1.0).unwrap();
+        prefill.add(0, tokens.clone(), 1).unwrap();
+        let prefill_ms = prefill.start_step().unwrap();
+        let transfer_ms = engine.transfer_seconds(2000 / 16) * 1000.0;
+        assert!(transfer_ms > 200.0, "{transfer_ms}");
+        let mut decode = SimWorker::new(engine.clone(), 1.0).unwrap();
+        decode.import_kv(&tokens);
+        decode.add(0, tokens, 4).unwrap();
+        let first_step_ms = decode.start_step().unwrap();
+
+        let mut lab = PlannerLab::new(vec![request], PlannerLabConfig { engine, ..disagg(1, 1) }).unwrap();
+        let done = run_to_end(&mut lab, 1.0);
+        let f = all_finished(&done)[0].clone();
+        let expected = prefill_ms + transfer_ms + first_step_ms;
+        assert!((f.ttft_ms.unwrap() - expected).abs() < 1e-6, "{:?} vs {expected}", f.ttft_ms);
+        assert!(first_step_ms < prefill_ms / 5.0, "the decode recomputes only the prompt's tail");
+        assert_eq!((f.prefill_replica, f.replica), (Some(0), 1));
+    }
+
+    #[test]
+    fn draining_either_pool_loses_nothing() {
+        let trace = steady(20.0, 10.0, 1000, 200);
+        let mut lab = PlannerLab::new(trace.clone(), disagg(3, 3)).unwrap();
+        let w = lab.advance(5.0).unwrap();
+        assert!(w.inflight > 8, "requests in flight when scaling down ({})", w.inflight);
+        lab.set_role_replicas(Role::Prefill, 1).unwrap();
+        lab.set_role_replicas(Role::Decode, 1).unwrap();
+        assert_eq!((lab.role_counts(Role::Prefill).1, lab.role_counts(Role::Decode).1), (1, 1));
+        assert!(lab.role_counts(Role::Decode).2 >= 1, "busy decode replicas drain");
+        let windows = run_to_end(&mut lab, 0.5);
+        let all: Vec<&FinishedRequest> = std::iter::once(&w).chain(&windows).flat_map(|w| &w.finished).collect();
+        assert_eq!(all.len(), trace.len());
+        assert!(all.iter().all(|f| f.ttft_ms.is_some()), "every request produced tokens");
+        assert_eq!(windows.iter().map(|w| w.failed_at_scale_down + w.rejected).sum::<usize>(), 0);
+        assert_eq!((lab.role_counts(Role::Prefill), lab.role_counts(Role::Decode)), ((0, 1, 0), (0, 1, 0)));
+        // Nothing sent after the resize went to a removed replica.
+        let kept: Vec<u64> = windows.last().unwrap().replicas.iter().map(|r| r.id).collect();
+        let late = windows.iter().flat_map(|w| &w.finished).filter(|f| f.arrival_s > 6.0);
+        assert!(late.clone().count() > 50);
+        assert!(late.into_iter().all(|f| kept.contains(&f.replica) && kept.contains(&f.prefill_replica.unwrap())));
+    }
+
+    #[test]
+    fn a_small_prefill_pool_shows_in_ttft_and_a_small_decode_pool_in_itl() {
+        let play = |trace: &[TraceRequest], prefill: usize, decode: usize| {
+            let mut lab = PlannerLab::new(trace.to_vec(), disagg(prefill, decode)).unwrap();
+            let windows = run_to_end(&mut lab, 1.0);
+            let done = all_finished(&windows);
+            assert_eq!(done.len(), trace.len());
+            (p90(done.iter().filter_map(|f| f.ttft_ms)), p90(done.iter().filter_map(|f| f.itl_ms)))
+        };
+        // Long prompts, short answers: one prefill replica cannot keep up.
+        let prompts = steady(8.0, 15.0, 4000, 20);
+        let (few, enough) = (play(&prompts, 1, 4), play(&prompts, 4, 4));
+        assert!(few.0 > 3.0 * enough.0, "TTFT p90 {} ms with 1 prefill replica vs {} ms with 4", few.0, enough.0);
+        assert!(few.1 < 1.5 * enough.1, "ITL p90 {} ms vs {} ms", few.1, enough.1);
+        // Short prompts, long answers: one decode replica batches them all, and slows.
+        let answers = steady(20.0, 15.0, 1000, 300);
+        let (few, enough) = (play(&answers, 4, 1), play(&answers, 4, 4));
+        assert!(few.1 > 1.5 * enough.1, "ITL p90 {} ms with 1 decode replica vs {} ms with 4", few.1, enough.1);
+    }
+
+    #[test]
+    fn roles_are_checked() {
+        let mut lab = PlannerLab::new(Vec::new(), disagg(1, 1)).unwrap();
+        assert!(lab.set_replicas(2).unwrap_err().to_string().contains("per role"));
+        assert_eq!(lab.roles(), &[Role::Prefill, Role::Decode]);
+        let mut agg = PlannerLab::new(Vec::new(), config(1)).unwrap();
+        let err = agg.set_role_replicas(Role::Decode, 2).unwrap_err();
+        assert!(err.to_string().contains("no decode pool"), "{err}");
+        let err = PlannerLab::new(Vec::new(), PlannerLabConfig { replicas: 1, ..disagg(1, 1) }).unwrap_err();
+        assert!(err.to_string().contains("replicas must be 0"), "{err}");
+        assert_eq!("prefill".parse::<Role>().unwrap(), Role::Prefill);
+        assert!("both".parse::<Role>().is_err());
     }
 
     #[test]

@@ -160,8 +160,14 @@ impl MockerArgs {
     /// Simulated time of moving `blocks` KV blocks between workers (already divided by
     /// `speedup_ratio`).
     pub fn transfer_duration(&self, blocks: usize) -> std::time::Duration {
+        std::time::Duration::from_secs_f64(self.transfer_seconds(blocks) / self.speedup_ratio)
+    }
+
+    /// Seconds of moving `blocks` KV blocks between workers at `kv_transfer_gbps`, on the
+    /// engine's own clock (`speedup_ratio` not applied: a discrete-event simulation's time).
+    pub fn transfer_seconds(&self, blocks: usize) -> f64 {
         let bytes = blocks as f64 * self.block_size as f64 * self.kv_bytes_per_token as f64;
-        std::time::Duration::from_secs_f64(bytes / (self.kv_transfer_gbps * 1e9) / self.speedup_ratio)
+        bytes / (self.kv_transfer_gbps * 1e9)
     }
 
     /// Blocks kept free when admitting a new sequence.

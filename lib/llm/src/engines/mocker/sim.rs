@@ -9,7 +9,7 @@ use rustc_hash::FxHashMap;
 use tokio::sync::mpsc;
 
 use super::args::{ArgsError, MockerArgs};
-use crate::kv_router::protocols::{ForwardPassMetrics, KvCacheEventData};
+use crate::kv_router::protocols::{hash_full_blocks, ForwardPassMetrics, KvCacheEventData};
 use super::scheduler::{Command, NewRequest, Scheduler, StepPlan};
 use super::timing::step_ms;
 use crate::engine::EngineError;
@@ -75,6 +75,15 @@ impl SimWorker {
         self.scheduler.handle(Command::Add(NewRequest { id, tokens, max_tokens: max_tokens.max(1), seed, output }));
         self.receivers.insert(id, rx);
         Ok(())
+    }
+
+    /// Store the full blocks of the prompt `tokens`, computed on another worker (a
+    /// disaggregated prefill's KV handoff), as cached ones, as `receive_kv` does; returns
+    /// how many leading blocks are now cached.
+    pub fn import_kv(&mut self, tokens: &[u32]) -> usize {
+        let blocks = self.scheduler.import(&hash_full_blocks(tokens, self.args.block_size));
+        self.events.extend(self.scheduler.kv.take_events());
+        blocks
     }
 
     /// Whether a step is under way.
@@ -191,5 +200,20 @@ mod tests {
         let (slow_elapsed, _) = run(&mut slow);
         assert!((slow_elapsed - 3.0 * elapsed).abs() < 1e-6);
         assert!(slow.add(9, vec![], 1).is_err());
+    }
+
+    #[test]
+    fn imported_blocks_are_cached_for_the_next_request() {
+        let args = MockerArgs { block_size: 4, ..Default::default() };
+        let mut cold = SimWorker::new(args.clone(), 1.0).unwrap();
+        cold.add(1, (0..42).collect(), 2).unwrap();
+        let (cold_ms, _) = run(&mut cold);
+        let mut warm = SimWorker::new(args, 1.0).unwrap();
+        assert_eq!(warm.import_kv(&(0..42).collect::<Vec<u32>>()), 10, "the 10 full blocks");
+        warm.add(1, (0..42).collect(), 2).unwrap();
+        let (warm_ms, out) = run(&mut warm);
+        assert_eq!(warm.prefix_blocks(), (10, 10));
+        assert_eq!(out.iter().filter(|o| o.token).count(), 2);
+        assert!(warm_ms < cold_ms, "{warm_ms} vs {cold_ms}");
     }
 }
