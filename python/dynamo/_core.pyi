@@ -820,6 +820,14 @@ class PlannerLab:
     blocks): while every ready replica is at or over it, arrivals wait at the frontend
     for the first that is not; ``None``: each arrival goes to a replica at once.
 
+    With ``prefill_replicas`` and ``decode_replicas`` (both, and ``replicas`` is then not
+    used) the fleet is disaggregated: a request is prefilled on a ready prefill replica
+    (a one-token generation whose token is not sent), its full KV blocks then go to a
+    ready decode replica after the mocker's transfer time (``blocks · block_size ·
+    kv_bytes_per_token`` at ``kv_transfer_gbps``, from ``engine_args``), are cached there,
+    and the decode replica emits the first token and the rest. Each pool is resized with
+    ``set_replicas(n, role=...)``, starts, warms up and drains as above.
+
     Raises:
         OSError: the trace cannot be read.
         ValueError: a line is not a request, both or neither source given, or a setting
@@ -840,6 +848,8 @@ class PlannerLab:
         seed: int = 0,
         engine_args: str | None = None,
         busy_threshold: float | None = None,
+        prefill_replicas: int | None = None,
+        decode_replicas: int | None = None,
     ) -> PlannerLab: ...
     def advance(self, until_s: float) -> dict[str, Any]:
         """Run to ``until_s`` simulated seconds (a time in the past leaves the clock).
@@ -847,19 +857,36 @@ class PlannerLab:
         Returns:
             The window since the last call: ``start_s``, ``end_s``, ``arrivals``,
             ``arrival_input_tokens``, ``rejected``, ``failed_at_scale_down``,
-            ``frontend_queue``, ``inflight``, ``replica_seconds`` (since time 0),
-            ``finished`` (columns ``index``, ``arrival_s``, ``ttft_ms``, ``itl_ms`` (a
-            request's mean gap between tokens; ``None`` under two tokens),
-            ``input_length``, ``replica``) and ``replicas`` (each ``id``, ``state``,
-            ``ready_s``, ``running``, ``waiting``, ``kv_active_blocks``).
+            ``frontend_queue`` (waiting for a replica; disaggregated: a prefill replica),
+            ``handoff_queue`` (prefilled, waiting for a decode replica), ``transferring``
+            (KV transfers under way), ``inflight``, ``replica_seconds`` (since time 0),
+            ``role_seconds`` (the same per pool), ``finished`` (columns ``index``,
+            ``arrival_s``, ``ttft_ms``, ``itl_ms`` (a request's mean gap between tokens;
+            ``None`` under two tokens), ``input_length``, ``replica`` (disaggregated: the
+            decode replica), ``prefill_replica`` (``None`` aggregated)) and ``replicas``
+            (each ``id``, ``role``, ``state``, ``ready_s``, ``running``, ``waiting``,
+            ``kv_active_blocks``).
 
         Raises:
             ValueError: a replica can no longer make progress.
         """
-    def set_replicas(self, n: int) -> None:
-        """Resize to ``n`` replicas starting or ready (see the class)."""
-    def counts(self) -> tuple[int, int, int]:
-        """Replicas ``(starting, ready, draining)``."""
+    def set_replicas(self, n: int, role: str | None = None) -> None:
+        """Resize to ``n`` replicas starting or ready (see the class); ``role``
+        (``"prefill"`` or ``"decode"``) names the pool of a disaggregated lab.
+
+        Raises:
+            ValueError: ``role`` is not one of the lab's pools, or missing in a
+                disaggregated lab.
+        """
+    def counts(self, role: str | None = None) -> tuple[int, int, int]:
+        """Replicas ``(starting, ready, draining)``, of ``role``'s pool when given.
+
+        Raises:
+            ValueError: ``role`` is not one of the lab's pools.
+        """
+    @property
+    def roles(self) -> list[str]:
+        """The pools: ``["agg"]``, or ``["prefill", "decode"]``."""
     @property
     def now_s(self) -> float:
         """The simulated time, seconds."""
@@ -872,6 +899,9 @@ class PlannerLab:
     @property
     def replica_seconds(self) -> float:
         """Replica-seconds spent so far (each replica from being asked for until gone)."""
+    @property
+    def role_seconds(self) -> dict[str, float]:
+        """Replica-seconds spent so far, per pool."""
 
 def planner_lab_point(
     isl: int,

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
 
 use dynamo_llm::lab_trace::{lab_engine_args, read_trace, LabError, TraceRequest};
-use dynamo_llm::planner_lab::{closed_loop_point, PlannerLab, PlannerLabConfig};
+use dynamo_llm::planner_lab::{closed_loop_point, DisaggPools, PlannerLab, PlannerLabConfig, Role};
 use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -20,7 +20,9 @@ fn lab_error(e: LabError) -> PyErr {
 
 /// A simulated fleet replaying a trace on a virtual clock: `advance` runs it to a time
 /// and returns that window's statistics, `set_replicas` resizes it (new replicas are
-/// ready after `startup_s` and warm up for `warmup_s`; removed ones drain).
+/// ready after `startup_s` and warm up for `warmup_s`; removed ones drain). With
+/// `prefill_replicas` and `decode_replicas` it is disaggregated: two pools, each resized
+/// with `set_replicas(n, role=...)`.
 #[pyclass(name = "PlannerLab", module = "dynamo._core", frozen)]
 pub struct PyPlannerLab {
     inner: Mutex<PlannerLab>,
@@ -35,7 +37,7 @@ impl PyPlannerLab {
 #[pymethods]
 impl PyPlannerLab {
     #[new]
-    #[pyo3(signature = (trace_path=None, requests=None, *, replicas=1, trace_block_size=512, time_scale=1.0, startup_s=30.0, warmup_s=10.0, warmup_factor=2.0, seed=0, engine_args=None, busy_threshold=None))]
+    #[pyo3(signature = (trace_path=None, requests=None, *, replicas=1, trace_block_size=512, time_scale=1.0, startup_s=30.0, warmup_s=10.0, warmup_factor=2.0, seed=0, engine_args=None, busy_threshold=None, prefill_replicas=None, decode_replicas=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -50,10 +52,17 @@ impl PyPlannerLab {
         seed: u64,
         engine_args: Option<&str>,
         busy_threshold: Option<f64>,
+        prefill_replicas: Option<usize>,
+        decode_replicas: Option<usize>,
     ) -> PyResult<Self> {
         let mut engine = lab_engine_args(engine_args).map_err(|e| PyValueError::new_err(format!("engine_args: {e}")))?;
         engine.seed = seed;
-        let config = PlannerLabConfig { replicas, trace_block_size, engine, time_scale, startup_s, warmup_s, warmup_factor, busy_threshold };
+        let (replicas, disagg) = match (prefill_replicas, decode_replicas) {
+            (None, None) => (replicas, None),
+            (Some(prefill_replicas), Some(decode_replicas)) => (0, Some(DisaggPools { prefill_replicas, decode_replicas })),
+            _ => return Err(PyValueError::new_err("give both prefill_replicas and decode_replicas, or neither")),
+        };
+        let config = PlannerLabConfig { replicas, trace_block_size, engine, time_scale, startup_s, warmup_s, warmup_factor, busy_threshold, disagg };
         let trace = match (trace_path, requests) {
             (Some(path), None) => py.detach(|| read_trace(&path)).map_err(lab_error)?,
             (None, Some(requests)) => requests
@@ -81,6 +90,13 @@ impl PyPlannerLab {
         d.set_item("rejected", w.rejected)?;
         d.set_item("failed_at_scale_down", w.failed_at_scale_down)?;
         d.set_item("frontend_queue", w.frontend_queue)?;
+        d.set_item("handoff_queue", w.handoff_queue)?;
+        d.set_item("transferring", w.transferring)?;
+        let role_seconds = PyDict::new(py);
+        for (role, seconds) in &w.role_seconds {
+            role_seconds.set_item(role.as_str(), seconds)?;
+        }
+        d.set_item("role_seconds", role_seconds)?;
         d.set_item("inflight", w.inflight)?;
         d.set_item("replica_seconds", w.replica_seconds)?;
         let finished = PyDict::new(py);
@@ -90,11 +106,13 @@ impl PyPlannerLab {
         finished.set_item("itl_ms", w.finished.iter().map(|f| f.itl_ms).collect::<Vec<_>>())?;
         finished.set_item("input_length", w.finished.iter().map(|f| f.input_length).collect::<Vec<_>>())?;
         finished.set_item("replica", w.finished.iter().map(|f| f.replica).collect::<Vec<_>>())?;
+        finished.set_item("prefill_replica", w.finished.iter().map(|f| f.prefill_replica).collect::<Vec<_>>())?;
         d.set_item("finished", finished)?;
         let mut replicas = Vec::with_capacity(w.replicas.len());
         for r in &w.replicas {
             let item = PyDict::new(py);
             item.set_item("id", r.id)?;
+            item.set_item("role", r.role.as_str())?;
             item.set_item("state", r.state.as_str())?;
             item.set_item("ready_s", r.ready_s)?;
             item.set_item("running", r.running)?;
@@ -106,14 +124,38 @@ impl PyPlannerLab {
         Ok(d)
     }
 
-    /// Resize to `n` replicas starting or ready (see the class docstring).
-    fn set_replicas(&self, n: usize) -> PyResult<()> {
-        self.lab()?.set_replicas(n).map_err(lab_error)
+    /// Resize to `n` replicas starting or ready (see the class docstring); `role`
+    /// (`prefill` or `decode`) names the pool of a disaggregated lab.
+    #[pyo3(signature = (n, role=None))]
+    fn set_replicas(&self, n: usize, role: Option<&str>) -> PyResult<()> {
+        let mut lab = self.lab()?;
+        match role {
+            None => lab.set_replicas(n),
+            Some(role) => role.parse::<Role>().and_then(|role| lab.set_role_replicas(role, n)),
+        }
+        .map_err(lab_error)
     }
 
-    /// Replicas `(starting, ready, draining)`.
-    fn counts(&self) -> PyResult<(usize, usize, usize)> {
-        Ok(self.lab()?.counts())
+    /// Replicas `(starting, ready, draining)`, of `role`'s pool when given.
+    #[pyo3(signature = (role=None))]
+    fn counts(&self, role: Option<&str>) -> PyResult<(usize, usize, usize)> {
+        let lab = self.lab()?;
+        match role {
+            None => Ok(lab.counts()),
+            Some(role) => {
+                let role = role.parse::<Role>().map_err(lab_error)?;
+                if !lab.roles().contains(&role) {
+                    return Err(PyValueError::new_err(format!("this lab has no {} pool", role.as_str())));
+                }
+                Ok(lab.role_counts(role))
+            }
+        }
+    }
+
+    /// The pools: `["agg"]`, or `["prefill", "decode"]`.
+    #[getter]
+    fn roles(&self) -> PyResult<Vec<&'static str>> {
+        Ok(self.lab()?.roles().iter().map(|r| r.as_str()).collect())
     }
 
     /// The simulated time, seconds.
@@ -138,6 +180,13 @@ impl PyPlannerLab {
     #[getter]
     fn replica_seconds(&self) -> PyResult<f64> {
         Ok(self.lab()?.replica_seconds())
+    }
+
+    /// Replica-seconds spent so far, per pool.
+    #[getter]
+    fn role_seconds(&self) -> PyResult<std::collections::HashMap<&'static str, f64>> {
+        let lab = self.lab()?;
+        Ok(lab.roles().iter().map(|&r| (r.as_str(), lab.role_seconds(r))).collect())
     }
 }
 
