@@ -910,17 +910,22 @@ def planner_lab_point(
     requests: int,
     quantile: float = 0.9,
     engine_args: str | None = None,
+    *,
+    role: str = "agg",
 ) -> dict[str, float]:
     """One simulated replica holding ``concurrency`` requests of ``isl`` prompt tokens
     (unique) and ``osl`` output tokens at all times until ``requests`` have finished,
-    the first ``concurrency`` left out; without the GIL.
+    the first ``concurrency`` left out; without the GIL. ``role`` is what the replica
+    does in a disaggregated lab: ``"prefill"``, one-token requests (``osl`` not used; the
+    ITL is 0); ``"decode"``, each prompt's full blocks cached when it arrives (handed
+    over); ``"agg"``, both.
 
     Returns:
         ``ttft_ms`` and ``itl_ms`` (a request's mean gap between tokens) at
         ``quantile``, and ``throughput_rps``.
 
     Raises:
-        ValueError: a setting is out of range.
+        ValueError: a setting is out of range, or ``role`` is not one.
     """
 
 # Output parsers (docs/tools.md): tool calls and reasoning split out of a model's text,

@@ -192,9 +192,10 @@ impl PyPlannerLab {
 
 /// One simulated replica holding `concurrency` requests of `isl` prompt tokens and `osl`
 /// output tokens until `requests` finished (the first `concurrency` left out): a dict of
-/// `ttft_ms` and `itl_ms` at `quantile`, and `throughput_rps`.
+/// `ttft_ms` and `itl_ms` at `quantile`, and `throughput_rps`. `role` `prefill`: one-token
+/// requests; `decode`: prompts arriving cached (handed over); `agg`: both.
 #[pyfunction]
-#[pyo3(signature = (isl, osl, concurrency, requests, quantile=0.9, engine_args=None))]
+#[pyo3(signature = (isl, osl, concurrency, requests, quantile=0.9, engine_args=None, *, role="agg"))]
 pub fn planner_lab_point<'py>(
     py: Python<'py>,
     isl: usize,
@@ -203,9 +204,12 @@ pub fn planner_lab_point<'py>(
     requests: usize,
     quantile: f64,
     engine_args: Option<&str>,
+    role: &str,
 ) -> PyResult<Bound<'py, PyDict>> {
     let engine = lab_engine_args(engine_args).map_err(|e| PyValueError::new_err(format!("engine_args: {e}")))?;
-    let point = py.detach(|| closed_loop_point(&engine, isl, osl, concurrency, requests, quantile)).map_err(lab_error)?;
+    let role = role.parse::<Role>().map_err(lab_error)?;
+    let point =
+        py.detach(|| closed_loop_point(&engine, isl, osl, concurrency, requests, quantile, role)).map_err(lab_error)?;
     let d = PyDict::new(py);
     d.set_item("ttft_ms", point.ttft_ms)?;
     d.set_item("itl_ms", point.itl_ms)?;

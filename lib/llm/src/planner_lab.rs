@@ -828,7 +828,10 @@ pub struct PointStats {
 /// Measure one replica of `engine` holding `concurrency` requests of `isl` prompt tokens
 /// (unique: no prefix-cache hits) and `osl` output tokens at all times, each finished
 /// request replaced at once, until `requests` have finished; the first `concurrency`
-/// (the ramp-up) are left out of the figures.
+/// (the ramp-up) are left out of the figures. `role` says what the replica does, as in a
+/// disaggregated lab: [`Role::Prefill`], one-token requests (`osl` not used; the TTFT is
+/// the prefill's, the ITL 0); [`Role::Decode`], each prompt's full blocks stored as
+/// cached when it is added (handed over by a prefill replica); [`Role::Agg`], both.
 pub fn closed_loop_point(
     engine: &MockerArgs,
     isl: usize,
@@ -836,7 +839,9 @@ pub fn closed_loop_point(
     concurrency: usize,
     requests: usize,
     quantile: f64,
+    role: Role,
 ) -> Result<PointStats, LabError> {
+    let osl = if role == Role::Prefill { 1 } else { osl };
     if isl == 0 || osl == 0 || concurrency == 0 || requests <= concurrency {
         return Err(LabError::Invalid("a point needs isl, osl, concurrency >= 1 and more requests than concurrency".into()));
     }
@@ -853,6 +858,9 @@ pub fn closed_loop_point(
             return Ok(());
         }
         let tokens = synthesize_tokens(&request, submitted as usize, DEFAULT_TRACE_BLOCK_SIZE);
+        if role == Role::Decode {
+            worker.import_kv(&tokens);
+        }
         worker.add(submitted, tokens, osl).map_err(LabError::Invalid)?;
         streams.insert(submitted, (t, None, t, 0));
         submitted += 1;
@@ -1025,12 +1033,28 @@ mod tests {
     #[test]
     fn a_closed_loop_point_grows_latency_with_concurrency() {
         let engine = MockerArgs { block_size: 16, num_gpu_blocks: 8192, ..Default::default() };
-        let one = closed_loop_point(&engine, 1000, 50, 1, 20, 0.9).unwrap();
-        let many = closed_loop_point(&engine, 1000, 50, 16, 100, 0.9).unwrap();
+        let one = closed_loop_point(&engine, 1000, 50, 1, 20, 0.9, Role::Agg).unwrap();
+        let many = closed_loop_point(&engine, 1000, 50, 16, 100, 0.9, Role::Agg).unwrap();
         assert!(many.itl_ms > one.itl_ms && many.ttft_ms > one.ttft_ms);
         assert!(many.throughput_rps > one.throughput_rps);
-        assert_eq!(closed_loop_point(&engine, 1000, 50, 16, 100, 0.9).unwrap(), many);
-        assert!(closed_loop_point(&engine, 1000, 50, 4, 4, 0.9).is_err());
+        assert_eq!(closed_loop_point(&engine, 1000, 50, 16, 100, 0.9, Role::Agg).unwrap(), many);
+        assert!(closed_loop_point(&engine, 1000, 50, 4, 4, 0.9, Role::Agg).is_err());
+    }
+
+    #[test]
+    fn a_role_point_measures_a_prefill_or_a_decode_replica() {
+        let engine = MockerArgs { block_size: 16, num_gpu_blocks: 8192, ..Default::default() };
+        let point = |role, c| closed_loop_point(&engine, 2000, 50, c, 8 * c, 0.9, role).unwrap();
+        let (agg, prefill, decode) = (point(Role::Agg, 8), point(Role::Prefill, 8), point(Role::Decode, 8));
+        // Prefill only: one token each, no decoding steps in the way. Alone, a prompt
+        // takes as long as in an aggregated replica.
+        assert_eq!(prefill.itl_ms, 0.0);
+        assert!(prefill.throughput_rps > agg.throughput_rps, "{prefill:?} vs {agg:?}");
+        assert!((point(Role::Prefill, 1).ttft_ms - point(Role::Agg, 1).ttft_ms).abs() < 1e-9);
+        // Decode only: the prompts arrive cached, so first tokens are quick and no
+        // prefill slows the decoding steps.
+        assert!(decode.ttft_ms < prefill.ttft_ms / 5.0, "{decode:?} vs {prefill:?}");
+        assert!(decode.itl_ms < agg.itl_ms && decode.throughput_rps > agg.throughput_rps, "{decode:?} vs {agg:?}");
     }
 
     #[test]
