@@ -210,3 +210,51 @@ def test_a_trace_on_a_shape_keeps_its_blocks_and_lengths(tmp_path: Path, monkeyp
     assert rates[1] > 5 * rates[0] and rates[1] > 5 * rates[2], rates
     with pytest.raises(ValueError, match="re-times a trace file"):
         workload_from("ramp", 1.0, 0, None, "step")
+
+
+def test_a_disaggregated_lab_sizes_both_roles(tmp_path: Path, monkeypatch) -> None:
+    # 1 min at 2 req/s, a rise to 12 over 2 min, 1 min at 12, a fall to 2 over 2 min, 1 min
+    # at 2: each role's pool must grow and shrink.
+    phases = ((60.0, 2.0, 2.0), (120.0, 2.0, 12.0), (60.0, 12.0, 12.0), (120.0, 12.0, 2.0), (60.0, 2.0, 2.0))
+    workload = Workload("step", requests=ramp(0, phases), phases=phases)
+    roles = {"prefill": {"min_replicas": 1, "max_replicas": 8}, "decode": {"min_replicas": 1, "max_replicas": 8}}
+    lab = settings(tmp_path, roles=roles)
+    rows, runs = compare(workload, lab, log=quiet)
+    by = {r["config"]: r for r in rows}
+    assert list(by) == list(CONFIGS)
+    for row in rows:
+        assert row["requests"] == len(workload.requests or []) and row["rejected"] == 0, row
+        assert 0.0 < row["sla_attainment"] <= 1.0 and row["gpu_hours"] > 0, row
+        assert row["failed_at_scale_down"] == 0, row
+        # GPU hours are both pools' (one GPU a replica here), and the pools column shows each.
+        assert row["gpu_hours"] == pytest.approx(sum(r["gpu_hours"] for r in row["roles"].values()))
+        assert row["pools"] == f"{row['roles']['prefill']['replicas']}+{row['roles']['decode']['replicas']}"
+    # The static-peak pair meets the targets; fixed fleets never change.
+    peak = by["static-peak"]
+    assert peak["ttft_p90_ms"] <= 1000 and peak["itl_p90_ms"] <= 60, peak
+    assert peak["scale_events"] == by["static-mean"]["scale_events"] == 0
+    # The planner resized both roles, up and back down to each one's minimum.
+    planner = by["planner"]
+    assert all(planner["roles"][role]["scale_events"] >= 2 for role in ("prefill", "decode")), planner
+    assert planner["roles"]["prefill"]["replicas"] > 1 and planner["roles"]["decode"]["replicas"] > 1, planner
+    assert runs["planner"].pools[-1] == {"prefill": 1, "decode": 1}
+    # Sized by a prefill and a decode replica's profiles: near the best fixed pair, not
+    # far above it (an aggregated replica's profile held 6 + 5 replicas here, 0.59x).
+    assert planner["sla_attainment"] > 0.9, planner
+    assert planner["goodput_per_gpu"] > 0.8 * peak["goodput_per_gpu"], rows
+    # The command line takes a disaggregated configuration, --max-replicas applying to each role.
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    config = tmp_path / "planner.yaml"
+    config.write_text(json.dumps({"model": "lab", "roles": roles, "intervals": {"load_s": 10, "throughput_s": 20}}))
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(
+        json.dumps({"timestamp": t, "input_length": i, "output_length": o, "hash_ids": []}) + "\n"
+        for t, i, o in constant(6.0, 40.0)
+    ))
+    out = tmp_path / "rows.json"
+    argv = [str(trace), "--config", str(config), "--max-replicas", "3", "--configs", "static-mean,planner",
+            "--json", str(out)]
+    assert main(argv) == 0
+    cli = json.loads(out.read_text())
+    assert [r["config"] for r in cli] == ["static-mean", "planner"]
+    assert all(r["roles"][role]["replicas"] <= 3 for r in cli for role in ("prefill", "decode")), cli

@@ -6,13 +6,20 @@ a virtual clock (``dynamo._core.PlannerLab``), with the planner's own steps
 compares four configurations, one row each:
 
 * ``static-peak``: the smallest fixed fleet whose p90 TTFT and ITL over the whole trace
-  meet the targets (found by bisection over 1..``max_replicas``);
-* ``static-mean``: a fixed fleet sized for the mean rate by the performance model;
+  meet the targets (found by bisection over 1..``max_replicas``; disaggregated, the
+  (prefill, decode) pair with the fewest GPUs that a coordinate search finds:
+  ``static_peak_pair``);
+* ``static-mean``: a fixed fleet sized for the mean rate by the performance model (each
+  role by its own target, as the planner's ``Decider`` sizes it);
 * ``load-only``: the planner without a profile (the load loop alone);
 * ``planner``: both loops, with a profile of the simulated engine.
 
 The profile is measured on the simulated engine itself (``planner_lab_point``: one
 replica at a fixed concurrency, per input length) and cached, so no file is needed.
+With roles ``prefill`` and ``decode`` the fleet is disaggregated (two pools, each
+resized by the planner's decision for its role; docs/planner.md, "The lab"), and the
+planner's model answers each role from a profile of a replica in that role
+(``DisaggModel``).
 Each request counts as *good* when its TTFT and its mean inter-token latency are within
 the targets; figures per row are described in docs/planner.md ("The lab").
 """
@@ -27,19 +34,21 @@ import os
 import random
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dynamo._core import PlannerLab, planner_lab_point
-from dynamo.planner.config import PlannerConfig, PlannerConfigError, Targets, load_config
+from dynamo.planner.config import ROLES_AGG, ROLES_DISAGG, PlannerConfig, PlannerConfigError, Targets, load_config
 from dynamo.planner.decide import Decider, Decision, RoleState, count_reversals
 from dynamo.planner.observe import FrontendWindow
 from dynamo.planner.profile import PerformanceModel, Profile, ProfilePoint
 from dynamo.planner.step import PlanningState
 
 CONFIGS = ("static-peak", "static-mean", "load-only", "planner")
+#: A fixed fleet: replicas (aggregated), or replicas per role (disaggregated).
+Fleet = int | Mapping[str, int]
 #: The synthetic workloads, as (seconds, requests/s at the start, requests/s at the end)
 #: segments, the rate linear within each. ``ramp``: 10 min at 2 req/s, a linear rise to
 #: 20 over 5 min, 2 min at 20, a linear fall to 2 over 5 min, 10 min at 2 (32 min).
@@ -84,10 +93,16 @@ class Workload:
     #: A synthetic workload's rate over time (``RAMP_PHASES``), for ``best_ratio``.
     phases: Sequence[tuple[float, float, float]] | None = None
 
-    def lab(self, replicas: int, settings: Settings) -> PlannerLab:
-        """A fresh simulated fleet of ``replicas`` warm replicas."""
+    def lab(self, replicas: Fleet, settings: Settings) -> PlannerLab:
+        """A fresh simulated fleet of ``replicas`` warm replicas (a count per role when
+        disaggregated)."""
+        pools: dict[str, Any] = {}
+        if isinstance(replicas, int):
+            pools["replicas"] = replicas
+        else:
+            pools.update(prefill_replicas=replicas["prefill"], decode_replicas=replicas["decode"])
         return PlannerLab(
-            str(self.trace) if self.trace else None, self.requests, replicas=replicas,
+            str(self.trace) if self.trace else None, self.requests, **pools,
             trace_block_size=settings.trace_block_size, time_scale=self.time_scale,
             startup_s=settings.startup_s, warmup_s=settings.warmup_s, warmup_factor=settings.warmup_factor,
             seed=settings.seed, engine_args=settings.engine_args, busy_threshold=settings.busy_threshold,
@@ -195,6 +210,20 @@ class Settings:
     def max_replicas(self) -> int:
         return self.config.roles["agg"].max_replicas
 
+    @property
+    def disagg(self) -> bool:
+        """Whether the roles are ``prefill`` and ``decode``."""
+        return "agg" not in self.config.roles
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        """``("agg",)`` or ``("prefill", "decode")``."""
+        return ROLES_DISAGG if self.disagg else ROLES_AGG
+
+    def gpus(self, fleet: Mapping[str, int]) -> float:
+        """GPUs a fleet of ``fleet`` replicas per role holds."""
+        return sum(n * self.config.roles[role].gpus_per_replica for role, n in fleet.items())
+
 
 def _quantile(values: list[float], q: float) -> float | None:
     if not values:
@@ -203,15 +232,20 @@ def _quantile(values: list[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)] if q > 0 else ordered[0]
 
 
-def profile_for(workload: Workload, settings: Settings) -> Profile:
-    """The performance profile of one simulated replica over the workload's input lengths
-    (its 10th, 50th and 90th percentiles) and mean output length, cached on disk."""
+def profile_for(workload: Workload, settings: Settings, role: str = "agg") -> Profile:
+    """The performance profile of one simulated replica of ``role`` over the workload's
+    input lengths (its 10th, 50th and 90th percentiles) and mean output length, cached
+    on disk (``planner_lab_point``: a prefill replica's requests are one token long, a
+    decode replica's prompts arrive cached)."""
     _, _, osl, isls = workload.shape()
     ordered = sorted(isls)
     lengths = sorted({max(16, ordered[int(q * (len(ordered) - 1))]) for q in (0.1, 0.5, 0.9)})
     osl_i = max(2, round(osl))
     q = settings.config.targets.ttft.quantile
-    key = json.dumps([1, settings.engine_args, lengths, osl_i, q, PROFILE_CONCURRENCY], sort_keys=True)
+    parts: list[Any] = [1, settings.engine_args, lengths, osl_i, q, PROFILE_CONCURRENCY]
+    if role != "agg":  # the aggregated profile's key as it was, so its cache entries stay valid
+        parts.append(role)
+    key = json.dumps(parts, sort_keys=True)
     cache = settings.cache_dir / f"profile-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json" \
         if settings.cache_dir else None
     if cache is not None and cache.exists():
@@ -222,14 +256,58 @@ def profile_for(workload: Workload, settings: Settings) -> Profile:
     points = []
     for isl in lengths:
         for c in PROFILE_CONCURRENCY:
-            p = planner_lab_point(isl, osl_i, c, max(4 * c, 24), quantile=q, engine_args=settings.engine_args)
+            p = planner_lab_point(
+                isl, osl_i, c, max(4 * c, 24), quantile=q, engine_args=settings.engine_args, role=role
+            )
             points.append(ProfilePoint(isl=isl, concurrency=c, ttft_ms=p["ttft_ms"], itl_ms=p["itl_ms"],
                                        throughput_rps=p["throughput_rps"]))
-    profile = Profile(engine="planner-lab mocker", quantile=q, osl=osl_i, points=points)
+    engine = "planner-lab mocker" if role == "agg" else f"planner-lab mocker, {role} replica"
+    profile = Profile(engine=engine, quantile=q, osl=1 if role == "prefill" else osl_i, points=points)
     if cache is not None:
         cache.parent.mkdir(parents=True, exist_ok=True)
         profile.save(cache)
     return profile
+
+
+class DisaggModel(PerformanceModel):
+    """The performance model of a disaggregated fleet: a prefill replica's profile and a
+    decode replica's, one live correction for both. The ``Decider`` asks each role's
+    capacity with the role's own limit only (prefill TTFT, decode ITL), so a question
+    with a TTFT limit alone is a prefill replica's and is answered from the prefill
+    profile, one with an ITL limit alone from the decode profile (both limits: the
+    lesser). Predicted latencies (the live correction's reference) take TTFT from the
+    prefill profile and ITL from the decode profile."""
+
+    def __init__(self, prefill: Profile, decode: Profile) -> None:
+        super().__init__(prefill)
+        self.decode = PerformanceModel(decode, self.correction)
+
+    def latency(self, isl: float, concurrency: float) -> tuple[float, float]:
+        ttft, _ = super().latency(isl, concurrency)
+        _, itl = self.decode.latency(isl, concurrency)
+        return ttft, itl
+
+    def capacity(self, isl: float, ttft_ms: float | None, itl_ms: float | None) -> float:
+        if ttft_ms is None and itl_ms is None:
+            return super().capacity(isl, None, None)
+        capacities = []
+        if ttft_ms is not None:
+            capacities.append(super().capacity(isl, ttft_ms, None))
+        if itl_ms is not None:
+            capacities.append(self.decode.capacity(isl, None, itl_ms))
+        return min(capacities)
+
+
+def profiles_for(workload: Workload, settings: Settings) -> dict[str, Profile]:
+    """Each pool's profile: ``agg``'s, or ``prefill``'s and ``decode``'s."""
+    return {role: profile_for(workload, settings, role) for role in settings.roles}
+
+
+def model_of(profiles: Mapping[str, Profile]) -> PerformanceModel:
+    """A fresh performance model (its own live correction) over ``profiles_for``'s profiles."""
+    if "agg" in profiles:
+        return PerformanceModel(profiles["agg"])
+    return DisaggModel(profiles["prefill"], profiles["decode"])
 
 
 @dataclass
@@ -244,7 +322,12 @@ class Run:
     rejected: int = 0
     failed_at_scale_down: int = 0
     replica_seconds: float = 0.0
-    changes: list[int] = field(default_factory=list)
+    #: Each role's replica changes, in order.
+    changes: dict[str, list[int]] = field(default_factory=dict)
+    #: Replica-seconds per role.
+    role_seconds: dict[str, float] = field(default_factory=dict)
+    #: Per load interval: replicas starting + ready per role.
+    pools: list[dict[str, int]] = field(default_factory=list)
     #: Per load interval: (end s, replicas starting + ready, arrivals/s, p90 TTFT, p90 ITL) of
     #: the requests that ended in it (the plot's; ``recovery_s`` counts by send time).
     timeline: list[tuple[float, int, float, float | None, float | None]] = field(default_factory=list)
@@ -256,11 +339,36 @@ class Run:
     excluded_backlog: int = 0
 
 
+def _fleet(lab: PlannerLab) -> dict[str, RoleState]:
+    """Each role's replicas as a connector would report them."""
+    fleet = {}
+    for role in lab.roles:
+        starting, ready, _ = lab.counts(role)
+        fleet[role] = RoleState(ready=ready, pending=starting)
+    return fleet
+
+
+def _waiting(window: dict[str, Any], roles: Sequence[str]) -> dict[str, int]:
+    """Each role's waiting requests at the end of ``window``: the queue before its pool
+    (the frontend's, or prefilled requests waiting for a decode replica) and its
+    replicas' engine queues."""
+    waiting: dict[str, int] = {}
+    for r in window["replicas"]:
+        waiting[r["role"]] = waiting.get(r["role"], 0) + r["waiting"]
+    if "agg" not in roles:
+        return {
+            "prefill": window["frontend_queue"] + waiting.get("prefill", 0),
+            "decode": window["handoff_queue"] + waiting.get("decode", 0),
+        }
+    return {"agg": window["frontend_queue"] + waiting.get("agg", 0)}
+
+
 def _replay(
-    workload: Workload, settings: Settings, replicas: int, state: PlanningState | None, name: str,
+    workload: Workload, settings: Settings, replicas: Fleet, state: PlanningState | None, name: str,
 ) -> Run:
-    """Replay ``workload`` from ``replicas`` replicas; with ``state``, its load and
-    throughput steps resize the fleet at every interval, as the live planner would."""
+    """Replay ``workload`` from ``replicas`` replicas (a count per role when
+    disaggregated); with ``state``, its load and throughput steps resize the fleet at
+    every interval, as the live planner would."""
     started = time.perf_counter()
     config = settings.config
     targets = config.targets
@@ -272,8 +380,8 @@ def _replay(
     def act(decisions: list[Decision]) -> None:
         for d in decisions:
             if d.change and not config.advisory:
-                lab.set_replicas(d.target)
-                run.changes.append(d.change)
+                lab.set_replicas(d.target, role=None if d.role == "agg" else d.role)
+                run.changes.setdefault(d.role, []).append(d.change)
 
     urgent_s = config.intervals.urgent_s if state is not None else None
     while not lab.done or t < lab.last_arrival_s:
@@ -290,6 +398,8 @@ def _replay(
         ttft_q, itl_q = _quantile(ttfts, targets.ttft.quantile), _quantile(itls, targets.itl.quantile)
         starting, ready, _ = lab.counts()
         run.timeline.append((t, starting + ready, w["arrivals"] / load_s, ttft_q, itl_q))
+        fleet = _fleet(lab)
+        run.pools.append({role: s.total for role, s in fleet.items()})
         if state is None:
             continue
         window = FrontendWindow(
@@ -297,19 +407,17 @@ def _replay(
             isl=w["arrival_input_tokens"] / w["arrivals"] if w["arrivals"] else None, osl=None,
             ttft_ms=ttft_q, itl_ms=itl_q,
         )
-        waiting = w["frontend_queue"] + sum(r["waiting"] for r in w["replicas"])
-        fleet = {"agg": RoleState(ready=ready, pending=starting)}
         state.note_fleet(fleet, t)
-        act(state.load_step(window, fleet, {"agg": waiting}, (), t))
+        act(state.load_step(window, fleet, _waiting(w, lab.roles), (), t))
         if t >= next_throughput - 1e-9:
             next_throughput += throughput_s
-            starting, ready, _ = lab.counts()
-            fleet = {"agg": RoleState(ready=ready, pending=starting)}
+            fleet = _fleet(lab)
             state.note_fleet(fleet, t)
             act(state.throughput_step(fleet))
         if t > lab.last_arrival_s + 24 * 3600:
             raise RuntimeError(f"{name}: the replay does not end")
     run.replica_seconds = lab.replica_seconds
+    run.role_seconds = lab.role_seconds
     run.wall_s = time.perf_counter() - started
     return run
 
@@ -340,11 +448,10 @@ def _load_window(
         part = lab.advance(u)
         window = part if window is None else _merge(window, part)
         if u < end - 1e-9:
-            waiting = {"agg": part["frontend_queue"] + sum(r["waiting"] for r in part["replicas"])}
+            waiting = _waiting(part, lab.roles)
             fleet = state.fleet
             if state.backlog(waiting):
-                starting, ready, _ = lab.counts()
-                fleet = {"agg": RoleState(ready=ready, pending=starting)}
+                fleet = _fleet(lab)
                 state.note_fleet(fleet, u)
             act(state.urgent_step(fleet, waiting, u))
     assert window is not None
@@ -406,10 +513,13 @@ def _row(run: Run, settings: Settings) -> dict[str, Any]:
         1 for i, ttft in run.ttft.items()
         if ttft is not None and ttft <= targets.ttft.ms and (run.itl[i] is None or run.itl[i] <= targets.itl.ms)
     )
-    gpu_hours = run.replica_seconds * settings.config.roles["agg"].gpus_per_replica / 3600.0
-    minimum = settings.config.roles["agg"].min_replicas
+    gpu_hours = sum(
+        seconds * settings.config.roles[role].gpus_per_replica for role, seconds in run.role_seconds.items()
+    ) / 3600.0
+    minimum = sum(settings.config.roles[role].min_replicas for role in settings.roles)
     back = next((end for end, n, *_ in run.timeline if end >= run.last_arrival_s and n <= minimum), None)
-    return {
+    changes = [c for role in settings.roles for c in run.changes.get(role, [])]
+    row: dict[str, Any] = {
         "config": run.config,
         "replicas": max(n for _, n, *_ in run.timeline) if run.timeline else 0,
         "requests": total,
@@ -419,8 +529,8 @@ def _row(run: Run, settings: Settings) -> dict[str, Any]:
         "goodput_per_gpu": good / gpu_hours if gpu_hours else 0.0,
         "ttft_p90_ms": _quantile([x for x in run.ttft.values() if x is not None], targets.ttft.quantile),
         "itl_p90_ms": _quantile([x for x in run.itl.values() if x is not None], targets.itl.quantile),
-        "scale_events": len(run.changes),
-        "reversals": count_reversals(run.changes),
+        "scale_events": len(changes),
+        "reversals": sum(count_reversals(run.changes.get(role, [])) for role in settings.roles),
         "failed_at_scale_down": run.failed_at_scale_down,
         "rejected": run.rejected,
         "recovery_s": _recovery_s(
@@ -431,6 +541,19 @@ def _row(run: Run, settings: Settings) -> dict[str, Any]:
         "excluded_backlog": run.excluded_backlog,
         "wall_s": run.wall_s,
     }
+    if settings.disagg:
+        # Each pool's most replicas and GPU hours; the table's "prefill+decode" column.
+        most = {role: max((p[role] for p in run.pools), default=0) for role in settings.roles}
+        row["pools"] = "+".join(str(most[role]) for role in settings.roles)
+        row["roles"] = {
+            role: {
+                "replicas": most[role],
+                "gpu_hours": run.role_seconds.get(role, 0.0) * settings.config.roles[role].gpus_per_replica / 3600.0,
+                "scale_events": len(run.changes.get(role, [])),
+            }
+            for role in settings.roles
+        }
+    return row
 
 
 def _meets(run: Run, settings: Settings) -> bool:
@@ -457,6 +580,69 @@ def static_peak(workload: Workload, settings: Settings, log: Callable[[str], Non
     return runs.get(low) or _replay(workload, settings, low, None, "static-peak")
 
 
+def static_peak_pair(workload: Workload, settings: Settings, log: Callable[[str], None]) -> Run:
+    """Disaggregated: the fixed (prefill, decode) pair with the fewest GPUs that meets the
+    targets over the whole workload, by a coordinate search whose bisections take more
+    replicas of a role never to hurt: (1) the smallest prefill pool that meets them with
+    the decode pool at its most; (2) the smallest decode pool that meets them with that
+    prefill pool; (3) one prefill replica more and the smallest decode pool that meets
+    them with it, kept when it holds fewer GPUs (a busy decode pool delays first tokens,
+    so a larger prefill pool can let a smaller decode pool meet the TTFT target). Each
+    pool at its most when nothing meets them. Not exhaustive: a pair two or more prefill
+    replicas away from (1)'s is not tried."""
+    roles = settings.config.roles
+    most_prefill, most_decode = roles["prefill"].max_replicas, roles["decode"].max_replicas
+    runs: dict[tuple[int, int], Run] = {}
+
+    def meets(prefill: int, decode: int) -> bool:
+        if (prefill, decode) not in runs:
+            runs[prefill, decode] = _replay(
+                workload, settings, {"prefill": prefill, "decode": decode}, None, "static-peak"
+            )
+            verdict = "meet" if _meets(runs[prefill, decode], settings) else "miss"
+            log(f"static-peak: {prefill} prefill + {decode} decode replica(s) {verdict} the targets")
+        return _meets(runs[prefill, decode], settings)
+
+    def smallest(fits: Callable[[int], bool], high: int) -> int:
+        low = 1
+        while low < high:
+            mid = (low + high) // 2
+            if fits(mid):
+                high = mid
+            else:
+                low = mid + 1
+        return low
+
+    prefill = smallest(lambda n: meets(n, most_decode), most_prefill)
+    decode = smallest(lambda n: meets(prefill, n), most_decode)
+    best = (prefill, decode)
+    if prefill < most_prefill and decode > 1:
+        fewer = smallest(lambda n: meets(prefill + 1, n), decode)
+        gpus = settings.gpus
+        if meets(prefill + 1, fewer) and gpus({"prefill": prefill + 1, "decode": fewer}) < gpus(
+            {"prefill": prefill, "decode": decode}
+        ):
+            best = (prefill + 1, fewer)
+    meets(*best)
+    return runs[best]
+
+
+def static_mean_fleet(workload: Workload, settings: Settings, model: PerformanceModel) -> Fleet:
+    """The fixed fleet the performance model sizes for the workload's mean rate: each
+    role by the targets it answers for (prefill TTFT, decode ITL, aggregated both), as
+    the planner's ``Decider`` asks the model."""
+    duration, isl, _, isls = workload.shape()
+    rate = len(isls) / duration if duration > 0 else 0.0
+    limits = {"agg": (settings.ttft_ms, settings.itl_ms), "prefill": (settings.ttft_ms, None),
+              "decode": (None, settings.itl_ms)}
+    fleet = {}
+    for role in settings.roles:
+        capacity = model.capacity(isl, *limits[role])
+        most = settings.config.roles[role].max_replicas
+        fleet[role] = most if capacity <= 0 else min(most, max(1, math.ceil(rate / capacity)))
+    return fleet["agg"] if not settings.disagg else fleet
+
+
 def planning_state(settings: Settings, model: PerformanceModel | None) -> PlanningState:
     """The planner's state for one configuration (``model`` None: the load loop alone).
     The simulated connector's start-up is known, as the local connector's delay is: it is
@@ -474,24 +660,23 @@ def compare(
 ) -> tuple[list[dict[str, Any]], dict[str, Run]]:
     """Replay ``workload`` under each of ``configs``; the rows and the runs."""
     runs: dict[str, Run] = {}
-    profile = profile_for(workload, settings) if {"static-mean", "planner"} & set(configs) else None
-    minimum = settings.initial_replicas or max(1, settings.config.roles["agg"].min_replicas)
+    profiles = profiles_for(workload, settings) if {"static-mean", "planner"} & set(configs) else None
+    first = {role: settings.initial_replicas or max(1, settings.config.roles[role].min_replicas)
+             for role in settings.roles}
+    minimum: Fleet = first if settings.disagg else first["agg"]
     for name in configs:
         if name == "static-peak":
-            runs[name] = static_peak(workload, settings, log)
+            find = static_peak_pair if settings.disagg else static_peak
+            runs[name] = find(workload, settings, log)
         elif name == "static-mean":
-            assert profile is not None
-            duration, isl, _, isls = workload.shape()
-            model = PerformanceModel(profile)
-            capacity = model.capacity(isl, settings.ttft_ms, settings.itl_ms)
-            rate = len(isls) / duration if duration > 0 else 0.0
-            n = settings.max_replicas if capacity <= 0 else max(1, math.ceil(rate / capacity))
-            runs[name] = _replay(workload, settings, min(n, settings.max_replicas), None, name)
+            assert profiles is not None
+            fleet = static_mean_fleet(workload, settings, model_of(profiles))
+            runs[name] = _replay(workload, settings, fleet, None, name)
         elif name == "load-only":
             runs[name] = _replay(workload, settings, minimum, planning_state(settings, None), name)
         elif name == "planner":
-            assert profile is not None
-            model = PerformanceModel(profile)
+            assert profiles is not None
+            model = model_of(profiles)
             model.correction.warmup_s = settings.config.warmup_s
             runs[name] = _replay(workload, settings, minimum, planning_state(settings, model), name)
             runs[name].excluded_warmup = model.correction.excluded_warmup
@@ -502,9 +687,9 @@ def compare(
     rows = [_row(run, settings) for run in runs.values()]
     peak = next((r for r in rows if r["config"] == "static-peak"), None)
     best = None
-    if profile is not None:
-        duration, isl, _, _ = workload.shape()
-        capacity = PerformanceModel(profile).capacity(isl, settings.ttft_ms, settings.itl_ms)
+    if profiles is not None and not settings.disagg:  # one capacity per replica: aggregated only
+        _, isl, _, _ = workload.shape()
+        capacity = model_of(profiles).capacity(isl, settings.ttft_ms, settings.itl_ms)
         x = workload.time_scale
         if workload.phases is not None:
             phases = [(sec / x, r0 * x, r1 * x) for sec, r0, r1 in workload.phases]
@@ -523,10 +708,14 @@ def compare(
 
 
 def format_table(rows: Sequence[dict[str, Any]]) -> str:
-    """The rows as an aligned text table."""
-    table = [[title for title, _, _ in COLUMNS]]
-    table += [["-" if r.get(key) is None else fmt.format(r[key]) for _, key, fmt in COLUMNS] for r in rows]
-    widths = [max(len(row[i]) for row in table) for i in range(len(COLUMNS))]
+    """The rows as an aligned text table (disaggregated rows: each pool's most replicas
+    in a ``prefill+decode`` column)."""
+    columns = list(COLUMNS)
+    if any("pools" in r for r in rows):
+        columns.insert(2, ("prefill+decode", "pools", "{}"))
+    table = [[title for title, _, _ in columns]]
+    table += [["-" if r.get(key) is None else fmt.format(r[key]) for _, key, fmt in columns] for r in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(columns))]
     return "\n".join(
         "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True)))
         for row in table
@@ -548,6 +737,9 @@ def plot(runs: dict[str, Run], settings: Settings, path: Path, title: str) -> bo
     for name, run in runs.items():
         ts = [p[0] / 60 for p in run.timeline]
         axes[0].step(ts, [p[1] for p in run.timeline], where="post", label=name)
+        if run.pools and len(run.pools[0]) > 1:  # disaggregated: each pool too, dotted
+            for role in run.pools[0]:
+                axes[0].step(ts, [p[role] for p in run.pools], where="post", ls=":", lw=0.8, label=f"{name} {role}")
         axes[1].plot(ts, [p[3] if p[3] is not None else float("nan") for p in run.timeline], label=name, lw=0.8)
         axes[2].plot(ts, [p[4] if p[4] is not None else float("nan") for p in run.timeline], label=name, lw=0.8)
     first = next(iter(runs.values()), None)
@@ -581,10 +773,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help="a Mooncake-format JSON-lines trace, 'ramp' (2 req/s, linear rise to 20, linear fall to 2; "
         "32 min) or 'step' (2 -> 20 -> 2 req/s, 5 min each)",
     )
-    parser.add_argument("--config", type=Path, help="planner.yaml (targets, intervals, predictor, roles.agg)")
+    parser.add_argument("--config", type=Path,
+                        help="planner.yaml (targets, intervals, predictor, roles: agg, or prefill and decode)")
     parser.add_argument("--ttft-ms", type=float, help="p90 TTFT target (overrides the config)")
     parser.add_argument("--itl-ms", type=float, help="p90 ITL target (overrides the config)")
-    parser.add_argument("--max-replicas", type=int, help="most replicas (overrides roles.agg.max_replicas)")
+    parser.add_argument("--max-replicas", type=int,
+                        help="most replicas of each role (overrides roles.<role>.max_replicas)")
     parser.add_argument("--startup-seconds", type=float, default=30.0, help="replica start-up delay (default 30)")
     parser.add_argument("--warmup-seconds", type=float, default=10.0,
                         help="a new replica's slow first seconds (default 10)")
@@ -630,13 +824,13 @@ def settings_from(args: argparse.Namespace) -> Settings:
         overrides["targets.ttft.ms"] = args.ttft_ms
     if args.itl_ms is not None:
         overrides["targets.itl.ms"] = args.itl_ms
-    if args.max_replicas is not None:
-        overrides["roles.agg.max_replicas"] = args.max_replicas
     if args.config is None:
         overrides.setdefault("model", "planner-lab")
     config = load_config(args.config, overrides)
-    if set(config.roles) != {"agg"}:
-        raise PlannerConfigError("the lab simulates aggregated workers: roles must be 'agg'")
+    if args.max_replicas is not None:
+        roles = ROLES_AGG if "agg" in config.roles else ROLES_DISAGG
+        most = {f"roles.{r}.max_replicas": args.max_replicas for r in roles}
+        config = load_config(args.config, {**overrides, **most})
     return Settings(
         config=config, startup_s=args.startup_seconds, warmup_s=args.warmup_seconds, seed=args.seed,
         engine_args=args.engine_args.read_text() if args.engine_args else None, cache_dir=_cache_dir(),
