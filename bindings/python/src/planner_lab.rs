@@ -196,6 +196,7 @@ impl PyPlannerLab {
 /// requests; `decode`: prompts arriving cached (handed over); `agg`: both.
 #[pyfunction]
 #[pyo3(signature = (isl, osl, concurrency, requests, quantile=0.9, engine_args=None, *, role="agg"))]
+#[allow(clippy::too_many_arguments)]
 pub fn planner_lab_point<'py>(
     py: Python<'py>,
     isl: usize,
