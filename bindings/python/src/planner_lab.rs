@@ -6,7 +6,8 @@ use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
 
 use dynamo_llm::lab_trace::{lab_engine_args, read_trace, LabError, TraceRequest};
-use dynamo_llm::planner_lab::{closed_loop_point, DisaggPools, PlannerLab, PlannerLabConfig, Role};
+use dynamo_llm::disagg::DisaggRole;
+use dynamo_llm::planner_lab::{closed_loop_point, DisaggPools, PlannerLab, PlannerLabConfig};
 use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -131,7 +132,10 @@ impl PyPlannerLab {
         let mut lab = self.lab()?;
         match role {
             None => lab.set_replicas(n),
-            Some(role) => role.parse::<Role>().and_then(|role| lab.set_role_replicas(role, n)),
+            Some(role) => {
+                let role = role.parse::<DisaggRole>().map_err(PyValueError::new_err)?;
+                lab.set_role_replicas(role, n)
+            }
         }
         .map_err(lab_error)
     }
@@ -143,7 +147,7 @@ impl PyPlannerLab {
         match role {
             None => Ok(lab.counts()),
             Some(role) => {
-                let role = role.parse::<Role>().map_err(lab_error)?;
+                let role = role.parse::<DisaggRole>().map_err(PyValueError::new_err)?;
                 if !lab.roles().contains(&role) {
                     return Err(PyValueError::new_err(format!("this lab has no {} pool", role.as_str())));
                 }
@@ -208,7 +212,7 @@ pub fn planner_lab_point<'py>(
     role: &str,
 ) -> PyResult<Bound<'py, PyDict>> {
     let engine = lab_engine_args(engine_args).map_err(|e| PyValueError::new_err(format!("engine_args: {e}")))?;
-    let role = role.parse::<Role>().map_err(lab_error)?;
+    let role = role.parse::<DisaggRole>().map_err(PyValueError::new_err)?;
     let point =
         py.detach(|| closed_loop_point(&engine, isl, osl, concurrency, requests, quantile, role)).map_err(lab_error)?;
     let d = PyDict::new(py);

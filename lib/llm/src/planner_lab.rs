@@ -21,8 +21,8 @@
 //! arrivals while every ready replica is busy, so a backlog waits where any replica,
 //! a new one included, can take it, instead of in one replica's engine queue.
 //!
-//! **Disaggregated** ([`PlannerLabConfig::disagg`]): two pools, [`Role::Prefill`] and
-//! [`Role::Decode`], each resized on its own ([`PlannerLab::set_role_replicas`]), each
+//! **Disaggregated** ([`PlannerLabConfig::disagg`]): two pools, [`DisaggRole::Prefill`] and
+//! [`DisaggRole::Decode`], each resized on its own ([`PlannerLab::set_role_replicas`]), each
 //! with its own selector. A request goes to a ready prefill replica, which computes its
 //! prompt as the mocker's `prefill_for_transfer` does (a one-token generation whose
 //! token is not sent; the prompt's full blocks stay cached there). Its full blocks then
@@ -48,6 +48,7 @@ use std::time::{Duration, Instant};
 
 use rustc_hash::FxHashMap;
 
+use crate::disagg::DisaggRole;
 use crate::engines::mocker::{MockerArgs, SimOutput, SimWorker};
 use crate::lab_trace::{percentile, synthesize_tokens, LabError, TraceRequest, DEFAULT_LAB_GPU_BLOCKS, DEFAULT_TRACE_BLOCK_SIZE};
 use crate::kv_router::{KvRouter, KvRouterConfig, SchedulerConfig};
@@ -136,55 +137,21 @@ impl PlannerLabConfig {
     }
 
     /// The pools, the one that takes arrivals first.
-    fn roles(&self) -> &'static [Role] {
+    fn roles(&self) -> &'static [DisaggRole] {
         if self.disagg.is_some() {
-            &[Role::Prefill, Role::Decode]
+            &[DisaggRole::Prefill, DisaggRole::Decode]
         } else {
-            &[Role::Agg]
+            &[DisaggRole::Agg]
         }
     }
 }
 
-/// What a replica does: the pool it is in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Role {
-    /// Prefills and decodes (an aggregated lab).
-    Agg,
-    /// Computes prompts and hands their KV blocks over.
-    Prefill,
-    /// Receives prompts' KV blocks and decodes.
-    Decode,
-}
-
-impl Role {
-    /// Its name in reports and configurations.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::Agg => "agg",
-            Role::Prefill => "prefill",
-            Role::Decode => "decode",
-        }
-    }
-
-    fn index(self) -> usize {
-        match self {
-            Role::Agg => 0,
-            Role::Prefill => 1,
-            Role::Decode => 2,
-        }
-    }
-}
-
-impl std::str::FromStr for Role {
-    type Err = LabError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "agg" => Ok(Role::Agg),
-            "prefill" => Ok(Role::Prefill),
-            "decode" => Ok(Role::Decode),
-            _ => Err(LabError::Invalid(format!("unknown role '{s}': expected agg, prefill or decode"))),
-        }
+/// Where `role`'s retired replica-time is kept.
+fn role_index(role: DisaggRole) -> usize {
+    match role {
+        DisaggRole::Agg => 0,
+        DisaggRole::Prefill => 1,
+        DisaggRole::Decode => 2,
     }
 }
 
@@ -216,7 +183,7 @@ pub struct ReplicaLoad {
     /// Its id (0, 1, … in the order they were asked for, over both pools).
     pub id: u64,
     /// Its pool.
-    pub role: Role,
+    pub role: DisaggRole,
     /// Its state.
     pub state: ReplicaState,
     /// When it became ready (seconds), if it has.
@@ -280,13 +247,13 @@ pub struct WindowStats {
     /// Replica-seconds spent since time 0 (each replica from being asked for until gone).
     pub replica_seconds: f64,
     /// The same per pool, in the lab's pool order (`agg`; or `prefill`, `decode`).
-    pub role_seconds: Vec<(Role, f64)>,
+    pub role_seconds: Vec<(DisaggRole, f64)>,
 }
 
 #[derive(Debug)]
 struct Replica {
     id: u64,
-    role: Role,
+    role: DisaggRole,
     worker: SimWorker,
     state: ReplicaState,
     requested_ms: f64,
@@ -323,7 +290,7 @@ struct Transfer {
 /// One pool's selector, and the requests waiting for one of its replicas.
 #[derive(Debug)]
 struct Pool {
-    role: Role,
+    role: DisaggRole,
     router: Arc<KvRouter>,
     selector: KvSelector,
     queue: VecDeque<usize>,
@@ -377,7 +344,7 @@ impl PlannerLab {
                     scheduler: SchedulerConfig { busy_threshold: config.busy_threshold, ..Default::default() },
                     ..Default::default()
                 });
-                let seed = if role == Role::Decode { config.engine.seed ^ 0xDEC0DE } else { config.engine.seed };
+                let seed = if role == DisaggRole::Decode { config.engine.seed ^ 0xDEC0DE } else { config.engine.seed };
                 let selector = KvSelector::replaying(router.clone(), base, seed);
                 Pool { role, router, selector, queue: VecDeque::new() }
             })
@@ -401,8 +368,8 @@ impl PlannerLab {
             config,
         };
         let initial = match lab.config.disagg {
-            Some(pools) => vec![(Role::Prefill, pools.prefill_replicas), (Role::Decode, pools.decode_replicas)],
-            None => vec![(Role::Agg, lab.config.replicas)],
+            Some(pools) => vec![(DisaggRole::Prefill, pools.prefill_replicas), (DisaggRole::Decode, pools.decode_replicas)],
+            None => vec![(DisaggRole::Agg, lab.config.replicas)],
         };
         for (role, n) in initial {
             for _ in 0..n {
@@ -434,13 +401,13 @@ impl PlannerLab {
     }
 
     /// Replicas of `role`'s pool (starting, ready, draining).
-    pub fn role_counts(&self, role: Role) -> (usize, usize, usize) {
+    pub fn role_counts(&self, role: DisaggRole) -> (usize, usize, usize) {
         let count = |s| self.replicas.iter().filter(|r| r.role == role && r.state == s).count();
         (count(ReplicaState::Starting), count(ReplicaState::Ready), count(ReplicaState::Draining))
     }
 
     /// The pools, the one that takes arrivals first: `agg`, or `prefill` and `decode`.
-    pub fn roles(&self) -> &'static [Role] {
+    pub fn roles(&self) -> &'static [DisaggRole] {
         self.config.roles()
     }
 
@@ -451,16 +418,16 @@ impl PlannerLab {
     }
 
     /// Replica-seconds of `role`'s pool spent so far.
-    pub fn role_seconds(&self, role: Role) -> f64 {
+    pub fn role_seconds(&self, role: DisaggRole) -> f64 {
         let live: f64 = self.replicas.iter().filter(|r| r.role == role).map(|r| self.now_ms - r.requested_ms).sum();
-        (self.retired_role_ms[role.index()] + live) / 1000.0
+        (self.retired_role_ms[role_index(role)] + live) / 1000.0
     }
 
     fn at(&self, ms: f64) -> Instant {
         self.base + Duration::from_secs_f64(ms / 1000.0)
     }
 
-    fn pool(&self, role: Role) -> usize {
+    fn pool(&self, role: DisaggRole) -> usize {
         self.pools.iter().position(|p| p.role == role).unwrap_or(0)
     }
 
@@ -474,11 +441,11 @@ impl PlannerLab {
     fn retire(&mut self, i: usize) {
         let gone = self.replicas.remove(i);
         self.retired_ms += self.now_ms - gone.requested_ms;
-        self.retired_role_ms[gone.role.index()] += self.now_ms - gone.requested_ms;
+        self.retired_role_ms[role_index(gone.role)] += self.now_ms - gone.requested_ms;
         self.pools[self.pool(gone.role)].router.remove_worker(gone.id);
     }
 
-    fn add_replica(&mut self, role: Role, warm: bool) -> Result<(), LabError> {
+    fn add_replica(&mut self, role: DisaggRole, warm: bool) -> Result<(), LabError> {
         let worker = SimWorker::new(self.config.engine.clone(), 1.0).map_err(|e| LabError::Invalid(e.to_string()))?;
         let now = self.now_ms;
         let startup = if warm { 0.0 } else { self.config.startup_s * 1000.0 };
@@ -506,12 +473,12 @@ impl PlannerLab {
         if self.config.disagg.is_some() {
             return Err(LabError::Invalid("a disaggregated lab is resized per role (prefill, decode)".into()));
         }
-        self.set_role_replicas(Role::Agg, n)
+        self.set_role_replicas(DisaggRole::Agg, n)
     }
 
     /// Resize `role`'s pool to `n` replicas starting or ready, as
     /// [`PlannerLab::set_replicas`] does the aggregated fleet.
-    pub fn set_role_replicas(&mut self, role: Role, n: usize) -> Result<(), LabError> {
+    pub fn set_role_replicas(&mut self, role: DisaggRole, n: usize) -> Result<(), LabError> {
         if !self.roles().contains(&role) {
             let roles: Vec<&str> = self.roles().iter().map(|r| r.as_str()).collect();
             return Err(LabError::Invalid(format!("this lab has no {} pool (its roles: {})", role.as_str(), roles.join(", "))));
@@ -575,7 +542,7 @@ impl PlannerLab {
     /// Send request `index` to a ready replica of `role` at `t`; false when none is ready
     /// (or, with a busy threshold, none is free). To a decode replica: its KV transfer
     /// starts.
-    fn dispatch(&mut self, role: Role, index: usize, t: f64) -> bool {
+    fn dispatch(&mut self, role: DisaggRole, index: usize, t: f64) -> bool {
         let ids: Vec<u64> =
             self.replicas.iter().filter(|r| r.role == role && r.state == ReplicaState::Ready).map(|r| r.id).collect();
         if ids.is_empty() {
@@ -591,7 +558,7 @@ impl PlannerLab {
         self.pools[p].selector.set_clock(self.at(t));
         let Ok(pick) = self.pools[p].selector.select(&tokens, &ids) else { return false };
         let Some(i) = self.replicas.iter().position(|r| r.id == pick.instance) else { return false };
-        if role == Role::Decode {
+        if role == DisaggRole::Decode {
             let blocks = tokens.len() / self.config.engine.block_size;
             let end_ms = t + self.config.engine.transfer_seconds(blocks) * 1000.0;
             self.replicas[i].incoming += 1;
@@ -603,7 +570,7 @@ impl PlannerLab {
             self.transfers.push(Transfer { index, replica, end_ms, tokens });
             return true;
         }
-        let max_tokens = if role == Role::Prefill { 1 } else { self.requests[index].output_length.max(1) };
+        let max_tokens = if role == DisaggRole::Prefill { 1 } else { self.requests[index].output_length.max(1) };
         if self.replicas[i].worker.add(index as u64, tokens, max_tokens).is_err() {
             self.pools[p].selector.on_end(pick, Outcome::Failed);
             self.window.rejected += 1;
@@ -623,7 +590,7 @@ impl PlannerLab {
         true
     }
 
-    fn dispatch_queue(&mut self, role: Role, t: f64) {
+    fn dispatch_queue(&mut self, role: DisaggRole, t: f64) {
         let p = self.pool(role);
         while let Some(&index) = self.pools[p].queue.front() {
             if !self.dispatch(role, index, t) {
@@ -644,7 +611,7 @@ impl PlannerLab {
         if self.replicas[i].worker.add(transfer.index as u64, transfer.tokens, output_length).is_err() {
             // Cannot happen: both pools run the same engine, whose prefill took the prompt.
             if let Some(pick) = self.streams.remove(&transfer.index).and_then(|s| s.pick) {
-                self.pools[self.pool(Role::Decode)].selector.on_end(pick, Outcome::Failed);
+                self.pools[self.pool(DisaggRole::Decode)].selector.on_end(pick, Outcome::Failed);
             }
             self.window.rejected += 1;
             self.retire_if_drained(i);
@@ -667,7 +634,7 @@ impl PlannerLab {
             let index = out.request as usize;
             let Some(stream) = self.streams.get_mut(&index) else { continue };
             if out.token {
-                if role == Role::Prefill {
+                if role == DisaggRole::Prefill {
                     // The prefill's one token is not sent: the decode replica's first is.
                     stream.prefilled = true;
                 } else {
@@ -676,14 +643,14 @@ impl PlannerLab {
                     stream.tokens += 1;
                 }
             }
-            if out.finished && role == Role::Prefill && stream.prefilled {
+            if out.finished && role == DisaggRole::Prefill && stream.prefilled {
                 // Prefilled: its KV goes to a decode replica.
                 stream.prefill_replica = Some(stream.replica);
                 if let Some(pick) = stream.pick.take() {
                     self.pools[p].selector.set_clock(self.at(t));
                     self.pools[p].selector.on_end(pick, Outcome::Completed);
                 }
-                let decode = self.pool(Role::Decode);
+                let decode = self.pool(DisaggRole::Decode);
                 self.pools[decode].queue.push_back(index);
                 prefilled = true;
             } else if out.finished {
@@ -722,7 +689,7 @@ impl PlannerLab {
             self.dispatch_queue(role, t);
         }
         if prefilled {
-            self.dispatch_queue(Role::Decode, t);
+            self.dispatch_queue(DisaggRole::Decode, t);
         }
     }
 
@@ -788,7 +755,7 @@ impl PlannerLab {
         let mut window = std::mem::take(&mut self.window);
         window.end_s = until / 1000.0;
         window.frontend_queue = self.pools[self.pool(entry)].queue.len();
-        window.handoff_queue = if self.config.disagg.is_some() { self.pools[self.pool(Role::Decode)].queue.len() } else { 0 };
+        window.handoff_queue = if self.config.disagg.is_some() { self.pools[self.pool(DisaggRole::Decode)].queue.len() } else { 0 };
         window.transferring = self.transfers.len();
         window.inflight = self.streams.len() + window.frontend_queue;
         window.replicas = self
@@ -829,9 +796,9 @@ pub struct PointStats {
 /// (unique: no prefix-cache hits) and `osl` output tokens at all times, each finished
 /// request replaced at once, until `requests` have finished; the first `concurrency`
 /// (the ramp-up) are left out of the figures. `role` says what the replica does, as in a
-/// disaggregated lab: [`Role::Prefill`], one-token requests (`osl` not used; the TTFT is
-/// the prefill's, the ITL 0); [`Role::Decode`], each prompt's full blocks stored as
-/// cached when it is added (handed over by a prefill replica); [`Role::Agg`], both.
+/// disaggregated lab: [`DisaggRole::Prefill`], one-token requests (`osl` not used; the TTFT is
+/// the prefill's, the ITL 0); [`DisaggRole::Decode`], each prompt's full blocks stored as
+/// cached when it is added (handed over by a prefill replica); [`DisaggRole::Agg`], both.
 pub fn closed_loop_point(
     engine: &MockerArgs,
     isl: usize,
@@ -839,9 +806,9 @@ pub fn closed_loop_point(
     concurrency: usize,
     requests: usize,
     quantile: f64,
-    role: Role,
+    role: DisaggRole,
 ) -> Result<PointStats, LabError> {
-    let osl = if role == Role::Prefill { 1 } else { osl };
+    let osl = if role == DisaggRole::Prefill { 1 } else { osl };
     if isl == 0 || osl == 0 || concurrency == 0 || requests <= concurrency {
         return Err(LabError::Invalid("a point needs isl, osl, concurrency >= 1 and more requests than concurrency".into()));
     }
@@ -858,7 +825,7 @@ pub fn closed_loop_point(
             return Ok(());
         }
         let tokens = synthesize_tokens(&request, submitted as usize, DEFAULT_TRACE_BLOCK_SIZE);
-        if role == Role::Decode {
+        if role == DisaggRole::Decode {
             worker.import_kv(&tokens);
         }
         worker.add(submitted, tokens, osl).map_err(LabError::Invalid)?;
@@ -1033,24 +1000,24 @@ mod tests {
     #[test]
     fn a_closed_loop_point_grows_latency_with_concurrency() {
         let engine = MockerArgs { block_size: 16, num_gpu_blocks: 8192, ..Default::default() };
-        let one = closed_loop_point(&engine, 1000, 50, 1, 20, 0.9, Role::Agg).unwrap();
-        let many = closed_loop_point(&engine, 1000, 50, 16, 100, 0.9, Role::Agg).unwrap();
+        let one = closed_loop_point(&engine, 1000, 50, 1, 20, 0.9, DisaggRole::Agg).unwrap();
+        let many = closed_loop_point(&engine, 1000, 50, 16, 100, 0.9, DisaggRole::Agg).unwrap();
         assert!(many.itl_ms > one.itl_ms && many.ttft_ms > one.ttft_ms);
         assert!(many.throughput_rps > one.throughput_rps);
-        assert_eq!(closed_loop_point(&engine, 1000, 50, 16, 100, 0.9, Role::Agg).unwrap(), many);
-        assert!(closed_loop_point(&engine, 1000, 50, 4, 4, 0.9, Role::Agg).is_err());
+        assert_eq!(closed_loop_point(&engine, 1000, 50, 16, 100, 0.9, DisaggRole::Agg).unwrap(), many);
+        assert!(closed_loop_point(&engine, 1000, 50, 4, 4, 0.9, DisaggRole::Agg).is_err());
     }
 
     #[test]
     fn a_role_point_measures_a_prefill_or_a_decode_replica() {
         let engine = MockerArgs { block_size: 16, num_gpu_blocks: 8192, ..Default::default() };
         let point = |role, c| closed_loop_point(&engine, 2000, 50, c, 8 * c, 0.9, role).unwrap();
-        let (agg, prefill, decode) = (point(Role::Agg, 8), point(Role::Prefill, 8), point(Role::Decode, 8));
+        let (agg, prefill, decode) = (point(DisaggRole::Agg, 8), point(DisaggRole::Prefill, 8), point(DisaggRole::Decode, 8));
         // Prefill only: one token each, no decoding steps in the way. Alone, a prompt
         // takes as long as in an aggregated replica.
         assert_eq!(prefill.itl_ms, 0.0);
         assert!(prefill.throughput_rps > agg.throughput_rps, "{prefill:?} vs {agg:?}");
-        assert!((point(Role::Prefill, 1).ttft_ms - point(Role::Agg, 1).ttft_ms).abs() < 1e-9);
+        assert!((point(DisaggRole::Prefill, 1).ttft_ms - point(DisaggRole::Agg, 1).ttft_ms).abs() < 1e-9);
         // Decode only: the prompts arrive cached, so first tokens are quick and no
         // prefill slows the decoding steps.
         assert!(decode.ttft_ms < prefill.ttft_ms / 5.0, "{decode:?} vs {prefill:?}");
@@ -1102,9 +1069,9 @@ mod tests {
         let play = || {
             let mut lab = PlannerLab::new(trace.clone(), disagg(1, 1)).unwrap();
             let mut windows = vec![lab.advance(5.0).unwrap()];
-            lab.set_role_replicas(Role::Prefill, 2).unwrap();
-            lab.set_role_replicas(Role::Decode, 3).unwrap();
-            assert_eq!((lab.role_counts(Role::Prefill), lab.role_counts(Role::Decode)), ((1, 1, 0), (2, 1, 0)));
+            lab.set_role_replicas(DisaggRole::Prefill, 2).unwrap();
+            lab.set_role_replicas(DisaggRole::Decode, 3).unwrap();
+            assert_eq!((lab.role_counts(DisaggRole::Prefill), lab.role_counts(DisaggRole::Decode)), ((1, 1, 0), (2, 1, 0)));
             windows.extend(run_to_end(&mut lab, 2.5));
             windows
         };
@@ -1112,17 +1079,17 @@ mod tests {
         assert_eq!(a, play());
         let done = all_finished(&a);
         assert_eq!(done.len(), trace.len());
-        let roles: FxHashMap<u64, Role> = a.iter().flat_map(|w| &w.replicas).map(|r| (r.id, r.role)).collect();
+        let roles: FxHashMap<u64, DisaggRole> = a.iter().flat_map(|w| &w.replicas).map(|r| (r.id, r.role)).collect();
         for f in &done {
             assert!(f.ttft_ms.is_some_and(|t| t > 0.0) && f.itl_ms.is_some(), "{f:?}");
-            assert_eq!(roles[&f.prefill_replica.unwrap()], Role::Prefill);
-            assert_eq!(roles[&f.replica], Role::Decode);
+            assert_eq!(roles[&f.prefill_replica.unwrap()], DisaggRole::Prefill);
+            assert_eq!(roles[&f.replica], DisaggRole::Decode);
         }
         assert!(done.iter().any(|f| f.replica >= 3), "a decode replica added later serves");
         let last = a.last().unwrap();
         let by_role: f64 = last.role_seconds.iter().map(|(_, s)| s).sum();
         assert!((by_role - last.replica_seconds).abs() < 1e-9);
-        assert_eq!(last.role_seconds.iter().map(|(r, _)| *r).collect::<Vec<_>>(), vec![Role::Prefill, Role::Decode]);
+        assert_eq!(last.role_seconds.iter().map(|(r, _)| *r).collect::<Vec<_>>(), vec![DisaggRole::Prefill, DisaggRole::Decode]);
     }
 
     #[test]
@@ -1157,16 +1124,16 @@ mod tests {
         let mut lab = PlannerLab::new(trace.clone(), disagg(3, 3)).unwrap();
         let w = lab.advance(5.0).unwrap();
         assert!(w.inflight > 8, "requests in flight when scaling down ({})", w.inflight);
-        lab.set_role_replicas(Role::Prefill, 1).unwrap();
-        lab.set_role_replicas(Role::Decode, 1).unwrap();
-        assert_eq!((lab.role_counts(Role::Prefill).1, lab.role_counts(Role::Decode).1), (1, 1));
-        assert!(lab.role_counts(Role::Decode).2 >= 1, "busy decode replicas drain");
+        lab.set_role_replicas(DisaggRole::Prefill, 1).unwrap();
+        lab.set_role_replicas(DisaggRole::Decode, 1).unwrap();
+        assert_eq!((lab.role_counts(DisaggRole::Prefill).1, lab.role_counts(DisaggRole::Decode).1), (1, 1));
+        assert!(lab.role_counts(DisaggRole::Decode).2 >= 1, "busy decode replicas drain");
         let windows = run_to_end(&mut lab, 0.5);
         let all: Vec<&FinishedRequest> = std::iter::once(&w).chain(&windows).flat_map(|w| &w.finished).collect();
         assert_eq!(all.len(), trace.len());
         assert!(all.iter().all(|f| f.ttft_ms.is_some()), "every request produced tokens");
         assert_eq!(windows.iter().map(|w| w.failed_at_scale_down + w.rejected).sum::<usize>(), 0);
-        assert_eq!((lab.role_counts(Role::Prefill), lab.role_counts(Role::Decode)), ((0, 1, 0), (0, 1, 0)));
+        assert_eq!((lab.role_counts(DisaggRole::Prefill), lab.role_counts(DisaggRole::Decode)), ((0, 1, 0), (0, 1, 0)));
         // Nothing sent after the resize went to a removed replica.
         let kept: Vec<u64> = windows.last().unwrap().replicas.iter().map(|r| r.id).collect();
         let late = windows.iter().flat_map(|w| &w.finished).filter(|f| f.arrival_s > 6.0);
@@ -1198,14 +1165,12 @@ mod tests {
     fn roles_are_checked() {
         let mut lab = PlannerLab::new(Vec::new(), disagg(1, 1)).unwrap();
         assert!(lab.set_replicas(2).unwrap_err().to_string().contains("per role"));
-        assert_eq!(lab.roles(), &[Role::Prefill, Role::Decode]);
+        assert_eq!(lab.roles(), &[DisaggRole::Prefill, DisaggRole::Decode]);
         let mut agg = PlannerLab::new(Vec::new(), config(1)).unwrap();
-        let err = agg.set_role_replicas(Role::Decode, 2).unwrap_err();
+        let err = agg.set_role_replicas(DisaggRole::Decode, 2).unwrap_err();
         assert!(err.to_string().contains("no decode pool"), "{err}");
         let err = PlannerLab::new(Vec::new(), PlannerLabConfig { replicas: 1, ..disagg(1, 1) }).unwrap_err();
         assert!(err.to_string().contains("replicas must be 0"), "{err}");
-        assert_eq!("prefill".parse::<Role>().unwrap(), Role::Prefill);
-        assert!("both".parse::<Role>().is_err());
     }
 
     #[test]

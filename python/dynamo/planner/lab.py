@@ -380,7 +380,7 @@ def _replay(
     def act(decisions: list[Decision]) -> None:
         for d in decisions:
             if d.change and not config.advisory:
-                lab.set_replicas(d.target, role=None if d.role == "agg" else d.role)
+                lab.set_replicas(d.target, role=d.role)
                 run.changes.setdefault(d.role, []).append(d.change)
 
     urgent_s = config.intervals.urgent_s if state is not None else None
