@@ -564,20 +564,49 @@ def _meets(run: Run, settings: Settings) -> bool:
     return failed == 0 and ttft is not None and ttft <= t.ttft.ms and (itl is None or itl <= t.itl.ms)
 
 
-def static_peak(workload: Workload, settings: Settings, log: Callable[[str], None]) -> Run:
-    """The smallest fixed fleet meeting the targets over the whole workload (bisection;
-    ``max_replicas`` when none does)."""
-    low, high = 1, settings.max_replicas
-    runs: dict[int, Run] = {}
+def _smallest(fits: Callable[[int], bool], high: int) -> int:
+    """The smallest ``n`` in 1..``high`` that ``fits`` (bisection: more replicas never
+    hurt); ``high`` when none below it does."""
+    low = 1
     while low < high:
         mid = (low + high) // 2
-        runs[mid] = _replay(workload, settings, mid, None, "static-peak")
-        log(f"static-peak: {mid} replica(s) {'meet' if _meets(runs[mid], settings) else 'miss'} the targets")
-        if _meets(runs[mid], settings):
+        if fits(mid):
             high = mid
         else:
             low = mid + 1
-    return runs.get(low) or _replay(workload, settings, low, None, "static-peak")
+    return low
+
+
+class _FixedFleets:
+    """Fixed fleets replayed once each (by replicas, or by a (prefill, decode) pair),
+    and whether each meets the targets over the whole workload, logged as found."""
+
+    def __init__(self, workload: Workload, settings: Settings, log: Callable[[str], None]) -> None:
+        self.workload, self.settings, self.log = workload, settings, log
+        self.runs: dict[int | tuple[int, int], Run] = {}
+
+    def run(self, fleet: int | tuple[int, int]) -> Run:
+        if fleet not in self.runs:
+            if isinstance(fleet, int):
+                replicas: Fleet = fleet
+                name = f"{fleet} replica(s)"
+            else:
+                replicas = {"prefill": fleet[0], "decode": fleet[1]}
+                name = f"{fleet[0]} prefill + {fleet[1]} decode replica(s)"
+            run = _replay(self.workload, self.settings, replicas, None, "static-peak")
+            self.runs[fleet] = run
+            self.log(f"static-peak: {name} {'meet' if _meets(run, self.settings) else 'miss'} the targets")
+        return self.runs[fleet]
+
+    def meets(self, fleet: int | tuple[int, int]) -> bool:
+        return _meets(self.run(fleet), self.settings)
+
+
+def static_peak(workload: Workload, settings: Settings, log: Callable[[str], None]) -> Run:
+    """The smallest fixed fleet meeting the targets over the whole workload (bisection;
+    ``max_replicas`` when none does)."""
+    fleets = _FixedFleets(workload, settings, log)
+    return fleets.run(_smallest(fleets.meets, settings.max_replicas))
 
 
 def static_peak_pair(workload: Workload, settings: Settings, log: Callable[[str], None]) -> Run:
@@ -592,39 +621,18 @@ def static_peak_pair(workload: Workload, settings: Settings, log: Callable[[str]
     replicas away from (1)'s is not tried."""
     roles = settings.config.roles
     most_prefill, most_decode = roles["prefill"].max_replicas, roles["decode"].max_replicas
-    runs: dict[tuple[int, int], Run] = {}
-
-    def meets(prefill: int, decode: int) -> bool:
-        if (prefill, decode) not in runs:
-            runs[prefill, decode] = _replay(
-                workload, settings, {"prefill": prefill, "decode": decode}, None, "static-peak"
-            )
-            verdict = "meet" if _meets(runs[prefill, decode], settings) else "miss"
-            log(f"static-peak: {prefill} prefill + {decode} decode replica(s) {verdict} the targets")
-        return _meets(runs[prefill, decode], settings)
-
-    def smallest(fits: Callable[[int], bool], high: int) -> int:
-        low = 1
-        while low < high:
-            mid = (low + high) // 2
-            if fits(mid):
-                high = mid
-            else:
-                low = mid + 1
-        return low
-
-    prefill = smallest(lambda n: meets(n, most_decode), most_prefill)
-    decode = smallest(lambda n: meets(prefill, n), most_decode)
+    fleets = _FixedFleets(workload, settings, log)
+    prefill = _smallest(lambda n: fleets.meets((n, most_decode)), most_prefill)
+    decode = _smallest(lambda n: fleets.meets((prefill, n)), most_decode)
     best = (prefill, decode)
     if prefill < most_prefill and decode > 1:
-        fewer = smallest(lambda n: meets(prefill + 1, n), decode)
+        fewer = _smallest(lambda n: fleets.meets((prefill + 1, n)), decode)
         gpus = settings.gpus
-        if meets(prefill + 1, fewer) and gpus({"prefill": prefill + 1, "decode": fewer}) < gpus(
+        if fleets.meets((prefill + 1, fewer)) and gpus({"prefill": prefill + 1, "decode": fewer}) < gpus(
             {"prefill": prefill, "decode": decode}
         ):
             best = (prefill + 1, fewer)
-    meets(*best)
-    return runs[best]
+    return fleets.run(best)
 
 
 def static_mean_fleet(workload: Workload, settings: Settings, model: PerformanceModel) -> Fleet:
