@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import logging
 from pathlib import Path
 
 import pytest
+from dynamo.planner.__main__ import performance_model
 from dynamo.planner.config import LocalConnectorConfig, PlannerConfigError, build_config, load_config
+from dynamo.planner.profile import DisaggModel, PerformanceModel, ProfileError
 
 
 def test_a_file_with_flags_on_top(tmp_path: Path) -> None:
@@ -71,3 +75,45 @@ def test_the_documented_example_is_valid() -> None:
     config = build_config(yaml.safe_load(block))
     assert config.model == "tiny-words" and config.roles["agg"].command[:3] == ["python", "-m", "dynamo.mocker"]
     assert config.predictor.warm_start == [2.0, 2.5, 3.1] and config.connector.kind == "local"
+
+
+def _profile(path: Path, role: str, ttft_ms: float, itl_ms: float) -> Path:
+    points = [{"isl": 1000, "concurrency": c, "ttft_ms": ttft_ms * c, "itl_ms": itl_ms * c, "throughput_rps": 2.0 * c}
+              for c in (1, 2, 4)]
+    path.write_text(json.dumps({"engine": "test", "role": role, "points": points}))
+    return path
+
+
+def test_each_role_is_sized_from_its_own_workers_profile(tmp_path: Path, caplog) -> None:
+    prefill = _profile(tmp_path / "prefill.json", "prefill", ttft_ms=100.0, itl_ms=0.0)
+    decode = _profile(tmp_path / "decode.json", "decode", ttft_ms=10.0, itl_ms=10.0)
+    agg = _profile(tmp_path / "agg.json", "agg", ttft_ms=200.0, itl_ms=20.0)
+    roles = {"prefill": {"profile": str(prefill)}, "decode": {"profile": str(decode)}}
+    model = performance_model(build_config({"model": "m", "roles": roles}))
+    assert isinstance(model, DisaggModel)
+    # Prefill capacity from the prefill worker (TTFT 200 ms at concurrency 2: 4 req/s), decode
+    # capacity from the decode worker (ITL 20 ms at concurrency 2: 4 req/s), not the aggregated one's.
+    assert model.capacity(1000, 200.0, None) == pytest.approx(4.0)
+    assert model.capacity(1000, None, 20.0) == pytest.approx(4.0)
+    # A role without its own profile takes the top-level one, with a warning that it oversizes.
+    caplog.set_level(logging.WARNING, "dynamo.planner")
+    mixed = build_config({"model": "m", "profile": str(agg), "roles": {"prefill": {"profile": str(prefill)},
+                                                                         "decode": {}}})
+    model = performance_model(mixed)
+    assert isinstance(model, DisaggModel)
+    assert model.capacity(1000, None, 20.0) == pytest.approx(2.0)  # the aggregated worker's ITL
+    assert "role 'decode' is sized from an aggregated worker's profile" in caplog.text
+    # An aggregated fleet reads the top-level profile; no profile at all: no model.
+    assert type(performance_model(build_config({"model": "m", "profile": str(agg)}))) is PerformanceModel
+    assert performance_model(build_config({"model": "m"})) is None
+
+
+def test_a_profile_of_the_wrong_role_or_a_role_without_one_is_refused(tmp_path: Path) -> None:
+    prefill = _profile(tmp_path / "prefill.json", "prefill", ttft_ms=100.0, itl_ms=0.0)
+    swapped = {"prefill": {"profile": str(prefill)}, "decode": {"profile": str(prefill)}}
+    with pytest.raises(ProfileError, match="a prefill worker's profile, given for role 'decode'"):
+        performance_model(build_config({"model": "m", "roles": swapped}))
+    with pytest.raises(ProfileError, match="given for role 'agg'"):
+        performance_model(build_config({"model": "m", "profile": str(prefill)}))
+    with pytest.raises(PlannerConfigError, match=r"roles\.decode\.profile is not set and there is no top-level"):
+        build_config({"model": "m", "roles": {"prefill": {"profile": str(prefill)}, "decode": {}}})

@@ -8,10 +8,12 @@ from pathlib import Path
 
 import pytest
 from dynamo.planner.profile import (
+    DisaggModel,
     LiveCorrection,
     PerformanceModel,
     Profile,
     ProfileError,
+    ProfilePoint,
     Sample,
     load_profile,
 )
@@ -124,3 +126,24 @@ def test_load_profile_and_its_errors(tmp_path: Path) -> None:
         load_profile(path)
     with pytest.raises(ProfileError):
         load_profile(tmp_path / "missing.json")
+
+
+def test_the_disaggregated_model_answers_each_role_from_its_own_profile() -> None:
+    def profile(points: list[tuple[int, float, float, float]]) -> Profile:
+        return Profile(points=[ProfilePoint(isl=1000, concurrency=c, ttft_ms=t, itl_ms=i, throughput_rps=r)
+                               for c, t, i, r in points])
+
+    # A prefill replica: 4 req/s within 500 ms TTFT, 8 beyond. A decode replica: 10 req/s
+    # within 20 ms ITL, 20 within 40 ms.
+    prefill = profile([(1, 100.0, 0.0, 2.0), (2, 400.0, 0.0, 4.0), (4, 900.0, 0.0, 8.0)])
+    decode = profile([(1, 5.0, 10.0, 5.0), (2, 5.0, 20.0, 10.0), (4, 5.0, 40.0, 20.0)])
+    model = DisaggModel(prefill, decode)
+    assert model.capacity(1000, 400.0, None) == pytest.approx(4.0)
+    assert model.capacity(1000, None, 20.0) == pytest.approx(10.0)
+    assert model.capacity(1000, 400.0, 20.0) == pytest.approx(4.0)
+    # Predicted latencies: TTFT from the prefill profile, ITL from the decode one.
+    assert model.latency(1000, 2) == pytest.approx((400.0, 20.0))
+    # One live correction for both: a slower decode than profiled halves its capacity.
+    model.correction.itl_factor = 2.0
+    assert model.capacity(1000, None, 40.0) == pytest.approx(10.0)
+    assert model.capacity(1000, 400.0, None) == pytest.approx(4.0)

@@ -22,7 +22,7 @@ from dynamo.planner.decide import Decider
 from dynamo.planner.health import HealthServer
 from dynamo.planner.loop import Planner
 from dynamo.planner.observe import FrontendObserver, LoadReports
-from dynamo.planner.profile import LiveCorrection, PerformanceModel, ProfileError, load_profile
+from dynamo.planner.profile import DisaggModel, LiveCorrection, PerformanceModel, ProfileError, load_profile
 
 log = logging.getLogger("dynamo.planner")
 
@@ -74,11 +74,38 @@ def parse_args(argv: Sequence[str]) -> tuple[Path | None, dict[str, Any]]:
     return args.config, overrides
 
 
+def performance_model(config: PlannerConfig) -> PerformanceModel | None:
+    """The model of ``config``'s profiles (``None``: none given): an aggregated worker's,
+    or a prefill worker's and a decode worker's (``DisaggModel``), each role's own
+    (``roles.<role>.profile``) or the top-level one.
+
+    Raises:
+        ProfileError: a profile is unusable, or was swept on a worker of another role.
+    """
+    paths = {name: role.profile or config.profile for name, role in config.roles.items()}
+    if all(path is None for path in paths.values()):
+        return None
+    profiles = {}
+    for name, path in paths.items():
+        assert path is not None  # the configuration holds a profile for every role or none
+        profile = load_profile(path)
+        if profile.role not in ("agg", name):
+            raise ProfileError(f"{path}: a {profile.role} worker's profile, given for role '{name}'")
+        if profile.role != name and name != "agg":
+            log.warning(
+                "role '%s' is sized from an aggregated worker's profile (%s): a %s worker's own "
+                "(python -m dynamo.planner.profile --role %s) sizes it closer", name, path, name, name,
+            )
+        profiles[name] = profile
+    correction = LiveCorrection(config.warmup_s)
+    if "agg" in profiles:
+        return PerformanceModel(profiles["agg"], correction)
+    return DisaggModel(profiles["prefill"], profiles["decode"], correction)
+
+
 def build_planner(config: PlannerConfig, runtime: Any) -> Planner:
     """The planner of ``config``: its model, observers, connector and loops."""
-    model = None
-    if config.profile is not None:
-        model = PerformanceModel(load_profile(config.profile), LiveCorrection(config.warmup_s))
+    model = performance_model(config)
     frontend = FrontendObserver(
         config.frontend_metrics_url, config.model, config.stale_after_s,
         config.targets.ttft.quantile, config.targets.itl.quantile,

@@ -53,6 +53,9 @@ class RoleConfig(_Strict):
     command: list[str] = Field(default_factory=list)
     #: ``kubernetes`` connector: the ``dynamo.ai/service`` label of the role's Deployment.
     service: str | None = None
+    #: A JSON profile of one worker of this role (``python -m dynamo.planner.profile
+    #: --role``); default: the top-level ``profile``.
+    profile: Path | None = None
 
     @model_validator(mode="after")
     def _bounds(self) -> RoleConfig:
@@ -146,8 +149,9 @@ class PlannerConfig(_Strict):
     roles: dict[str, RoleConfig] = Field(default_factory=lambda: {"agg": RoleConfig()})
     intervals: Intervals = Intervals()
     predictor: PredictorConfig = PredictorConfig()
-    #: A JSON profile (``python -m dynamo.planner.profile``); without one the load loop
-    #: alone sizes the fleet from observed latencies.
+    #: A JSON profile (``python -m dynamo.planner.profile``), for every role without its
+    #: own (``roles.<role>.profile``); without any the load loop alone sizes the fleet
+    #: from observed latencies.
     profile: Path | None = None
     #: Log and publish decisions without acting on them.
     advisory: bool = False
@@ -188,6 +192,10 @@ class PlannerConfig(_Strict):
         for name, role in self.roles.items():
             if role.min_replicas == 0 and not self.scale_to_zero:
                 raise ValueError(f"roles.{name}.min_replicas is 0 but scale_to_zero is false")
+        profiled = [name for name, role in self.roles.items() if (role.profile or self.profile) is not None]
+        if profiled and len(profiled) < len(self.roles):
+            bare = ", ".join(f"roles.{name}.profile" for name in self.roles if name not in profiled)
+            raise ValueError(f"{bare} is not set and there is no top-level profile: every role or none has one")
         if self.gpu_budget is not None:
             least = sum(r.min_replicas * r.gpus_per_replica for r in self.roles.values())
             if least > self.gpu_budget:

@@ -43,7 +43,7 @@ from dynamo._core import PlannerLab, planner_lab_point
 from dynamo.planner.config import ROLES_AGG, ROLES_DISAGG, PlannerConfig, PlannerConfigError, Targets, load_config
 from dynamo.planner.decide import Decider, Decision, RoleState, count_reversals
 from dynamo.planner.observe import FrontendWindow
-from dynamo.planner.profile import PerformanceModel, Profile, ProfilePoint
+from dynamo.planner.profile import DisaggModel, PerformanceModel, Profile, ProfilePoint
 from dynamo.planner.step import PlanningState
 
 CONFIGS = ("static-peak", "static-mean", "load-only", "planner")
@@ -262,40 +262,11 @@ def profile_for(workload: Workload, settings: Settings, role: str = "agg") -> Pr
             points.append(ProfilePoint(isl=isl, concurrency=c, ttft_ms=p["ttft_ms"], itl_ms=p["itl_ms"],
                                        throughput_rps=p["throughput_rps"]))
     engine = "planner-lab mocker" if role == "agg" else f"planner-lab mocker, {role} replica"
-    profile = Profile(engine=engine, quantile=q, osl=1 if role == "prefill" else osl_i, points=points)
+    profile = Profile(engine=engine, role=role, quantile=q, osl=1 if role == "prefill" else osl_i, points=points)
     if cache is not None:
         cache.parent.mkdir(parents=True, exist_ok=True)
         profile.save(cache)
     return profile
-
-
-class DisaggModel(PerformanceModel):
-    """The performance model of a disaggregated fleet: a prefill replica's profile and a
-    decode replica's, one live correction for both. The ``Decider`` asks each role's
-    capacity with the role's own limit only (prefill TTFT, decode ITL), so a question
-    with a TTFT limit alone is a prefill replica's and is answered from the prefill
-    profile, one with an ITL limit alone from the decode profile (both limits: the
-    lesser). Predicted latencies (the live correction's reference) take TTFT from the
-    prefill profile and ITL from the decode profile."""
-
-    def __init__(self, prefill: Profile, decode: Profile) -> None:
-        super().__init__(prefill)
-        self.decode = PerformanceModel(decode, self.correction)
-
-    def latency(self, isl: float, concurrency: float) -> tuple[float, float]:
-        ttft, _ = super().latency(isl, concurrency)
-        _, itl = self.decode.latency(isl, concurrency)
-        return ttft, itl
-
-    def capacity(self, isl: float, ttft_ms: float | None, itl_ms: float | None) -> float:
-        if ttft_ms is None and itl_ms is None:
-            return super().capacity(isl, None, None)
-        capacities = []
-        if ttft_ms is not None:
-            capacities.append(super().capacity(isl, ttft_ms, None))
-        if itl_ms is not None:
-            capacities.append(self.decode.capacity(isl, None, itl_ms))
-        return min(capacities)
 
 
 def profiles_for(workload: Workload, settings: Settings) -> dict[str, Profile]:

@@ -4,14 +4,19 @@ A *profile* (JSON, written by a sweep of one worker over concurrency x input len
 records, per point, the time to first token, the inter-token latency (both at the
 profile's ``quantile``) and the request throughput:
 
-    {"version": 1, "engine": "mocker", "quantile": 0.9, "osl": 64,
+    {"version": 1, "engine": "mocker", "role": "agg", "quantile": 0.9, "osl": 64,
      "points": [{"isl": 128, "concurrency": 1, "ttft_ms": 21.0, "itl_ms": 5.2,
                  "throughput_rps": 2.9}, ...]}
 
+``role`` says which worker was swept: an aggregated one (``agg``), a prefill worker
+(``prefill``: one-token requests, so its TTFT is the prefill's) or a decode worker
+(``decode``: prompts whose KV is already cached, so its ITL is the decode's).
+
 ``PerformanceModel.capacity`` interpolates it: along concurrency, linearly between the two
 points around the largest concurrency whose latencies meet the targets; along input
-length, linearly between the two profiled lengths around the one asked (clamped to the
-profiled range). ``LiveCorrection`` scales the profile's latencies by what the running
+length, along a power law between the two profiled lengths around the one asked (clamped
+to the profiled range). ``DisaggModel`` answers a disaggregated fleet from a prefill
+worker's profile and a decode worker's. ``LiveCorrection`` scales the profile's latencies by what the running
 fleet shows (observed ÷ predicted, smoothed), leaving out samples taken while a worker
 was in its warm-up window: a new worker's first, slow passes describe its start, not
 its steady state.
@@ -25,7 +30,7 @@ import math
 from bisect import bisect_left
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -57,6 +62,8 @@ class Profile(BaseModel):
 
     version: int = 1
     engine: str = "unknown"
+    #: The worker swept: ``agg``, ``prefill`` or ``decode`` (the module's docstring).
+    role: Literal["agg", "prefill", "decode"] = "agg"
     quantile: float = Field(default=0.9, gt=0, lt=1)
     osl: int | None = None
     points: list[ProfilePoint] = Field(min_length=1)
@@ -252,6 +259,35 @@ class PerformanceModel:
         ttft, itl = self.latency(sample.isl, sample.concurrency)
         # Predicted latencies before this correction's own factors: observed ÷ profile.
         return c.add(sample, ttft / c.ttft_factor, itl / c.itl_factor)
+
+
+class DisaggModel(PerformanceModel):
+    """The performance model of a disaggregated fleet: a prefill replica's profile and a
+    decode replica's, one live correction for both. The ``Decider`` asks each role's
+    capacity with the role's own limit only (prefill TTFT, decode ITL), so a question
+    with a TTFT limit alone is a prefill replica's and is answered from the prefill
+    profile, one with an ITL limit alone from the decode profile (both limits: the
+    lesser). Predicted latencies (the live correction's reference) take TTFT from the
+    prefill profile and ITL from the decode profile."""
+
+    def __init__(self, prefill: Profile, decode: Profile, correction: LiveCorrection | None = None) -> None:
+        super().__init__(prefill, correction)
+        self.decode = PerformanceModel(decode, self.correction)
+
+    def latency(self, isl: float, concurrency: float) -> tuple[float, float]:
+        ttft, _ = super().latency(isl, concurrency)
+        _, itl = self.decode.latency(isl, concurrency)
+        return ttft, itl
+
+    def capacity(self, isl: float, ttft_ms: float | None, itl_ms: float | None) -> float:
+        if ttft_ms is None and itl_ms is None:
+            return super().capacity(isl, None, None)
+        capacities = []
+        if ttft_ms is not None:
+            capacities.append(super().capacity(isl, ttft_ms, None))
+        if itl_ms is not None:
+            capacities.append(self.decode.capacity(isl, None, itl_ms))
+        return min(capacities)
 
 
 if __name__ == "__main__":

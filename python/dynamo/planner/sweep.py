@@ -11,8 +11,16 @@ time to the first token, ITL the time from the first to the last token over the 
 between, both at ``--quantile`` over the requests; throughput is the requests completed
 per second after the warm-up round.
 
+``--role`` says which worker of a disaggregated fleet the profile is for. ``prefill``:
+every request asks for one token, so its TTFT is the prefill's and the throughput is
+prefills a second. ``decode``: each client asks with one prompt in every round, so that
+from the second round on its KV is in the worker's prefix cache (as a decode worker
+receives it from a prefill worker) and the worker computes only the decode: the ITL and
+throughput of decoding (the engine's prefix caching must be on, as it is by default in
+the mocker and vLLM). ``agg`` (the default): a fresh prompt for every request.
+
 Prompts are random lowercase words (a fresh prefix per request, so no prefix-cache
-hits), sized for the model's tokenizer: before the sweep, one probe prompt measures how
+hits, but with ``--role decode``), sized for the model's tokenizer: before the sweep, one probe prompt measures how
 many characters of such words make a token (the frontend's ``usage.prompt_tokens``;
 1 on the byte-level card, about 2-4 on BPE tokenizers), and every prompt is that many
 characters per token asked. The token count the frontend reports is recorded as the
@@ -130,7 +138,7 @@ def one_request(host: str, port: int, model: str, prompt: str, osl: int) -> Meas
 
 def measure_point(
     host: str, port: int, model: str, isl: int, osl: int, concurrency: int, rounds: int, q: float, seed: int,
-    per_token: float = 1.0,
+    per_token: float = 1.0, role: str = "agg",
 ) -> ProfilePoint:
     """One point of the sweep (see the module's docstring)."""
     kept: list[Measured] = []
@@ -141,9 +149,11 @@ def measure_point(
 
     def client(index: int) -> None:
         rng = random.Random(seed * 1_000_003 + isl * 1009 + concurrency * 31 + index)
+        # A decode worker's prompts arrive computed: one prompt a client, cached after round 0.
+        same = prompt_of(isl, rng, per_token) if role == "decode" else None
         try:
             for round_ in range(rounds):
-                m = one_request(host, port, model, prompt_of(isl, rng, per_token), osl)
+                m = one_request(host, port, model, same or prompt_of(isl, rng, per_token), osl)
                 if round_ == 0:
                     warm.wait(REQUEST_TIMEOUT)
                     with lock:
@@ -220,7 +230,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--extra-engine-args", type=Path, help="--mocker: its settings (JSON, docs/mocker.md)")
     parser.add_argument("--isl", type=ints, default=[128, 512, 2048], help="input lengths (default 128,512,2048)")
     parser.add_argument("--concurrency", type=ints, default=[1, 2, 4, 8, 16, 32], help="default 1,2,4,8,16,32")
-    parser.add_argument("--osl", type=int, default=64, help="output tokens per request (default 64)")
+    parser.add_argument("--role", choices=("agg", "prefill", "decode"), default="agg",
+                        help="the worker profiled: aggregated (default), prefill (one-token requests) or decode "
+                        "(prompts already in its prefix cache)")
+    parser.add_argument("--osl", type=int, default=64,
+                        help="output tokens per request (default 64; 1 with --role prefill)")
     parser.add_argument("--rounds", type=int, default=4, help="requests per client and point, the first left out")
     parser.add_argument("--quantile", type=float, default=0.9, help="of TTFT and ITL (default 0.9)")
     parser.add_argument("--seed", type=int, default=0)
@@ -230,6 +244,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         parser.error("--rounds must be at least 2 (the first is a warm-up)")
     if not 0 < args.quantile < 1:
         parser.error("--quantile must be in (0, 1)")
+    if args.role == "prefill":
+        args.osl = 1
+    elif args.role == "decode" and args.osl < 2:
+        parser.error("--role decode needs --osl 2 or more (an ITL needs two tokens)")
     return args
 
 
@@ -251,7 +269,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for concurrency in args.concurrency:
                 point = measure_point(
                     host, port, args.model, isl, args.osl, concurrency, args.rounds, args.quantile, args.seed,
-                    per_token,
+                    per_token, args.role,
                 )
                 print(
                     f"isl {isl:>6} concurrency {concurrency:>4}: TTFT {point.ttft_ms:8.1f} ms  "
@@ -259,7 +277,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     flush=True,
                 )
                 points.append(point)
-        Profile(engine=engine, quantile=args.quantile, osl=args.osl, points=points).save(args.output)
+        Profile(engine=engine, role=args.role, quantile=args.quantile, osl=args.osl, points=points).save(args.output)
         print(f"wrote {args.output} ({len(points)} points)")
         return 0
     except RuntimeError as e:
