@@ -19,13 +19,13 @@ receives it from a prefill worker) and the worker computes only the decode: the 
 throughput of decoding (the engine's prefix caching must be on, as it is by default in
 the mocker and vLLM). ``agg`` (the default): a fresh prompt for every request.
 
-Prompts are random lowercase words (a fresh prefix per request, so no prefix-cache
-hits, except by design with ``--role decode``), sized for the model's tokenizer: before
-the sweep, one probe prompt measures how many characters of such words make a token
-(the frontend's ``usage.prompt_tokens``; 1 on the byte-level card, about 2-4 on BPE
-tokenizers), and every prompt is that many characters per token asked. The token count the frontend reports is recorded as the
-point's ``isl`` only when it is within 10 % of the one asked, else the command fails
-naming the model's tokenization as the cause.
+Prompts are random lowercase words (a fresh prefix per request, so no prefix-cache hits,
+except by design with ``--role decode``), sized for the model's tokenizer: before the
+sweep, one probe prompt measures how many characters of such words make a token (the
+frontend's ``usage.prompt_tokens``; 1 on the byte-level card, about 2-4 on BPE
+tokenizers), and every prompt is that many characters per token asked. The token count
+the frontend reports is recorded as the point's ``isl`` only when it is within 10 % of
+the one asked, else the command fails naming the model's tokenization as the cause.
 """
 
 from __future__ import annotations
