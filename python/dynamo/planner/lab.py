@@ -367,10 +367,9 @@ def _replay(
         ttfts = [x for x in f["ttft_ms"] if x is not None]
         itls = [x for x in f["itl_ms"] if x is not None]
         ttft_q, itl_q = _quantile(ttfts, targets.ttft.quantile), _quantile(itls, targets.itl.quantile)
-        starting, ready, _ = lab.counts()
-        run.timeline.append((t, starting + ready, w["arrivals"] / load_s, ttft_q, itl_q))
         fleet = _fleet(lab)
         run.pools.append({role: s.total for role, s in fleet.items()})
+        run.timeline.append((t, sum(run.pools[-1].values()), w["arrivals"] / load_s, ttft_q, itl_q))
         if state is None:
             continue
         window = FrontendWindow(
