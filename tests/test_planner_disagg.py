@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 from faults.load import Load
-from helpers import free_port, wait_until
-from llm_helpers import DYNAMO_RUN, MOCKER, Frontend, Planner, write_json
+from helpers import wait_until
+from llm_helpers import MOCKER, Planner, launch_frontend, write_json
 
 pytestmark = [pytest.mark.parametrize("backend", ["embedded"], indirect=True), pytest.mark.timeout(180)]
 
@@ -60,12 +60,8 @@ def planner_yaml(path: Path, tmp_path: Path, model_dir: Path, frontend_port: int
 async def test_grows_and_shrinks_the_prefill_role_losing_nothing(
     backend: Any, workers: Any, namespace: str, model_dir: Path, tmp_path: Path
 ) -> None:
-    port = free_port()
-    frontend = Frontend(
-        workers.command([*DYNAMO_RUN, "in=http", "out=dyn", "--http-port", str(port), "--http-host", "127.0.0.1"],
-                        name="frontend"),
-        port,
-    )
+    frontend = launch_frontend(workers, "dyn", "--http-host", "127.0.0.1")
+    port = frontend.port
     config = planner_yaml(tmp_path / "planner.yaml", tmp_path, model_dir, port, namespace)
     planner = Planner(workers, config)
     fleet, describe = planner.fleet, planner.describe

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 from faults.load import Load
-from helpers import free_port, wait_until
-from llm_helpers import DYNAMO_RUN, MOCKER, Frontend, Planner, write_json
+from helpers import wait_until
+from llm_helpers import MOCKER, Planner, launch_frontend, write_json
 
 #: Two sequences at a time and 20 ms steps: a 24-token request holds a slot ~0.5 s, so
 #: eight clients queue on one worker (TTFT well over 500 ms) and not on four.
@@ -41,12 +41,8 @@ async def test_scales_up_under_a_load_step_and_back_down_losing_nothing(
 ) -> None:
     endpoint = f"{namespace}.mocker.generate"
     settings = write_json(tmp_path / "mocker.json", MOCKER_SETTINGS)
-    port = free_port()
-    frontend = Frontend(
-        workers.command([*DYNAMO_RUN, "in=http", "out=dyn", "--http-port", str(port), "--http-host", "127.0.0.1"],
-                        name="frontend"),
-        port,
-    )
+    frontend = launch_frontend(workers, "dyn", "--http-host", "127.0.0.1")
+    port = frontend.port
     config = planner_yaml(tmp_path / "planner.yaml", model_dir.name, port, endpoint, settings, model_dir)
     planner = Planner(workers, config)
     fleet, describe = planner.fleet, planner.describe

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 from faults.load import OpenLoad
-from helpers import free_port, wait_until
-from llm_helpers import DYNAMO_RUN, MOCKER, Frontend, Planner, write_json
+from helpers import wait_until
+from llm_helpers import MOCKER, Planner, launch_frontend, write_json
 
 pytestmark = [pytest.mark.parametrize("backend", ["embedded"], indirect=True), pytest.mark.timeout(180)]
 
@@ -70,12 +70,8 @@ async def test_a_load_step_is_answered_by_the_urgent_check_before_the_next_load_
     backend: Any, workers: Any, namespace: str, model_dir: Path, tmp_path: Path
 ) -> None:
     endpoint = f"{namespace}.mocker.generate"
-    port = free_port()
-    frontend = Frontend(
-        workers.command([*DYNAMO_RUN, "in=http", "out=dyn", "--http-port", str(port), "--http-host", "127.0.0.1"],
-                        name="frontend"),
-        port,
-    )
+    frontend = launch_frontend(workers, "dyn", "--http-host", "127.0.0.1")
+    port = frontend.port
     # The frontend first: the planner's first scrape (at its start) must find it, so that
     # its second load pass has a window.
     await frontend.wait_live()
