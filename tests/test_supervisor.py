@@ -20,8 +20,10 @@ from helpers import WorkerPool, alive, started_pids
 
 pytestmark = pytest.mark.timeout(60)
 
-#: A child: `/ready` on DYN_SYSTEM_PORT answers 200, or 503 while the file named by its
-#: argument exists; SIGTERM ends it with status 0.
+#: A child that keeps the runtime's system-port contract: binds DYN_SYSTEM_PORT (0: a
+#: free port) and writes the port it got to DYN_SYSTEM_PORT_FILE (aside, then renamed);
+#: `/ready` answers 200, or 503 while the file named by its argument exists; SIGTERM ends
+#: it with status 0.
 CHILD = """
 import http.server, os, signal, sys
 hold = sys.argv[1]
@@ -32,6 +34,10 @@ class Ready(http.server.BaseHTTPRequestHandler):
     def log_message(self, *args):
         pass
 server = http.server.HTTPServer(("127.0.0.1", int(os.environ["DYN_SYSTEM_PORT"])), Ready)
+port_file = os.environ["DYN_SYSTEM_PORT_FILE"]
+with open(port_file + ".tmp", "w") as f:
+    f.write(str(server.server_address[1]))
+os.rename(port_file + ".tmp", port_file)
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 print("serving", flush=True)
 server.serve_forever()
@@ -55,7 +61,7 @@ def start(workers: WorkerPool, hold: Path):
 async def test_rolling_restart_replaces_every_probed_child_in_order(workers_local: WorkerPool, tmp_path: Path):
     sup = start(workers_local, tmp_path / "hold")
     for i in range(3):
-        await sup.wait_for_line(f"c[{i}] | serving", 20)
+        await sup.wait_for_line(f"[sup] c[{i}] ready", 20)
     before = started_pids(sup, "sup")
     sup.send_signal(signal.SIGHUP)
     await sup.wait_for_line("[sup] rolling restart done", 30)
@@ -63,6 +69,9 @@ async def test_rolling_restart_replaces_every_probed_child_in_order(workers_loca
     assert steps == [s for i in range(3) for s in (f"stopping c[{i}]", f"c[{i}] exited with status 0", f"c[{i}] ready")]
     after = started_pids(sup, "sup")
     assert after["plain"] == before["plain"], "a child without a probe is not replaced"
+    # Each process bound a port of its own (DYN_SYSTEM_PORT=0) and the supervisor read it.
+    reported = [int(line.rsplit(" ", 1)[1]) for line in sup.find_lines("[sup] c[") if " has system port " in line]
+    assert len(reported) == 6 and len(set(reported)) == 6, sup.describe()
     assert all(after[f"c[{i}]"] != before[f"c[{i}]"] and not alive(before[f"c[{i}]"]) for i in range(3))
     sup.send_signal(signal.SIGTERM)
     assert await sup.wait_exit(20) == 0, sup.describe()

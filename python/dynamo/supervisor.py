@@ -9,15 +9,17 @@ spec says so, and otherwise stops the others and exits non-zero.
 
 Readiness and rolling restart (the local twin of a Kubernetes rolling update, see
 docs/reliability.md): a child whose spec sets ``probe`` is started with its runtime's
-system server on a free loopback port that the supervisor picks at each start
-(``DYN_SYSTEM_ENABLED=true``, ``DYN_SYSTEM_HOST=127.0.0.1``, ``DYN_SYSTEM_PORT``; a
-``DYN_SYSTEM_PORT`` in the spec's own environment is kept instead), so its ``/ready``
-can be probed on 127.0.0.1. On SIGHUP the supervisor replaces those children one at a
-time: SIGTERM one (it drains: ``/ready`` turns 503, it leaves discovery, its in-flight
-streams finish), wait for its exit (bounded by ``stop_timeout``), start its replacement,
-wait for the replacement's ``/ready`` (bounded by ``ready_timeout``), then the next. So
-with N such children of a service, never fewer than N-1 are routable. A ``probe``
-child counts as *ready* (``Child.ready_at``) once its ``/ready`` answers 200 after a start.
+system server on a free loopback port that the child binds itself at each start
+(``DYN_SYSTEM_ENABLED=true``, ``DYN_SYSTEM_HOST=127.0.0.1``, ``DYN_SYSTEM_PORT=0``) and
+writes to a file the supervisor names (``DYN_SYSTEM_PORT_FILE``), so its ``/ready`` can
+be probed on 127.0.0.1; a port picked here and bound later could be taken in between by
+another process. A ``DYN_SYSTEM_PORT`` in the spec's own environment is kept instead. On
+SIGHUP the supervisor replaces those children one at a time: SIGTERM one (it drains:
+``/ready`` turns 503, it leaves discovery, its in-flight streams finish), wait for its
+exit (bounded by ``stop_timeout``), start its replacement, wait for the replacement's
+``/ready`` (bounded by ``ready_timeout``), then the next. So with N such children of a
+service, never fewer than N-1 are routable. A ``probe`` child counts as *ready*
+(``Child.ready_at``) once its ``/ready`` answers 200 after a start.
 
 A running supervisor also takes one more child (``add``, optionally after a start-up
 delay) and drains one child while the others run (``stop_child``: SIGTERM, a bounded
@@ -40,11 +42,13 @@ import os
 import signal
 import socket
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 #: Seconds children get to exit after SIGTERM before they are killed, unless told otherwise.
 DEFAULT_STOP_TIMEOUT = 30.0
@@ -109,7 +113,8 @@ class ChildSpec:
     restart: str = "never"
     max_restarts: int = 0
     #: A child with a runtime: started with its system server on a free loopback port
-    #: (``/ready`` probed), and replaced in turn by a rolling restart (SIGHUP).
+    #: that it reports in ``DYN_SYSTEM_PORT_FILE`` (``/ready`` probed there), and replaced
+    #: in turn by a rolling restart (SIGHUP).
     probe: bool = False
     #: Seconds to hold the first start back (``Supervisor.add``; emulates a slow start).
     start_delay: float = 0.0
@@ -124,8 +129,11 @@ class Child:
     #: The running (or last) process; ``None`` before the first start.
     proc: asyncio.subprocess.Process | None = None
     restarts: int = 0
-    #: The system port of the running process (``probe`` children).
+    #: The system port of the running process (``probe`` children; ``None`` until the
+    #: process has written it to ``port_file``).
     port: int | None = None
+    #: Where the running process writes its system port (``None``: the spec fixes it).
+    port_file: Path | None = None
     #: When (``time.monotonic()``) the child was handed to the supervisor.
     created: float = field(default_factory=time.monotonic)
     #: When the current process first answered ``/ready`` 200 (``probe`` children).
@@ -155,6 +163,14 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def read_port(path: Path) -> int | None:
+    """The port a child wrote to ``path`` (``DYN_SYSTEM_PORT_FILE``; ``None`` while absent)."""
+    try:
+        return int(path.read_text())
+    except FileNotFoundError:
+        return None
 
 
 def ready_status(port: int) -> int:
@@ -226,6 +242,9 @@ class Supervisor:
         self.stop_timeout = stop_timeout
         self.ready_timeout = ready_timeout
         self._rolling: asyncio.Task[bool] | None = None
+        #: Holds the children's port files (made at the first probed start).
+        self._port_dir: tempfile.TemporaryDirectory[str] | None = None
+        self._starts = 0
 
     def _say(self, text: str) -> None:
         sys.stdout.write(f"[{self.name}] {text}\n")
@@ -233,15 +252,19 @@ class Supervisor:
 
     async def _start(self, child: Child) -> None:
         env = {**os.environ, **child.spec.env}
+        env.pop("DYN_SYSTEM_PORT_FILE", None)  # one of this process's own, if any
         if child.spec.probe:
             env["DYN_SYSTEM_ENABLED"] = "true"
             fixed = child.spec.env.get("DYN_SYSTEM_PORT", "0")
             if fixed != "0":
-                child.port = int(fixed)  # the spec's own port (a service's `envs`): kept, probed there
+                child.port, child.port_file = int(fixed), None  # the spec's own port (a service's `envs`): kept
             else:
-                child.port = free_port()
+                if self._port_dir is None:
+                    self._port_dir = tempfile.TemporaryDirectory(prefix="dynamo-supervisor-")
+                self._starts += 1
+                child.port, child.port_file = None, Path(self._port_dir.name) / f"{self._starts}.port"
                 host = child.spec.env.get("DYN_SYSTEM_HOST", "127.0.0.1")
-                env.update(DYN_SYSTEM_HOST=host, DYN_SYSTEM_PORT=str(child.port))
+                env.update(DYN_SYSTEM_HOST=host, DYN_SYSTEM_PORT="0", DYN_SYSTEM_PORT_FILE=str(child.port_file))
         child.proc = await asyncio.create_subprocess_exec(
             *child.spec.argv,
             env=env,
@@ -251,20 +274,28 @@ class Supervisor:
             stderr=asyncio.subprocess.STDOUT,
             preexec_fn=child_setup,
         )
-        port = f", system port {child.port}" if child.spec.probe else ""
+        port = f", system port {child.port}" if child.port is not None and child.spec.probe else ""
         self._say(f"started {child.spec.label} (pid {child.proc.pid}{port})")
         child.ready_at = None
         if child.spec.probe:
             child.readiness = asyncio.get_running_loop().create_task(self._track_ready(child))
 
     async def _track_ready(self, child: Child) -> bool:
-        """Wait (bounded) for the child's new process to answer ``/ready``; record and say it."""
+        """Wait (bounded) for the child's new process to answer ``/ready``; record and say
+        it (nothing about a process that a restart has replaced meanwhile)."""
+        proc = child.proc
         ready = await self._wait_ready(child)
+        if child.proc is not proc:
+            return ready
         if ready:
             child.ready_at = time.monotonic()
             self._say(f"{child.spec.label} ready")
-        elif child.proc is not None and child.proc.returncode is None and not self.stopping.is_set():
-            self._say(f"{child.spec.label} did not answer /ready within {self.ready_timeout:g}s")
+        elif proc is not None and proc.returncode is None and not self.stopping.is_set():
+            if child.port is None:
+                self._say(f"{child.spec.label} did not write its system port (DYN_SYSTEM_PORT_FILE) "
+                          f"within {self.ready_timeout:g}s")
+            else:
+                self._say(f"{child.spec.label} did not answer /ready within {self.ready_timeout:g}s")
         return ready
 
     async def _run_child(self, child: Child) -> None:
@@ -342,12 +373,15 @@ class Supervisor:
         """Whether ``child``'s current process answers ``/ready`` with 200 within ``ready_timeout``."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.ready_timeout
-        proc, port = child.proc, child.port
-        assert proc is not None and port is not None
+        proc, port, port_file = child.proc, child.port, child.port_file
+        assert proc is not None
         while loop.time() < deadline and not self.stopping.is_set():
             if proc.returncode is not None:
                 return False
-            if await asyncio.to_thread(ready_status, port) == 200:
+            if port is None and port_file is not None and (port := read_port(port_file)) is not None:
+                child.port = port
+                self._say(f"{child.spec.label} (pid {proc.pid}) has system port {port}")
+            if port is not None and await asyncio.to_thread(ready_status, port) == 200:
                 return True
             await asyncio.sleep(READY_POLL_INTERVAL)
         return False
@@ -452,6 +486,9 @@ class Supervisor:
         for child in self.children:
             if child.proc is not None and child.proc.returncode is None:
                 await child.proc.wait()
+        if self._port_dir is not None:
+            self._port_dir.cleanup()
+            self._port_dir = None
 
     async def run(self) -> int:
         """Start every child and supervise them (children ``add``ed meanwhile too); the

@@ -15,6 +15,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -195,7 +196,8 @@ class Fleet:
         self.workers.append(supervisor)
 
         def serving() -> bool:
-            return sum("dynamo-run: serving model" in line for line in supervisor.find_lines("mocker[")) >= count
+            serving = sum("dynamo-run: serving model" in line for line in supervisor.find_lines("mocker["))
+            return serving >= count and len(supervised_ports(supervisor)) >= count
 
         await wait_until(serving, 30, lambda: f"{count} supervised workers to serve\n{supervisor.describe()}")
         return supervisor
@@ -219,22 +221,36 @@ class Fleet:
 
 
 def supervised_ports(supervisor: WorkerProcess) -> dict[str, int]:
-    """The system port of each supervised child's current process (the latest start)."""
+    """The system port of each supervised child's latest process that reported one (the
+    supervisor says `NAME (pid N) has system port P` once the process has bound it)."""
     ports: dict[str, int] = {}
-    for line in supervisor.find_lines("[mocker] started "):
-        found = re.match(r"\[mocker\] started (\S+) \(pid \d+, system port (\d+)\)", line)
+    for line in supervisor.find_lines("[mocker] "):
+        found = re.match(r"\[mocker\] (\S+) \(pid \d+\) has system port (\d+)$", line)
         if found:
             ports[found.group(1)] = int(found.group(2))
     return ports
 
 
-def is_ready(port: int) -> bool:
-    """Whether `/ready` on `port` answers 200 now (no answer: not ready)."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=2) as response:
-            return response.status == 200
-    except OSError:  # HTTPError (503) included
-        return False
+def is_ready(port: int, tries: int = 3) -> bool:
+    """Whether `/ready` on `port` answers 200: a 503 or a refused connection is "not ready"
+    at once; an answer slower than 2 s is asked again, up to `tries` times in all (a
+    Kubernetes readiness probe's failure threshold, 3 by default, does the same), so a
+    loaded machine's slow answer is not mistaken for a worker that is out."""
+    for _ in range(tries):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=2) as response:
+                return response.status == 200
+        except urllib.error.HTTPError:
+            return False
+        except TimeoutError:
+            continue
+        except urllib.error.URLError as e:
+            if isinstance(e.reason, TimeoutError):
+                continue
+            return False
+        except OSError:
+            return False
+    return False
 
 
 def freeze(worker: WorkerProcess) -> None:

@@ -131,6 +131,10 @@ pub struct RuntimeConfig {
     pub system_host: String,
     /// `DYN_SYSTEM_PORT` (default 9090; 0 picks a free port).
     pub system_port: u16,
+    /// `DYN_SYSTEM_PORT_FILE`: once the system server is bound, its port is written to
+    /// this file (written aside, then renamed into place), so whoever started the process
+    /// can let it pick a free port (`DYN_SYSTEM_PORT=0`) and still find it (default none).
+    pub system_port_file: Option<PathBuf>,
 }
 
 impl Default for RuntimeConfig {
@@ -158,6 +162,7 @@ impl Default for RuntimeConfig {
             system_enabled: false,
             system_host: "0.0.0.0".to_string(),
             system_port: 9090,
+            system_port_file: None,
         }
     }
 }
@@ -282,6 +287,10 @@ impl RuntimeConfig {
         }
         if let Some(v) = get("DYN_SYSTEM_PORT") {
             c.system_port = parse_value("DYN_SYSTEM_PORT", &v)?;
+        }
+        if let Some(v) = get("DYN_SYSTEM_PORT_FILE") {
+            let v = v.trim();
+            c.system_port_file = (!v.is_empty()).then(|| PathBuf::from(v));
         }
         c.validate()?;
         Ok(c)

@@ -123,6 +123,9 @@ impl DistributedRuntime {
             let c = runtime.config();
             let addr = crate::system_server::start(runtime.planes().clone(), &c.system_host.clone(), c.system_port).await?;
             tracing::info!(%addr, "system server listening");
+            if let Some(path) = &c.system_port_file {
+                crate::system_server::write_port_file(path, addr.port())?;
+            }
             *runtime.inner.system_address.lock() = Some(addr);
         }
         tracing::debug!(instance = %format_args!("{instance_id:x}"), address = runtime.tcp_address(), "runtime started");

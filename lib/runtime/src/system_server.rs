@@ -5,6 +5,7 @@
 //! `POST /drain`, `POST /resume`, `GET /state` (see `drain.rs`).
 
 use std::net::SocketAddr;
+use std::path::Path;
 
 use axum::extract::State;
 use axum::http::{header, StatusCode};
@@ -39,6 +40,18 @@ pub(crate) async fn start(planes: Planes, host: &str, port: u16) -> Result<Socke
         }
     });
     Ok(addr)
+}
+
+/// Write the system server's bound `port` to `path` (`DYN_SYSTEM_PORT_FILE`): to a file
+/// beside it, then renamed into place, so a reader never sees a partial number.
+pub(crate) fn write_port_file(path: &Path, port: u16) -> Result<()> {
+    let fail = |e: std::io::Error| {
+        Error::with_source(ErrorKind::Config, format!("cannot write the system port to {} (DYN_SYSTEM_PORT_FILE)", path.display()), e)
+    };
+    let mut aside = path.as_os_str().to_owned();
+    aside.push(format!(".{}.tmp", std::process::id()));
+    std::fs::write(&aside, format!("{port}\n")).map_err(fail)?;
+    std::fs::rename(&aside, path).map_err(fail)
 }
 
 async fn live() -> impl IntoResponse {
@@ -136,5 +149,19 @@ mod tests {
         for bad in [&br#"{"deadline_s": -1}"#[..], br#"{"deadline_s": "5"}"#, b"[1]", b"{not json"] {
             assert!(drain_deadline(bad).is_err(), "{}", String::from_utf8_lossy(bad));
         }
+    }
+
+    #[test]
+    fn the_port_file_holds_the_port_or_the_error_names_the_variable() {
+        let dir = std::env::temp_dir().join(format!("dynamo-port-file-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("system.port");
+        write_port_file(&path, 41234).unwrap();
+        write_port_file(&path, 41235).unwrap(); // a restart's port replaces the last one
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "41235\n");
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1, "nothing is left beside it");
+        let e = write_port_file(&dir.join("missing").join("system.port"), 1).unwrap_err();
+        assert!(e.to_string().contains("DYN_SYSTEM_PORT_FILE"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -26,7 +26,7 @@ WORKER_INDEX_ENV = "DYN_SDK_WORKER_INDEX"
 PORT_ENV, HOST_ENV = "DYNAMO_PORT", "DYNAMO_HOST"
 DEFAULT_PORT, DEFAULT_HOST = 8000, "0.0.0.0"
 #: The system server's settings (``dynamo serve`` gives each process a port of its own).
-SYSTEM_SERVER_ENV = ("DYN_SYSTEM_ENABLED", "DYN_SYSTEM_HOST", "DYN_SYSTEM_PORT")
+SYSTEM_SERVER_ENV = ("DYN_SYSTEM_ENABLED", "DYN_SYSTEM_HOST", "DYN_SYSTEM_PORT", "DYN_SYSTEM_PORT_FILE")
 #: Seconds the shutdown hooks may take.
 HOOK_TIMEOUT = 30.0
 
