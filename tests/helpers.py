@@ -38,11 +38,37 @@ STREAM_TIMEOUT = 20.0
 _PR_SET_PDEATHSIG = 1
 
 
+#: The tests' own ports: below the kernel's ephemeral range (32768-60999 by default, see
+#: /proc/sys/net/ipv4/ip_local_port_range), where a process that binds port 0 never lands,
+#: split between the pytest-xdist workers (`PYTEST_XDIST_WORKER`, gw0, gw1, ...).
+TEST_PORTS = range(20000, 32000)
+_TEST_PORTS_PER_WORKER = 1500
+_next_port = -1
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port on 127.0.0.1 that nothing listens on right now, for a process a test
+    starts to bind. Handed out in turn from this xdist worker's share of `TEST_PORTS`: a
+    port picked here and bound later by a child cannot be taken in between by another
+    process binding port 0 (the kernel gives those from the ephemeral range), nor by
+    another xdist worker (each has its own share), nor by the next test of this worker
+    (its share is used round in turn before a port comes again)."""
+    global _next_port
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(worker[2:]) if worker[2:].isdigit() else 0
+    first = TEST_PORTS.start + (index * _TEST_PORTS_PER_WORKER) % len(TEST_PORTS)
+    if _next_port < 0:
+        _next_port = os.getpid() % _TEST_PORTS_PER_WORKER  # a fresh run starts elsewhere in the share
+    for _ in range(_TEST_PORTS_PER_WORKER):
+        port = first + _next_port
+        _next_port = (_next_port + 1) % _TEST_PORTS_PER_WORKER
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # in use (a listener, or a connection still bound to it)
+            return port
+    raise RuntimeError(f"no free port in {first}..{first + _TEST_PORTS_PER_WORKER - 1} ({worker}'s test ports)")
 
 
 def _die_with_parent() -> None:

@@ -158,7 +158,7 @@ def supervise(argv: Sequence[str], count: int) -> int:
     """Run ``count`` workers as child processes (``mocker[i]``) under the process
     supervisor (``dynamo.supervisor``): output prefixed, SIGINT/SIGTERM forwarded, the
     others stopped when one fails, all reaped, each worker's ``/ready`` on a system port
-    the supervisor picks (``DYN_SDK_READY_TIMEOUT`` bounds its wait, as for ``dynamo
+    the worker binds and reports (``DYN_SYSTEM_PORT_FILE``; ``DYN_SDK_READY_TIMEOUT`` bounds its wait, as for ``dynamo
     serve``), SIGHUP a rolling restart of the workers. Exit status: 1 when a worker
     failed, 2 for a bad ``DYN_SDK_READY_TIMEOUT``, else 0."""
     try:

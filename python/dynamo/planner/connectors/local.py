@@ -5,7 +5,7 @@ runs).
 Each replica is ``roles.<role>.command`` added to one ``Supervisor`` as a ``probe`` child
 labelled ``role[n]``: its own process group inside the planner's session (stopping it
 stops what it started, and it dies with the planner), its output prefixed ``role[n] | ``,
-its system server on a port the supervisor picks. It is *pending* until that server
+its system server on a free port it binds and reports (``DYN_SYSTEM_PORT_FILE``). It is *pending* until that server
 answers ``/ready`` with 200 (bounded by ``ready_timeout_s``; one that never does stays
 pending), then *ready*. Removing a replica takes a pending one first (newest first),
 else the newest ready one, and drains it (``Supervisor.stop_child``: SIGTERM, the worker

@@ -61,7 +61,7 @@ class ProcessPlan:
     argv: list[str]
     env: dict[str, str]
     gpus: list[int] | None
-    #: Started with its system server on a port the supervisor picks, so its ``/ready`` is
+    #: Started with its system server on a port it binds and reports, so its ``/ready`` is
     #: probed and a rolling restart (SIGHUP) replaces it: every ``dynamo.sdk.run`` process,
     #: and a ``BaseDeployment`` that declares ``endpoints``.
     probe: bool = False
