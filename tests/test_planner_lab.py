@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dynamo.planner.config import build_config
+from dynamo.planner.config import PlannerConfigError, build_config
 from dynamo.planner.lab import (
     CONFIGS,
     RAMP_PHASES,
@@ -24,7 +24,9 @@ from dynamo.planner.lab import (
     best_ratio,
     compare,
     main,
+    parse_args,
     ramp,
+    settings_from,
     warp,
     workload_from,
 )
@@ -258,3 +260,40 @@ def test_a_disaggregated_lab_sizes_both_roles(tmp_path: Path, monkeypatch) -> No
     cli = json.loads(out.read_text())
     assert [r["config"] for r in cli] == ["static-mean", "planner"]
     assert all(r["roles"][role]["replicas"] <= 3 for r in cli for role in ("prefill", "decode")), cli
+
+
+def test_short_prompts_bypass_the_prefill_pool(tmp_path: Path, monkeypatch) -> None:
+    """A decode replica prefills a prompt itself unless its uncached part is longer than
+    ``max_local_prefill_length`` (the decode worker's rule): short prompts never reach the
+    prefill pool, long ones do, and ``--max-local-prefill-length`` moves the line."""
+    roles = {"prefill": {"min_replicas": 1, "max_replicas": 4}, "decode": {"min_replicas": 1, "max_replicas": 4}}
+    # One request a second, alternately 400 and 3,000 prompt tokens: the queue stays short.
+    requests = [(1000.0 * i, 400 if i % 2 == 0 else 3000, 16) for i in range(20)]
+    workload = Workload("mixed", requests=requests)
+
+    def prefilled_remotely(lab_settings: Settings) -> dict[int, bool]:
+        lab = workload.lab({"prefill": 1, "decode": 1}, lab_settings)
+        remote: dict[int, bool] = {}
+        counted = 0
+        while not lab.done:
+            w = lab.advance(lab.now_s + 5.0)
+            f = w["finished"]
+            remote.update(zip(f["index"], (p is not None for p in f["prefill_replica"]), strict=True))
+            counted += w["remote_prefills"]
+            assert w["local_prefills"] + w["remote_prefills"] == w["arrivals"], w
+        assert len(remote) == len(requests) and counted == sum(remote.values())
+        return remote
+
+    remote = prefilled_remotely(settings(tmp_path, roles=roles))
+    assert all(not remote[i] for i in range(0, 20, 2)), remote
+    assert all(remote[i] for i in range(1, 20, 2)), remote
+    # Above the long prompts' length every prefill stays on the decode replica.
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    config = tmp_path / "planner.yaml"
+    config.write_text(json.dumps({"model": "lab", "roles": roles}))
+    args = parse_args(["ramp", "--config", str(config), "--max-local-prefill-length", "3000"])
+    assert not any(prefilled_remotely(settings_from(args)).values())
+    agg = tmp_path / "agg.yaml"
+    agg.write_text(json.dumps({"model": "lab"}))
+    with pytest.raises(PlannerConfigError, match="needs disaggregated roles"):
+        settings_from(parse_args(["ramp", "--config", str(agg), "--max-local-prefill-length", "10"]))

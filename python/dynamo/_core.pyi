@@ -821,12 +821,21 @@ class PlannerLab:
     for the first that is not; ``None``: each arrival goes to a replica at once.
 
     With ``prefill_replicas`` and ``decode_replicas`` (both, and ``replicas`` is then not
-    used) the fleet is disaggregated: a request is prefilled on a ready prefill replica
-    (a one-token generation whose token is not sent), its full KV blocks then go to a
-    ready decode replica after the mocker's transfer time (``blocks · block_size ·
-    kv_bytes_per_token`` at ``kv_transfer_gbps``, from ``engine_args``), are cached there,
-    and the decode replica emits the first token and the rest. Each pool is resized with
-    ``set_replicas(n, role=...)``, starts, warms up and drains as above.
+    used) the fleet is disaggregated, as the serving path runs: a request goes to a ready
+    decode replica (the decode pool's selector; arrivals wait at the frontend while none
+    is ready), which prefills it itself unless a prefill replica is ready, the prompt's
+    part not in its cache is longer than ``max_local_prefill_length`` and the shared
+    prefill queue holds fewer than ``max_prefill_queue_size`` jobs (the decode worker's
+    rule and defaults). A remote prefill joins that one FIFO queue; a ready prefill
+    replica pulls the oldest job while it holds fewer than 2 (the prefill worker's
+    ``max_concurrent_prefills``), computes it (a one-token generation whose token is not
+    sent), and its full KV blocks go to the decode replica that queued it after the
+    mocker's transfer time (``blocks · block_size · kv_bytes_per_token`` at
+    ``kv_transfer_gbps``, from ``engine_args``), are cached there, and the decode replica
+    emits the first token and the rest. A job still queued after 30 s (the remote prefill
+    timeout) is prefilled by its decode replica. Each pool is resized with
+    ``set_replicas(n, role=...)``, starts, warms up and drains as above (a draining
+    prefill replica pulls no more jobs).
 
     Raises:
         OSError: the trace cannot be read.
@@ -850,6 +859,8 @@ class PlannerLab:
         busy_threshold: float | None = None,
         prefill_replicas: int | None = None,
         decode_replicas: int | None = None,
+        max_local_prefill_length: int = 1000,
+        max_prefill_queue_size: int = 2,
     ) -> PlannerLab: ...
     def advance(self, until_s: float) -> dict[str, Any]:
         """Run to ``until_s`` simulated seconds (a time in the past leaves the clock).
@@ -857,13 +868,17 @@ class PlannerLab:
         Returns:
             The window since the last call: ``start_s``, ``end_s``, ``arrivals``,
             ``arrival_input_tokens``, ``rejected``, ``failed_at_scale_down``,
-            ``frontend_queue`` (waiting for a replica; disaggregated: a prefill replica),
-            ``handoff_queue`` (prefilled, waiting for a decode replica), ``transferring``
-            (KV transfers under way), ``inflight``, ``replica_seconds`` (since time 0),
+            ``frontend_queue`` (waiting for a replica; disaggregated: a decode replica),
+            ``prefill_queue`` (disaggregated: jobs in the prefill queue, not yet pulled),
+            ``remote_prefills`` and ``local_prefills`` (disaggregated: prefills queued, and
+            prefills the decode replicas ran themselves, in the window; a queued job given
+            up after the timeout counts in both), ``transferring`` (KV transfers under
+            way), ``inflight``, ``replica_seconds`` (since time 0),
             ``role_seconds`` (the same per pool), ``finished`` (columns ``index``,
             ``arrival_s``, ``ttft_ms``, ``itl_ms`` (a request's mean gap between tokens;
             ``None`` under two tokens), ``input_length``, ``replica`` (disaggregated: the
-            decode replica), ``prefill_replica`` (``None`` aggregated)) and ``replicas``
+            decode replica), ``prefill_replica`` (``None`` aggregated or prefilled
+            locally)) and ``replicas``
             (each ``id``, ``role``, ``state``, ``ready_s``, ``running``, ``waiting``,
             ``kv_active_blocks``).
 

@@ -6,11 +6,15 @@ use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
 
 use dynamo_llm::lab_trace::{lab_engine_args, read_trace, LabError, TraceRequest};
-use dynamo_llm::disagg::DisaggRole;
+use dynamo_llm::disagg::{DisaggConfig, DisaggRole, DEFAULT_MAX_LOCAL_PREFILL_LENGTH, DEFAULT_MAX_PREFILL_QUEUE_SIZE};
 use dynamo_llm::planner_lab::{closed_loop_point, DisaggPools, PlannerLab, PlannerLabConfig};
 use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
+
+// The keyword defaults of `PlannerLab` are written as literals (so that Python sees their
+// values); they are the decode worker's.
+const _: () = assert!(DEFAULT_MAX_LOCAL_PREFILL_LENGTH == 1000 && DEFAULT_MAX_PREFILL_QUEUE_SIZE == 2);
 
 fn lab_error(e: LabError) -> PyErr {
     match e {
@@ -23,7 +27,9 @@ fn lab_error(e: LabError) -> PyErr {
 /// and returns that window's statistics, `set_replicas` resizes it (new replicas are
 /// ready after `startup_s` and warm up for `warmup_s`; removed ones drain). With
 /// `prefill_replicas` and `decode_replicas` it is disaggregated: two pools, each resized
-/// with `set_replicas(n, role=...)`.
+/// with `set_replicas(n, role=...)`; a decode replica prefills a prompt remotely when its
+/// uncached part is longer than `max_local_prefill_length` and the prefill queue holds
+/// fewer than `max_prefill_queue_size` jobs (the decode worker's defaults).
 #[pyclass(name = "PlannerLab", module = "dynamo._core", frozen)]
 pub struct PyPlannerLab {
     inner: Mutex<PlannerLab>,
@@ -38,7 +44,7 @@ impl PyPlannerLab {
 #[pymethods]
 impl PyPlannerLab {
     #[new]
-    #[pyo3(signature = (trace_path=None, requests=None, *, replicas=1, trace_block_size=512, time_scale=1.0, startup_s=30.0, warmup_s=10.0, warmup_factor=2.0, seed=0, engine_args=None, busy_threshold=None, prefill_replicas=None, decode_replicas=None))]
+    #[pyo3(signature = (trace_path=None, requests=None, *, replicas=1, trace_block_size=512, time_scale=1.0, startup_s=30.0, warmup_s=10.0, warmup_factor=2.0, seed=0, engine_args=None, busy_threshold=None, prefill_replicas=None, decode_replicas=None, max_local_prefill_length=1000, max_prefill_queue_size=2))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -55,12 +61,17 @@ impl PyPlannerLab {
         busy_threshold: Option<f64>,
         prefill_replicas: Option<usize>,
         decode_replicas: Option<usize>,
+        max_local_prefill_length: usize,
+        max_prefill_queue_size: usize,
     ) -> PyResult<Self> {
         let mut engine = lab_engine_args(engine_args).map_err(|e| PyValueError::new_err(format!("engine_args: {e}")))?;
         engine.seed = seed;
         let (replicas, disagg) = match (prefill_replicas, decode_replicas) {
             (None, None) => (replicas, None),
-            (Some(prefill_replicas), Some(decode_replicas)) => (0, Some(DisaggPools { prefill_replicas, decode_replicas })),
+            (Some(prefill_replicas), Some(decode_replicas)) => {
+                let settings = DisaggConfig { max_local_prefill_length, max_prefill_queue_size, ..DisaggConfig::default() };
+                (0, Some(DisaggPools { prefill_replicas, decode_replicas, settings }))
+            }
             _ => return Err(PyValueError::new_err("give both prefill_replicas and decode_replicas, or neither")),
         };
         let config = PlannerLabConfig { replicas, trace_block_size, engine, time_scale, startup_s, warmup_s, warmup_factor, busy_threshold, disagg };
@@ -91,7 +102,9 @@ impl PyPlannerLab {
         d.set_item("rejected", w.rejected)?;
         d.set_item("failed_at_scale_down", w.failed_at_scale_down)?;
         d.set_item("frontend_queue", w.frontend_queue)?;
-        d.set_item("handoff_queue", w.handoff_queue)?;
+        d.set_item("prefill_queue", w.prefill_queue)?;
+        d.set_item("remote_prefills", w.remote_prefills)?;
+        d.set_item("local_prefills", w.local_prefills)?;
         d.set_item("transferring", w.transferring)?;
         let role_seconds = PyDict::new(py);
         for (role, seconds) in &w.role_seconds {

@@ -22,21 +22,33 @@
 //! a new one included, can take it, instead of in one replica's engine queue.
 //!
 //! **Disaggregated** ([`PlannerLabConfig::disagg`]): two pools, [`DisaggRole::Prefill`] and
-//! [`DisaggRole::Decode`], each resized on its own ([`PlannerLab::set_role_replicas`]), each
-//! with its own selector. A request goes to a ready prefill replica, which computes its
-//! prompt as the mocker's `prefill_for_transfer` does (a one-token generation whose
-//! token is not sent; the prompt's full blocks stay cached there). Its full blocks then
-//! go to a ready decode replica picked by the decode pool's selector (prefilled requests
-//! wait, in order, while none is ready or, with a busy threshold, every one is busy),
-//! arriving after the mocker's transfer time (`blocks · block_size · kv_bytes_per_token`
-//! at `kv_transfer_gbps`), where they are stored as cached (`receive_kv`) and the request
-//! is added: the decode replica computes the prompt's uncached tail and emits the first
-//! token, as the decode worker does. Every prefill is remote (the lab sizes the pools;
-//! conditional disaggregation would move prefills between them). A request's TTFT thus
-//! spans the frontend queue, its prefill, the wait for a decode replica, the transfer and
-//! the decode replica's first step. A draining prefill replica finishes its prefills (and
-//! hands them over), a draining decode replica the transfers under way to it and its
-//! decodes.
+//! [`DisaggRole::Decode`], each resized on its own ([`PlannerLab::set_role_replicas`]), as
+//! our disaggregated serving path runs (crate::disagg). An arrival goes to a ready decode
+//! replica, picked by the decode pool's selector (arrivals wait at the frontend, in order,
+//! while none is ready or, with a busy threshold, every one is busy). That replica decides
+//! where the prompt is prefilled by the decode worker's rule,
+//! [`DisaggConfig::prefill_remotely`] with the workers' settings ([`DisaggPools::settings`],
+//! the real defaults): remotely only while a prefill replica is ready, the prompt's part
+//! not in its own cache is longer than `max_local_prefill_length`, and the prefill queue
+//! holds fewer than `max_prefill_queue_size` jobs. A local prefill runs on the decode
+//! replica like an aggregated request. A remote one is a job on the lab's one FIFO prefill
+//! queue; a ready prefill replica pulls the oldest job while it holds fewer than
+//! `max_concurrent_prefills` (our prefill worker pulls while one of its slots is free; of
+//! several with room, the one holding the fewest jobs pulls first), computes the prompt as
+//! the mocker's `prefill_for_transfer` does (a one-token generation whose token is not
+//! sent; the prompt's full blocks stay cached there), and its full blocks go to the decode
+//! replica that queued it after the mocker's transfer time (`blocks · block_size ·
+//! kv_bytes_per_token` at `kv_transfer_gbps`, each transfer at the full rate: transfers
+//! share no bandwidth), where they are stored as cached (`import_kv`, as `receive_kv`)
+//! and the request is added: the decode replica computes the prompt's uncached tail and
+//! emits the first token. A job still in the queue after `remote_prefill_timeout` is
+//! prefilled by its decode replica, as the decode worker does when its wait runs out (the
+//! lab bounds only the wait in the queue: once pulled, a prefill and its transfer run to
+//! the end). A request's TTFT thus spans the frontend queue and either its local prefill
+//! or the prefill queue, the remote prefill, the transfer and the decode replica's first
+//! step. A draining prefill replica pulls no more and finishes (and hands over) what it
+//! holds; a draining decode replica takes no new arrival and finishes its decodes and its
+//! remote prefills still under way (their KV lands on it).
 //!
 //! [`closed_loop_point`] (`point.rs`) measures one replica at a fixed concurrency: the
 //! capacity profile the lab's planner uses, taken from the same simulated engine.
@@ -52,19 +64,33 @@ use std::time::{Duration, Instant};
 
 use rustc_hash::FxHashMap;
 
-use crate::disagg::DisaggRole;
+use crate::disagg::{DisaggConfig, DisaggRole};
 use crate::engines::mocker::{MockerArgs, SimOutput, SimWorker};
 use crate::lab_trace::{synthesize_tokens, LabError, TraceRequest, DEFAULT_LAB_GPU_BLOCKS, DEFAULT_TRACE_BLOCK_SIZE};
 use crate::kv_router::{KvRouter, KvRouterConfig, SchedulerConfig};
 use crate::routing::{KvSelector, Outcome, Pick, Selector};
 
-/// The pools of a disaggregated lab, at time 0.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The pools of a disaggregated lab at time 0, and the settings its decode and prefill
+/// replicas run with.
+#[derive(Debug, Clone, PartialEq)]
 pub struct DisaggPools {
     /// Prefill replicas ready (and warm) at time 0; may be 0.
     pub prefill_replicas: usize,
     /// Decode replicas ready (and warm) at time 0; may be 0.
     pub decode_replicas: usize,
+    /// The workers' disaggregation settings (its `role` is not used): a decode replica
+    /// prefills remotely by [`DisaggConfig::prefill_remotely`]
+    /// (`max_local_prefill_length`, `max_prefill_queue_size`), a prefill replica holds
+    /// at most `max_concurrent_prefills` jobs, and a job still queued after
+    /// `remote_prefill_timeout` is prefilled by its decode replica.
+    pub settings: DisaggConfig,
+}
+
+impl DisaggPools {
+    /// `prefill_replicas` and `decode_replicas` with the workers' default settings.
+    pub fn new(prefill_replicas: usize, decode_replicas: usize) -> Self {
+        DisaggPools { prefill_replicas, decode_replicas, settings: DisaggConfig::default() }
+    }
 }
 
 /// The planner lab's settings.
@@ -89,7 +115,7 @@ pub struct PlannerLabConfig {
     /// demand may reach, as `--busy-threshold`): while every ready replica is busy,
     /// arrivals wait at the frontend, in order, and go to the first replica that is not
     /// (or becomes ready). `None`: every arrival goes to a replica at once and queues there.
-    /// With `disagg` it holds prefilled requests from busy decode replicas the same way.
+    /// With `disagg` it holds arrivals from busy decode replicas the same way.
     pub busy_threshold: Option<f64>,
     /// Prefill and decode pools instead of aggregated replicas (the module's docstring).
     pub disagg: Option<DisaggPools>,
@@ -137,15 +163,33 @@ impl PlannerLabConfig {
         if self.disagg.is_some() && self.replicas != 0 {
             return invalid(format!("a disaggregated lab has no aggregated replicas: replicas must be 0, got {}", self.replicas));
         }
+        if let Some(pools) = &self.disagg {
+            let timeout = pools.settings.remote_prefill_timeout;
+            if pools.settings.max_concurrent_prefills == 0 || timeout.is_zero() {
+                return invalid(format!(
+                    "a prefill replica needs at least 1 job at a time and a remote prefill timeout > 0, got {} and {timeout:?}",
+                    pools.settings.max_concurrent_prefills
+                ));
+            }
+        }
         self.engine.validate().map_err(|e| LabError::Invalid(format!("engine arguments: {e}")))
     }
 
-    /// The pools, the one that takes arrivals first.
+    /// The pools.
     fn roles(&self) -> &'static [DisaggRole] {
         if self.disagg.is_some() {
             &[DisaggRole::Prefill, DisaggRole::Decode]
         } else {
             &[DisaggRole::Agg]
+        }
+    }
+
+    /// The pool that takes arrivals, through its selector.
+    fn entry(&self) -> DisaggRole {
+        if self.disagg.is_some() {
+            DisaggRole::Decode
+        } else {
+            DisaggRole::Agg
         }
     }
 }
@@ -213,10 +257,10 @@ pub struct FinishedRequest {
     pub itl_ms: Option<f64>,
     /// Prompt tokens.
     pub input_length: usize,
-    /// The replica that served it (disaggregated: the decode replica, or the prefill
-    /// replica when it failed there).
+    /// The replica that served it (disaggregated: the decode replica).
     pub replica: u64,
-    /// Disaggregated: the prefill replica that computed its prompt.
+    /// Disaggregated: the prefill replica that computed its prompt; `None` when its
+    /// decode replica prefilled it locally.
     pub prefill_replica: Option<u64>,
 }
 
@@ -237,11 +281,18 @@ pub struct WindowStats {
     pub rejected: usize,
     /// Requests that failed on a replica being removed (a drain that lost them).
     pub failed_at_scale_down: usize,
+    /// Disaggregated: prefills the decode replicas sent to the prefill queue in it.
+    pub remote_prefills: usize,
+    /// Disaggregated: prefills the decode replicas ran themselves in it: by the rule, or
+    /// a remote one given up (a job that waited in the queue past the remote prefill
+    /// timeout, counted among the remote ones when it was queued).
+    pub local_prefills: usize,
     /// At the end: requests waiting at the frontend for a ready replica (disaggregated:
-    /// a prefill replica).
+    /// a decode replica).
     pub frontend_queue: usize,
-    /// At the end, disaggregated: prefilled requests waiting for a decode replica.
-    pub handoff_queue: usize,
+    /// At the end, disaggregated: jobs in the shared prefill queue, not yet pulled by a
+    /// prefill replica.
+    pub prefill_queue: usize,
     /// At the end, disaggregated: KV transfers under way to a decode replica.
     pub transferring: usize,
     /// At the end: requests arrived and not finished (the frontend queue included).
@@ -265,17 +316,19 @@ struct Replica {
     /// Steps starting before this are warm-up steps.
     warm_from_ms: f64,
     step_end: Option<f64>,
-    /// KV transfers under way to it (a decode replica).
+    /// A decode replica: its remote prefills under way (queued, prefilling, or their KV
+    /// in transfer to it).
     incoming: usize,
 }
 
 #[derive(Debug)]
 struct Stream {
+    /// The replica serving it (disaggregated: its decode replica).
     replica: u64,
-    /// The pick of the pool it is in now; `None` while it waits for a decode replica.
+    /// Its replica's pick, ended with it.
     pick: Option<Pick>,
     prefill_replica: Option<u64>,
-    /// Its prefill produced its (unsent) token.
+    /// Its remote prefill produced its (unsent) token.
     prefilled: bool,
     first: Option<f64>,
     last: Option<f64>,
@@ -289,6 +342,14 @@ struct Transfer {
     replica: u64,
     end_ms: f64,
     tokens: Vec<u32>,
+}
+
+/// A remote prefill waiting in the shared queue.
+#[derive(Debug)]
+struct PrefillJob {
+    index: usize,
+    /// When its decode replica queued it (ms).
+    queued_ms: f64,
 }
 
 /// One pool's selector, and the requests waiting for one of its replicas.
@@ -315,8 +376,11 @@ pub struct PlannerLab {
     /// Replica-milliseconds of the replicas already gone, in all and per role.
     retired_ms: f64,
     retired_role_ms: [f64; 3],
-    /// `agg`; or `prefill` (the frontend's queue) then `decode`.
+    /// The pools requests are routed to: `agg`, or `decode` (disaggregated; the prefill
+    /// replicas pull from `prefill_queue` instead).
     pools: Vec<Pool>,
+    /// Disaggregated: the one prefill queue, oldest first.
+    prefill_queue: VecDeque<PrefillJob>,
     transfers: Vec<Transfer>,
     streams: FxHashMap<usize, Stream>,
     /// The virtual clock's origin for the routers.
@@ -338,10 +402,9 @@ impl PlannerLab {
         let mut order: Vec<usize> = (0..requests.len()).collect();
         order.sort_by(|&a, &b| arrival_ms[a].total_cmp(&arrival_ms[b]));
         let base = Instant::now();
-        let pools = config
-            .roles()
-            .iter()
-            .map(|&role| {
+        let pools = [config.entry()]
+            .into_iter()
+            .map(|role| {
                 let router = KvRouter::new(KvRouterConfig {
                     block_size: config.engine.block_size as u32,
                     use_kv_events: false,
@@ -364,6 +427,7 @@ impl PlannerLab {
             retired_ms: 0.0,
             retired_role_ms: [0.0; 3],
             pools,
+            prefill_queue: VecDeque::new(),
             transfers: Vec::new(),
             streams: FxHashMap::default(),
             base,
@@ -371,7 +435,7 @@ impl PlannerLab {
             outputs: Vec::new(),
             config,
         };
-        let initial = match lab.config.disagg {
+        let initial = match &lab.config.disagg {
             Some(pools) => vec![(DisaggRole::Prefill, pools.prefill_replicas), (DisaggRole::Decode, pools.decode_replicas)],
             None => vec![(DisaggRole::Agg, lab.config.replicas)],
         };
@@ -410,7 +474,7 @@ impl PlannerLab {
         (count(ReplicaState::Starting), count(ReplicaState::Ready), count(ReplicaState::Draining))
     }
 
-    /// The pools, the one that takes arrivals first: `agg`, or `prefill` and `decode`.
+    /// The pools: `agg`, or `prefill` and `decode`.
     pub fn roles(&self) -> &'static [DisaggRole] {
         self.config.roles()
     }
@@ -431,14 +495,17 @@ impl PlannerLab {
         self.base + Duration::from_secs_f64(ms / 1000.0)
     }
 
-    fn pool(&self, role: DisaggRole) -> usize {
-        self.pools.iter().position(|p| p.role == role).unwrap_or(0)
+    /// The routed pool of `role`; `None` for the prefill replicas, which pull.
+    fn pool(&self, role: DisaggRole) -> Option<usize> {
+        self.pools.iter().position(|p| p.role == role)
     }
 
     /// Replica `i`'s load as its pool's router sees it, at `t`.
     fn report_load(&self, i: usize, t: f64) {
         let r = &self.replicas[i];
-        self.pools[self.pool(r.role)].router.load().lock().update_metrics(r.id, &r.worker.metrics(), self.at(t));
+        if let Some(p) = self.pool(r.role) {
+            self.pools[p].router.load().lock().update_metrics(r.id, &r.worker.metrics(), self.at(t));
+        }
     }
 
     /// Forget a replica that is gone (its cost counted to now).
@@ -446,7 +513,9 @@ impl PlannerLab {
         let gone = self.replicas.remove(i);
         self.retired_ms += self.now_ms - gone.requested_ms;
         self.retired_role_ms[role_index(gone.role)] += self.now_ms - gone.requested_ms;
-        self.pools[self.pool(gone.role)].router.remove_worker(gone.id);
+        if let Some(p) = self.pool(gone.role) {
+            self.pools[p].router.remove_worker(gone.id);
+        }
     }
 
     fn add_replica(&mut self, role: DisaggRole, warm: bool) -> Result<(), LabError> {
@@ -494,7 +563,7 @@ impl PlannerLab {
         }
         if n > current {
             // A start-up delay of 0: ready at once, and the queue can move.
-            self.dispatch_queue(role, self.now_ms);
+            self.serve_queue(role, self.now_ms);
         }
         for _ in n..current {
             let starting = self.replicas.iter().rposition(|r| r.role == role && r.state == ReplicaState::Starting);
@@ -543,9 +612,9 @@ impl PlannerLab {
         }
     }
 
-    /// Send request `index` to a ready replica of `role` at `t`; false when none is ready
-    /// (or, with a busy threshold, none is free). To a decode replica: its KV transfer
-    /// starts.
+    /// Send request `index` to a ready replica of `role` (aggregated or decode) at `t`;
+    /// false when none is ready (or, with a busy threshold, none is free). A decode
+    /// replica prefills it locally, or queues a remote prefill, by the workers' rule.
     fn dispatch(&mut self, role: DisaggRole, index: usize, t: f64) -> bool {
         let ids: Vec<u64> =
             self.replicas.iter().filter(|r| r.role == role && r.state == ReplicaState::Ready).map(|r| r.id).collect();
@@ -558,24 +627,19 @@ impl PlannerLab {
                 self.report_load(i, t);
             }
         }
-        let p = self.pool(role);
+        let Some(p) = self.pool(role) else { return false };
         self.pools[p].selector.set_clock(self.at(t));
         let Ok(pick) = self.pools[p].selector.select(&tokens, &ids) else { return false };
         let Some(i) = self.replicas.iter().position(|r| r.id == pick.instance) else { return false };
+        let remote = role == DisaggRole::Decode && self.prefills_remotely(i, &tokens);
         if role == DisaggRole::Decode {
-            let blocks = tokens.len() / self.config.engine.block_size;
-            let end_ms = t + self.config.engine.transfer_seconds(blocks) * 1000.0;
-            self.replicas[i].incoming += 1;
-            let replica = pick.instance;
-            if let Some(stream) = self.streams.get_mut(&index) {
-                stream.replica = replica;
-                stream.pick = Some(pick);
+            if remote {
+                self.window.remote_prefills += 1;
+            } else {
+                self.window.local_prefills += 1;
             }
-            self.transfers.push(Transfer { index, replica, end_ms, tokens });
-            return true;
         }
-        let max_tokens = if role == DisaggRole::Prefill { 1 } else { self.requests[index].output_length.max(1) };
-        if self.replicas[i].worker.add(index as u64, tokens, max_tokens).is_err() {
+        if !remote && self.replicas[i].worker.add(index as u64, tokens, self.requests[index].output_length.max(1)).is_err() {
             self.pools[p].selector.on_end(pick, Outcome::Failed);
             self.window.rejected += 1;
             return true;
@@ -590,12 +654,115 @@ impl PlannerLab {
             tokens: 0,
         };
         self.streams.insert(index, stream);
-        self.start_step(i, t);
+        if remote {
+            self.replicas[i].incoming += 1;
+            self.prefill_queue.push_back(PrefillJob { index, queued_ms: t });
+            self.pull_prefills(t);
+        } else {
+            self.start_step(i, t);
+        }
         true
     }
 
+    /// Whether decode replica `i` sends the prefill of `tokens` to the prefill queue, as
+    /// the decode worker decides: only while a prefill replica is up, by
+    /// [`DisaggConfig::prefill_remotely`] over its own cached prefix and the queue's length.
+    fn prefills_remotely(&self, i: usize, tokens: &[u32]) -> bool {
+        let Some(pools) = &self.config.disagg else { return false };
+        let prefill_up = self.replicas.iter().any(|r| r.role == DisaggRole::Prefill && r.state == ReplicaState::Ready);
+        if tokens.is_empty() || !prefill_up {
+            return false;
+        }
+        let cached = self.replicas[i].worker.cached_prefix_tokens(tokens);
+        pools.settings.prefill_remotely(tokens.len(), cached, self.prefill_queue.len())
+    }
+
+    /// Ready prefill replicas pull jobs from the queue, oldest first, while one holds
+    /// fewer than `max_concurrent_prefills` (a prefill worker pulls while it has a free
+    /// slot); of several with room, the one holding the fewest jobs (the lowest id on a
+    /// tie) pulls first. A draining prefill replica pulls nothing.
+    fn pull_prefills(&mut self, t: f64) {
+        let Some(pools) = &self.config.disagg else { return };
+        let slots = pools.settings.max_concurrent_prefills;
+        while !self.prefill_queue.is_empty() {
+            let puller = self
+                .replicas
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| r.role == DisaggRole::Prefill && r.state == ReplicaState::Ready && r.worker.requests() < slots)
+                .min_by_key(|(_, r)| (r.worker.requests(), r.id))
+                .map(|(i, _)| i);
+            let Some(i) = puller else { break };
+            let Some(job) = self.prefill_queue.pop_front() else { break };
+            let tokens = synthesize_tokens(&self.requests[job.index], job.index, self.config.trace_block_size);
+            if self.replicas[i].worker.add(job.index as u64, tokens, 1).is_err() {
+                // Both pools run the same engine, whose decode replica took the prompt:
+                // cannot happen. A failed remote prefill is prefilled locally.
+                self.prefill_locally(job.index, t);
+                continue;
+            }
+            let id = self.replicas[i].id;
+            if let Some(stream) = self.streams.get_mut(&job.index) {
+                stream.prefill_replica = Some(id);
+            }
+            self.start_step(i, t);
+        }
+    }
+
+    /// The queued job at the queue's head waited past the remote prefill timeout: its
+    /// decode replica prefills it, as the decode worker does when its wait runs out.
+    fn expire_prefill(&mut self, t: f64) {
+        if let Some(job) = self.prefill_queue.pop_front() {
+            self.prefill_locally(job.index, t);
+        }
+    }
+
+    /// When the head of the prefill queue expires (ms).
+    fn prefill_deadline(&self) -> Option<f64> {
+        let timeout = self.config.disagg.as_ref()?.settings.remote_prefill_timeout;
+        self.prefill_queue.front().map(|job| job.queued_ms + timeout.as_secs_f64() * 1000.0)
+    }
+
+    /// Request `index`'s remote prefill did not happen: its decode replica computes the
+    /// prompt itself.
+    fn prefill_locally(&mut self, index: usize, t: f64) {
+        let Some(i) = self.streams.get(&index).and_then(|s| self.replicas.iter().position(|r| r.id == s.replica)) else {
+            return;
+        };
+        self.replicas[i].incoming -= 1;
+        self.window.local_prefills += 1;
+        let tokens = synthesize_tokens(&self.requests[index], index, self.config.trace_block_size);
+        self.decode(i, index, tokens, t);
+    }
+
+    /// Decode replica `i` takes request `index`, whose prompt's KV it may hold already.
+    fn decode(&mut self, i: usize, index: usize, tokens: Vec<u32>, t: f64) {
+        let output_length = self.requests[index].output_length.max(1);
+        if self.replicas[i].worker.add(index as u64, tokens, output_length).is_err() {
+            // Cannot happen: the replica's selector took the prompt (same engine).
+            if let (Some(pick), Some(p)) = (self.streams.remove(&index).and_then(|s| s.pick), self.pool(DisaggRole::Decode)) {
+                self.pools[p].selector.on_end(pick, Outcome::Failed);
+            }
+            self.window.rejected += 1;
+            self.retire_if_drained(i);
+            return;
+        }
+        self.start_step(i, t);
+        self.report_load(i, t);
+    }
+
+    /// Let `role`'s waiting requests move: the frontend's queue to a routed pool, or the
+    /// prefill queue to the prefill replicas.
+    fn serve_queue(&mut self, role: DisaggRole, t: f64) {
+        if role == DisaggRole::Prefill {
+            self.pull_prefills(t);
+        } else {
+            self.dispatch_queue(role, t);
+        }
+    }
+
     fn dispatch_queue(&mut self, role: DisaggRole, t: f64) {
-        let p = self.pool(role);
+        let Some(p) = self.pool(role) else { return };
         while let Some(&index) = self.pools[p].queue.front() {
             if !self.dispatch(role, index, t) {
                 break;
@@ -611,53 +778,61 @@ impl PlannerLab {
         let Some(i) = self.replicas.iter().position(|r| r.id == transfer.replica) else { return };
         self.replicas[i].incoming -= 1;
         self.replicas[i].worker.import_kv(&transfer.tokens);
-        let output_length = self.requests[transfer.index].output_length.max(1);
-        if self.replicas[i].worker.add(transfer.index as u64, transfer.tokens, output_length).is_err() {
-            // Cannot happen: both pools run the same engine, whose prefill took the prompt.
-            if let Some(pick) = self.streams.remove(&transfer.index).and_then(|s| s.pick) {
-                self.pools[self.pool(DisaggRole::Decode)].selector.on_end(pick, Outcome::Failed);
+        self.decode(i, transfer.index, transfer.tokens, t);
+    }
+
+    /// Prefill replica `i` ended a step: each finished prefill's KV goes to the decode
+    /// replica that queued it (one that failed is prefilled there), and it pulls again.
+    fn finish_prefill_step(&mut self, i: usize, t: f64) {
+        self.replicas[i].step_end = None;
+        let mut outputs = std::mem::take(&mut self.outputs);
+        outputs.clear();
+        self.replicas[i].worker.finish_step(&mut outputs);
+        for out in &outputs {
+            let index = out.request as usize;
+            let Some(stream) = self.streams.get_mut(&index) else { continue };
+            // The prefill's one token is not sent: the decode replica's first is.
+            stream.prefilled |= out.token;
+            if !out.finished {
+                continue;
             }
-            self.window.rejected += 1;
-            self.retire_if_drained(i);
-            return;
+            if stream.prefilled {
+                let replica = stream.replica;
+                let tokens = synthesize_tokens(&self.requests[index], index, self.config.trace_block_size);
+                let blocks = tokens.len() / self.config.engine.block_size;
+                let end_ms = t + self.config.engine.transfer_seconds(blocks) * 1000.0;
+                self.transfers.push(Transfer { index, replica, end_ms, tokens });
+            } else {
+                stream.prefill_replica = None;
+                self.prefill_locally(index, t);
+            }
         }
+        self.outputs = outputs;
         self.start_step(i, t);
-        self.report_load(i, t);
+        self.retire_if_drained(i);
+        self.pull_prefills(t);
     }
 
     fn finish_step(&mut self, i: usize, t: f64) {
+        let role = self.replicas[i].role;
+        let Some(p) = self.pool(role) else {
+            self.finish_prefill_step(i, t);
+            return;
+        };
         self.replicas[i].step_end = None;
         let mut outputs = std::mem::take(&mut self.outputs);
         outputs.clear();
         self.replicas[i].worker.finish_step(&mut outputs);
         let draining = self.replicas[i].state == ReplicaState::Draining;
-        let role = self.replicas[i].role;
-        let p = self.pool(role);
-        let mut prefilled = false;
         for out in &outputs {
             let index = out.request as usize;
             let Some(stream) = self.streams.get_mut(&index) else { continue };
             if out.token {
-                if role == DisaggRole::Prefill {
-                    // The prefill's one token is not sent: the decode replica's first is.
-                    stream.prefilled = true;
-                } else {
-                    stream.first.get_or_insert(t);
-                    stream.last = Some(t);
-                    stream.tokens += 1;
-                }
+                stream.first.get_or_insert(t);
+                stream.last = Some(t);
+                stream.tokens += 1;
             }
-            if out.finished && role == DisaggRole::Prefill && stream.prefilled {
-                // Prefilled: its KV goes to a decode replica.
-                stream.prefill_replica = Some(stream.replica);
-                if let Some(pick) = stream.pick.take() {
-                    self.pools[p].selector.set_clock(self.at(t));
-                    self.pools[p].selector.on_end(pick, Outcome::Completed);
-                }
-                let decode = self.pool(DisaggRole::Decode);
-                self.pools[decode].queue.push_back(index);
-                prefilled = true;
-            } else if out.finished {
+            if out.finished {
                 let Some(stream) = self.streams.remove(&index) else { continue };
                 let arrival = self.arrival_ms[index];
                 let failed = stream.first.is_none();
@@ -692,16 +867,13 @@ impl PlannerLab {
             // A replica may have left the busy threshold: the queue can move.
             self.dispatch_queue(role, t);
         }
-        if prefilled {
-            self.dispatch_queue(DisaggRole::Decode, t);
-        }
     }
 
     /// Run the simulation up to `until_s` and return what happened since the last call.
     /// A time in the past leaves the clock where it is.
     pub fn advance(&mut self, until_s: f64) -> Result<WindowStats, LabError> {
         let until = (until_s * 1000.0).max(self.now_ms);
-        let entry = self.roles()[0];
+        let entry = self.config.entry();
         loop {
             let arrival = self.order.get(self.next).map(|&i| self.arrival_ms[i]);
             let ready = self
@@ -718,9 +890,10 @@ impl PlannerLab {
                 .filter_map(|(i, r)| r.step_end.map(|t| (i, t)))
                 .min_by(|a, b| a.1.total_cmp(&b.1));
             let transfer = self.transfers.iter().enumerate().map(|(k, tr)| (k, tr.end_ms)).min_by(|a, b| a.1.total_cmp(&b.1));
+            let expiry = self.prefill_deadline();
             // At equal times: a replica becomes ready, then a step ends, then a transfer
-            // lands, then a request arrives.
-            let earliest = [ready.map(|r| r.1), step.map(|s| s.1), transfer.map(|x| x.1), arrival]
+            // lands, then a queued prefill expires, then a request arrives.
+            let earliest = [ready.map(|r| r.1), step.map(|s| s.1), transfer.map(|x| x.1), expiry, arrival]
                 .into_iter()
                 .flatten()
                 .fold(f64::INFINITY, f64::min);
@@ -732,7 +905,7 @@ impl PlannerLab {
                 (Some((i, t)), _, _) if t == earliest => {
                     self.replicas[i].state = ReplicaState::Ready;
                     let role = self.replicas[i].role;
-                    self.dispatch_queue(role, t);
+                    self.serve_queue(role, t);
                 }
                 (_, Some((i, t)), _) if t == earliest => {
                     self.finish_step(i, t);
@@ -743,12 +916,13 @@ impl PlannerLab {
                     }
                 }
                 (_, _, Some((k, t))) if t == earliest => self.land(k, t),
+                _ if expiry == Some(earliest) => self.expire_prefill(earliest),
                 _ => {
                     let index = self.order[self.next];
                     self.next += 1;
                     self.window.arrivals += 1;
                     self.window.arrival_input_tokens += self.requests[index].input_length as u64;
-                    let p = self.pool(entry);
+                    let Some(p) = self.pool(entry) else { continue };
                     if !self.pools[p].queue.is_empty() || !self.dispatch(entry, index, earliest) {
                         self.pools[p].queue.push_back(index);
                     }
@@ -758,8 +932,8 @@ impl PlannerLab {
         self.now_ms = until;
         let mut window = std::mem::take(&mut self.window);
         window.end_s = until / 1000.0;
-        window.frontend_queue = self.pools[self.pool(entry)].queue.len();
-        window.handoff_queue = if self.config.disagg.is_some() { self.pools[self.pool(DisaggRole::Decode)].queue.len() } else { 0 };
+        window.frontend_queue = self.pool(entry).map_or(0, |p| self.pools[p].queue.len());
+        window.prefill_queue = self.prefill_queue.len();
         window.transferring = self.transfers.len();
         window.inflight = self.streams.len() + window.frontend_queue;
         window.replicas = self
@@ -929,7 +1103,30 @@ mod tests {
     }
 
     fn disagg(prefill_replicas: usize, decode_replicas: usize) -> PlannerLabConfig {
-        PlannerLabConfig { replicas: 0, disagg: Some(DisaggPools { prefill_replicas, decode_replicas }), ..config(0) }
+        PlannerLabConfig { replicas: 0, disagg: Some(DisaggPools::new(prefill_replicas, decode_replicas)), ..config(0) }
+    }
+
+    /// Disaggregated pools whose decode replicas run with `settings`.
+    fn disagg_with(prefill_replicas: usize, decode_replicas: usize, settings: DisaggConfig) -> PlannerLabConfig {
+        PlannerLabConfig {
+            disagg: Some(DisaggPools { prefill_replicas, decode_replicas, settings }),
+            ..disagg(prefill_replicas, decode_replicas)
+        }
+    }
+
+    /// Every prefill remote, however long the queue (as the lab was before conditional
+    /// disaggregation).
+    fn always_remote() -> DisaggConfig {
+        DisaggConfig { max_local_prefill_length: 0, max_prefill_queue_size: usize::MAX, ..Default::default() }
+    }
+
+    fn request(at_ms: f64, input_length: usize, output_length: usize) -> TraceRequest {
+        TraceRequest { timestamp: at_ms, input_length, output_length, hash_ids: vec![] }
+    }
+
+    /// The finished requests by index.
+    fn by_index(windows: &[WindowStats]) -> FxHashMap<usize, &FinishedRequest> {
+        all_finished(windows).into_iter().map(|f| (f.index, f)).collect()
     }
 
     fn all_finished(windows: &[WindowStats]) -> Vec<&FinishedRequest> {
@@ -961,9 +1158,13 @@ mod tests {
         let roles: FxHashMap<u64, DisaggRole> = a.iter().flat_map(|w| &w.replicas).map(|r| (r.id, r.role)).collect();
         for f in &done {
             assert!(f.ttft_ms.is_some_and(|t| t > 0.0) && f.itl_ms.is_some(), "{f:?}");
-            assert_eq!(roles[&f.prefill_replica.unwrap()], DisaggRole::Prefill);
+            assert!(f.prefill_replica.is_none_or(|p| roles[&p] == DisaggRole::Prefill), "{f:?}");
             assert_eq!(roles[&f.replica], DisaggRole::Decode);
         }
+        // Prompts of 2,000 tokens, longer than the 1,000 a decode replica prefills itself.
+        let remote = done.iter().filter(|f| f.prefill_replica.is_some()).count();
+        assert!(remote > done.len() / 2, "{remote} of {} prefilled remotely", done.len());
+        assert_eq!(a.iter().map(|w| w.remote_prefills).sum::<usize>(), remote);
         assert!(done.iter().any(|f| f.replica >= 3), "a decode replica added later serves");
         let last = a.last().unwrap();
         let by_role: f64 = last.role_seconds.iter().map(|(_, s)| s).sum();
@@ -999,7 +1200,7 @@ mod tests {
 
     #[test]
     fn draining_either_pool_loses_nothing() {
-        let trace = steady(20.0, 10.0, 1000, 200);
+        let trace = steady(20.0, 10.0, 1500, 200);
         let mut lab = PlannerLab::new(trace.clone(), disagg(3, 3)).unwrap();
         let w = lab.advance(5.0).unwrap();
         assert!(w.inflight > 8, "requests in flight when scaling down ({})", w.inflight);
@@ -1017,13 +1218,19 @@ mod tests {
         let kept: Vec<u64> = windows.last().unwrap().replicas.iter().map(|r| r.id).collect();
         let late = windows.iter().flat_map(|w| &w.finished).filter(|f| f.arrival_s > 6.0);
         assert!(late.clone().count() > 50);
-        assert!(late.into_iter().all(|f| kept.contains(&f.replica) && kept.contains(&f.prefill_replica.unwrap())));
+        assert!(late.clone().all(|f| kept.contains(&f.replica) && f.prefill_replica.is_none_or(|p| kept.contains(&p))));
+        assert!(late.clone().any(|f| f.prefill_replica.is_some()) && late.clone().any(|f| f.prefill_replica.is_none()));
+        // Remote prefills queued before the resize landed on the draining decode replicas.
+        let drained: Vec<u64> = w.replicas.iter().filter(|r| !kept.contains(&r.id)).map(|r| r.id).collect();
+        assert!(all.iter().any(|f| f.prefill_replica.is_some() && f.arrival_s <= 5.0 && drained.contains(&f.replica)));
     }
 
     #[test]
     fn a_small_prefill_pool_shows_in_ttft_and_a_small_decode_pool_in_itl() {
+        // Every prefill remote: what each pool's size does, without decode replicas
+        // taking the prefills a short queue would send back to them.
         let play = |trace: &[TraceRequest], prefill: usize, decode: usize| {
-            let mut lab = PlannerLab::new(trace.to_vec(), disagg(prefill, decode)).unwrap();
+            let mut lab = PlannerLab::new(trace.to_vec(), disagg_with(prefill, decode, always_remote())).unwrap();
             let windows = run_to_end(&mut lab, 1.0);
             let done = all_finished(&windows);
             assert_eq!(done.len(), trace.len());
@@ -1038,6 +1245,88 @@ mod tests {
         let answers = steady(20.0, 15.0, 1000, 300);
         let (few, enough) = (play(&answers, 4, 1), play(&answers, 4, 4));
         assert!(few.1 > 1.5 * enough.1, "ITL p90 {} ms with 1 decode replica vs {} ms with 4", few.1, enough.1);
+    }
+
+    #[test]
+    fn a_short_prompt_is_prefilled_by_its_decode_replica_and_a_long_one_remotely() {
+        let trace = vec![request(0.0, 800, 4), request(2000.0, 2000, 4)];
+        let mut lab = PlannerLab::new(trace, disagg(1, 1)).unwrap();
+        let w = lab.advance(1.0).unwrap();
+        assert_eq!((w.local_prefills, w.remote_prefills, w.finished.len()), (1, 0, 1));
+        let short = &w.finished[0];
+        assert_eq!((short.prefill_replica, short.replica), (None, 1));
+        // The prefill replica was not touched: nothing in its cache, no step taken.
+        let prefill = w.replicas.iter().find(|r| r.role == DisaggRole::Prefill).unwrap();
+        assert_eq!((prefill.kv_active_blocks, prefill.running, prefill.waiting), (0, 0, 0));
+        assert_eq!(lab.replicas[0].worker.prefix_blocks(), (0, 0), "the prefill engine admitted nothing");
+        let w = lab.advance(5.0).unwrap();
+        assert_eq!((w.local_prefills, w.remote_prefills, w.finished.len()), (0, 1, 1));
+        assert_eq!((w.finished[0].prefill_replica, w.finished[0].replica), (Some(0), 1));
+    }
+
+    #[test]
+    fn a_full_prefill_queue_keeps_the_next_long_prompt_local() {
+        // One prefill replica, one job at a time; one job may wait in the queue.
+        let settings = DisaggConfig { max_prefill_queue_size: 1, max_concurrent_prefills: 1, ..Default::default() };
+        let trace: Vec<TraceRequest> = (0..4).map(|i| request(f64::from(i), 4000, 4)).collect();
+        let mut lab = PlannerLab::new(trace, disagg_with(1, 1, settings)).unwrap();
+        let w = lab.advance(0.002).unwrap();
+        // 0 pulled at once, 1 queued (the queue was empty), 2 kept local (the queue full).
+        assert_eq!((w.remote_prefills, w.local_prefills, w.prefill_queue), (2, 1, 1));
+        let windows = run_to_end(&mut lab, 1.0);
+        let done = by_index(&windows);
+        let prefilled_by: Vec<Option<u64>> = (0..4).map(|i| done[&i].prefill_replica).collect();
+        // 3 arrived while 1 still waited: local too.
+        assert_eq!(prefilled_by, vec![Some(0), Some(0), None, None]);
+    }
+
+    #[test]
+    fn a_prompt_its_decode_replica_holds_is_prefilled_there() {
+        let shared = |at_ms: f64| TraceRequest { timestamp: at_ms, input_length: 2048, output_length: 4, hash_ids: vec![1, 2, 3, 4] };
+        let mut lab = PlannerLab::new(vec![shared(0.0), shared(3000.0)], disagg(1, 1)).unwrap();
+        let done = run_to_end(&mut lab, 1.0);
+        let done = by_index(&done);
+        // The first one's KV was handed to the decode replica, which caches it: the
+        // second's uncached part is empty, not above the local prefill length.
+        assert_eq!((done[&0].prefill_replica, done[&1].prefill_replica), (Some(0), None));
+        assert!(done[&1].ttft_ms.unwrap() < done[&0].ttft_ms.unwrap() / 3.0, "{:?} {:?}", done[&1].ttft_ms, done[&0].ttft_ms);
+    }
+
+    #[test]
+    fn the_prefill_queue_is_one_fifo_that_idle_prefill_replicas_pull_from() {
+        // Two prefill replicas, one job each at a time: 0 goes to replica 0, 1 (short) to
+        // replica 1; 2 and 3 wait. Replica 1 frees first and takes the oldest (2, long),
+        // then replica 0 frees and takes 3.
+        let settings = DisaggConfig { max_concurrent_prefills: 1, ..always_remote() };
+        let trace = vec![request(0.0, 6000, 4), request(1.0, 2000, 4), request(2.0, 8000, 4), request(3.0, 2000, 4)];
+        let mut lab = PlannerLab::new(trace, disagg_with(2, 1, settings)).unwrap();
+        let w = lab.advance(0.01).unwrap();
+        assert_eq!((w.remote_prefills, w.prefill_queue), (4, 2));
+        let windows = run_to_end(&mut lab, 1.0);
+        let done = by_index(&windows);
+        let prefilled_by: Vec<Option<u64>> = (0..4).map(|i| done[&i].prefill_replica).collect();
+        assert_eq!(prefilled_by, vec![Some(0), Some(1), Some(1), Some(0)]);
+        assert!(windows.iter().all(|w| w.local_prefills == 0));
+    }
+
+    #[test]
+    fn a_queued_prefill_nobody_pulls_is_prefilled_by_its_decode_replica_after_the_timeout() {
+        let settings = DisaggConfig { max_concurrent_prefills: 1, remote_prefill_timeout: Duration::from_secs(2), ..always_remote() };
+        let trace: Vec<TraceRequest> = (0..3).map(|i| request(f64::from(i), 4000, 4)).collect();
+        let mut lab = PlannerLab::new(trace, disagg_with(1, 1, settings)).unwrap();
+        let w = lab.advance(0.01).unwrap();
+        assert_eq!(w.prefill_queue, 2);
+        // The prefill pool goes: its replica drains its one job and pulls no more.
+        lab.set_role_replicas(DisaggRole::Prefill, 0).unwrap();
+        let windows = run_to_end(&mut lab, 0.5);
+        let done = by_index(&windows);
+        assert_eq!(done[&0].prefill_replica, Some(0));
+        for i in [1, 2] {
+            assert_eq!(done[&i].prefill_replica, None);
+            assert!(done[&i].ttft_ms.unwrap() >= 2000.0 - 2.0, "{:?}", done[&i].ttft_ms);
+        }
+        assert_eq!(windows.iter().map(|w| w.local_prefills).sum::<usize>(), 2);
+        assert_eq!(lab.role_counts(DisaggRole::Prefill), (0, 0, 0));
     }
 
     #[test]

@@ -101,6 +101,8 @@ class Workload:
             pools["replicas"] = replicas
         else:
             pools.update(prefill_replicas=replicas["prefill"], decode_replicas=replicas["decode"])
+            if settings.max_local_prefill_length is not None:
+                pools["max_local_prefill_length"] = settings.max_local_prefill_length
         return PlannerLab(
             str(self.trace) if self.trace else None, self.requests, **pools,
             trace_block_size=settings.trace_block_size, time_scale=self.time_scale,
@@ -197,6 +199,9 @@ class Settings:
     #: The router's busy threshold: arrivals wait at the frontend while every ready
     #: replica's KV demand is at or over this fraction (``None``: they queue on a replica).
     busy_threshold: float | None = None
+    #: Disaggregated: a decode replica prefills remotely only a prompt whose uncached part
+    #: is longer than this (``None``: the decode worker's default, 1000 tokens).
+    max_local_prefill_length: int | None = None
 
     @property
     def ttft_ms(self) -> float:
@@ -321,15 +326,15 @@ def _fleet(lab: PlannerLab) -> dict[str, RoleState]:
 
 def _waiting(window: dict[str, Any], roles: Sequence[str]) -> dict[str, int]:
     """Each role's waiting requests at the end of ``window``: the queue before its pool
-    (the frontend's, or prefilled requests waiting for a decode replica) and its
-    replicas' engine queues."""
+    (the frontend's before the aggregated or decode replicas, the shared prefill queue
+    before the prefill replicas) and its replicas' engine queues."""
     waiting: dict[str, int] = {}
     for r in window["replicas"]:
         waiting[r["role"]] = waiting.get(r["role"], 0) + r["waiting"]
     if "agg" not in roles:
         return {
-            "prefill": window["frontend_queue"] + waiting.get("prefill", 0),
-            "decode": window["handoff_queue"] + waiting.get("decode", 0),
+            "prefill": window["prefill_queue"] + waiting.get("prefill", 0),
+            "decode": window["frontend_queue"] + waiting.get("decode", 0),
         }
     return {"agg": window["frontend_queue"] + waiting.get("agg", 0)}
 
@@ -770,6 +775,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--busy-threshold", type=float,
                         help="the router's busy threshold (0-1]: arrivals wait at the frontend while every ready "
                         "replica's KV demand is at or over it (default: none, they queue on a replica)")
+    parser.add_argument("--max-local-prefill-length", type=int,
+                        help="disaggregated roles: a decode replica prefills remotely only a prompt whose uncached "
+                        "part is longer than this (tokens; default: the decode worker's, 1000)")
     parser.add_argument("--engine-args", type=Path, help="JSON file of mocker settings (see docs/mocker.md)")
     parser.add_argument("--json", type=Path, help="write the rows as JSON here")
     parser.add_argument("--plot", type=Path, help="write a PNG of replicas and latency over time here")
@@ -783,6 +791,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         parser.error("--busy-threshold must be in (0, 1]")
     if args.limit is not None and args.limit < 1:
         parser.error("--limit must be at least 1")
+    if args.max_local_prefill_length is not None and args.max_local_prefill_length < 0:
+        parser.error("--max-local-prefill-length must be >= 0")
     return args
 
 
@@ -809,10 +819,12 @@ def settings_from(args: argparse.Namespace) -> Settings:
         roles = ROLES_AGG if "agg" in config.roles else ROLES_DISAGG
         most = {f"roles.{r}.max_replicas": args.max_replicas for r in roles}
         config = load_config(args.config, {**overrides, **most})
+    if args.max_local_prefill_length is not None and "agg" in config.roles:
+        raise PlannerConfigError("--max-local-prefill-length needs disaggregated roles (prefill and decode)")
     return Settings(
         config=config, startup_s=args.startup_seconds, warmup_s=args.warmup_seconds, seed=args.seed,
         engine_args=args.engine_args.read_text() if args.engine_args else None, cache_dir=_cache_dir(),
-        busy_threshold=args.busy_threshold,
+        busy_threshold=args.busy_threshold, max_local_prefill_length=args.max_local_prefill_length,
     )
 
 

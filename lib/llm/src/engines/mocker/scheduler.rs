@@ -127,12 +127,18 @@ impl Scheduler {
                 }
             }
             Command::CachedPrefix { hashes, reply } => {
-                let _ = reply.send(hashes.iter().take_while(|h| self.kv.is_cached(**h)).count());
+                let _ = reply.send(self.cached_prefix_blocks(&hashes));
             }
             Command::Import { hashes, reply } => {
                 let _ = reply.send(self.import(&hashes));
             }
         }
+    }
+
+    /// How many leading blocks of the chained block hashes `hashes` are cached (in use
+    /// or not).
+    pub(crate) fn cached_prefix_blocks(&self, hashes: &[u64]) -> usize {
+        hashes.iter().take_while(|h| self.kv.is_cached(**h)).count()
     }
 
     /// Put full blocks computed elsewhere into the cache, unused (evictable), as if

@@ -86,6 +86,13 @@ impl SimWorker {
         blocks
     }
 
+    /// The prompt `tokens`' cached prefix, in tokens (whole blocks), as `cached_prefix_tokens`
+    /// answers a decode worker deciding where to prefill.
+    pub fn cached_prefix_tokens(&self, tokens: &[u32]) -> usize {
+        let hashes: Vec<u64> = hash_full_blocks(tokens, self.args.block_size).into_iter().map(|h| h.block_hash).collect();
+        self.scheduler.cached_prefix_blocks(&hashes) * self.args.block_size
+    }
+
     /// Whether a step is under way.
     pub fn stepping(&self) -> bool {
         self.step.is_some()
