@@ -829,9 +829,10 @@ class PlannerLab:
     rule and defaults). A remote prefill joins that one FIFO queue; a ready prefill
     replica pulls the oldest job while it holds fewer than 2 (the prefill worker's
     ``max_concurrent_prefills``), computes it (a one-token generation whose token is not
-    sent), and its full KV blocks go to the decode replica that queued it after the
-    mocker's transfer time (``blocks · block_size · kv_bytes_per_token`` at
-    ``kv_transfer_gbps``, from ``engine_args``), are cached there, and the decode replica
+    sent), and its full KV blocks (``blocks · block_size · kv_bytes_per_token`` bytes)
+    go to the decode replica that queued it, each replica's send and receive links of
+    ``kv_transfer_gbps`` (from ``engine_args``) shared fairly by the transfers under way
+    (a lone one takes the mocker's transfer time), are cached there, and the decode replica
     emits the first token and the rest. A job still queued after 30 s (the remote prefill
     timeout) is prefilled by its decode replica. Each pool is resized with
     ``set_replicas(n, role=...)``, starts, warms up and drains as above (a draining

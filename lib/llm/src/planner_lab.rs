@@ -37,10 +37,11 @@
 //! several with room, the one holding the fewest jobs pulls first), computes the prompt as
 //! the mocker's `prefill_for_transfer` does (a one-token generation whose token is not
 //! sent; the prompt's full blocks stay cached there), and its full blocks go to the decode
-//! replica that queued it after the mocker's transfer time (`blocks · block_size ·
-//! kv_bytes_per_token` at `kv_transfer_gbps`, each transfer at the full rate: transfers
-//! share no bandwidth), where they are stored as cached (`import_kv`, as `receive_kv`)
-//! and the request is added: the decode replica computes the prompt's uncached tail and
+//! replica that queued it (`blocks · block_size · kv_bytes_per_token` bytes; every
+//! replica sends on one link and receives on another, each of `kv_transfer_gbps`, and the
+//! transfers under way share them max-min fairly, `bandwidth.rs`: a lone transfer takes
+//! the mocker's transfer time), where they are stored as cached (`import_kv`, as
+//! `receive_kv`) and the request is added: the decode replica computes the prompt's uncached tail and
 //! emits the first token. A job still in the queue after `remote_prefill_timeout` is
 //! prefilled by its decode replica, as the decode worker does when its wait runs out (the
 //! lab bounds only the wait in the queue: once pulled, a prefill and its transfer run to
@@ -54,9 +55,12 @@
 //! capacity profile the lab's planner uses, taken from the same simulated engine.
 //! The same requests, configuration and calls give the same windows.
 
+mod bandwidth;
 mod point;
 
 pub use point::{closed_loop_point, PointStats};
+
+use bandwidth::fair_rates;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -339,7 +343,14 @@ struct Stream {
 #[derive(Debug)]
 struct Transfer {
     index: usize,
+    /// The prefill replica sending it.
+    from: u64,
+    /// The decode replica receiving it.
     replica: u64,
+    /// Bytes left to move at `since_ms`, moving at `rate` bytes/ms since.
+    bytes: f64,
+    since_ms: f64,
+    rate: f64,
     end_ms: f64,
     tokens: Vec<u32>,
 }
@@ -696,8 +707,8 @@ impl PlannerLab {
             let Some(job) = self.prefill_queue.pop_front() else { break };
             let tokens = synthesize_tokens(&self.requests[job.index], job.index, self.config.trace_block_size);
             if self.replicas[i].worker.add(job.index as u64, tokens, 1).is_err() {
-                // Both pools run the same engine, whose decode replica took the prompt:
-                // cannot happen. A failed remote prefill is prefilled locally.
+                // A prompt larger than the engine's cache: as after any failed remote
+                // prefill, its decode replica tries it (and refuses it too).
                 self.prefill_locally(job.index, t);
                 continue;
             }
@@ -739,7 +750,7 @@ impl PlannerLab {
     fn decode(&mut self, i: usize, index: usize, tokens: Vec<u32>, t: f64) {
         let output_length = self.requests[index].output_length.max(1);
         if self.replicas[i].worker.add(index as u64, tokens, output_length).is_err() {
-            // Cannot happen: the replica's selector took the prompt (same engine).
+            // A prompt larger than the engine's cache (both pools run the same engine).
             if let (Some(pick), Some(p)) = (self.streams.remove(&index).and_then(|s| s.pick), self.pool(DisaggRole::Decode)) {
                 self.pools[p].selector.on_end(pick, Outcome::Failed);
             }
@@ -771,10 +782,44 @@ impl PlannerLab {
         }
     }
 
+    /// Prefill replica `i` starts sending request `index`'s full KV blocks to decode
+    /// replica `to`; the transfers under way share the links anew.
+    fn start_transfer(&mut self, index: usize, i: usize, to: u64, t: f64) {
+        let tokens = synthesize_tokens(&self.requests[index], index, self.config.trace_block_size);
+        let engine = &self.config.engine;
+        let blocks = tokens.len() / engine.block_size;
+        let bytes = (blocks * engine.block_size) as f64 * engine.kv_bytes_per_token as f64;
+        self.settle_transfers(t);
+        let from = self.replicas[i].id;
+        self.transfers.push(Transfer { index, from, replica: to, bytes, since_ms: t, rate: 0.0, end_ms: t, tokens });
+        self.share_links(t);
+    }
+
+    /// Move the transfers under way on to `t`, at their rates.
+    fn settle_transfers(&mut self, t: f64) {
+        for transfer in &mut self.transfers {
+            transfer.bytes = (transfer.bytes - transfer.rate * (t - transfer.since_ms)).max(0.0);
+            transfer.since_ms = t;
+        }
+    }
+
+    /// From `t`, split each replica's send and receive links (`kv_transfer_gbps` each)
+    /// among the transfers under way, and time their ends.
+    fn share_links(&mut self, t: f64) {
+        let flows: Vec<(u64, u64)> = self.transfers.iter().map(|x| (x.from, x.replica)).collect();
+        let bytes_per_ms = self.config.engine.kv_transfer_gbps * 1e6;
+        for (transfer, rate) in self.transfers.iter_mut().zip(fair_rates(&flows, bytes_per_ms)) {
+            transfer.rate = rate;
+            transfer.end_ms = t + transfer.bytes / rate;
+        }
+    }
+
     /// KV transfer `k` arrived: its blocks are cached on the decode replica, which
-    /// takes the request.
+    /// takes the request; the other transfers share the links anew.
     fn land(&mut self, k: usize, t: f64) {
+        self.settle_transfers(t);
         let transfer = self.transfers.remove(k);
+        self.share_links(t);
         let Some(i) = self.replicas.iter().position(|r| r.id == transfer.replica) else { return };
         self.replicas[i].incoming -= 1;
         self.replicas[i].worker.import_kv(&transfer.tokens);
@@ -798,10 +843,7 @@ impl PlannerLab {
             }
             if stream.prefilled {
                 let replica = stream.replica;
-                let tokens = synthesize_tokens(&self.requests[index], index, self.config.trace_block_size);
-                let blocks = tokens.len() / self.config.engine.block_size;
-                let end_ms = t + self.config.engine.transfer_seconds(blocks) * 1000.0;
-                self.transfers.push(Transfer { index, replica, end_ms, tokens });
+                self.start_transfer(index, i, replica, t);
             } else {
                 stream.prefill_replica = None;
                 self.prefill_locally(index, t);
@@ -1196,6 +1238,32 @@ mod tests {
         assert!((f.ttft_ms.unwrap() - expected).abs() < 1e-6, "{:?} vs {expected}", f.ttft_ms);
         assert!(first_step_ms < prefill_ms / 5.0, "the decode recomputes only the prompt's tail");
         assert_eq!((f.prefill_replica, f.replica), (Some(0), 1));
+    }
+
+    #[test]
+    fn transfers_into_one_decode_replica_share_its_link() {
+        // Two prompts prefilled side by side on two prefill replicas: their KV goes to the
+        // one decode replica at once, each at half the link, so both land after twice a
+        // lone transfer's time.
+        let engine = MockerArgs { kv_transfer_gbps: 1.0, ..config(0).engine };
+        let trace = vec![request(0.0, 2000, 4), request(0.0, 2000, 4)];
+        let tokens = synthesize_tokens(&trace[0], 0, DEFAULT_TRACE_BLOCK_SIZE);
+        let mut prefill = SimWorker::new(engine.clone(), 1.0).unwrap();
+        prefill.add(0, tokens.clone(), 1).unwrap();
+        let prefill_ms = prefill.start_step().unwrap();
+        let transfer_ms = engine.transfer_seconds(2000 / 16) * 1000.0;
+        let mut decode = SimWorker::new(engine.clone(), 1.0).unwrap();
+        decode.import_kv(&tokens);
+        decode.add(0, tokens, 4).unwrap();
+        let first_step_ms = decode.start_step().unwrap();
+
+        let mut lab = PlannerLab::new(trace, PlannerLabConfig { engine, ..disagg(2, 1) }).unwrap();
+        let windows = run_to_end(&mut lab, 1.0);
+        let done = by_index(&windows);
+        assert_eq!((done[&0].prefill_replica, done[&1].prefill_replica), (Some(0), Some(1)));
+        let expected = prefill_ms + 2.0 * transfer_ms + first_step_ms;
+        assert!((done[&0].ttft_ms.unwrap() - expected).abs() < 1e-6, "{:?} vs {expected}", done[&0].ttft_ms);
+        assert!(done[&1].ttft_ms.unwrap() > expected);
     }
 
     #[test]
