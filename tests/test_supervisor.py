@@ -92,6 +92,25 @@ async def test_a_replacement_that_is_never_ready_stops_the_rolling_restart(worke
     assert await sup.wait_exit(20) == 0, sup.describe()
 
 
+#: The supervisor of one probed child that never writes DYN_SYSTEM_PORT_FILE, 1 s to be ready.
+SILENT = """
+import asyncio, sys
+from dynamo.supervisor import ChildSpec, Supervisor
+spec = ChildSpec("mute", [sys.executable, "-c", "import time; time.sleep(600)"], probe=True)
+sys.exit(asyncio.run(Supervisor([spec], name="sup", stop_timeout=5, ready_timeout=1).run()))
+"""
+
+
+async def test_a_child_that_never_reports_its_port_is_reported_and_keeps_running(workers_local: WorkerPool):
+    sup = workers_local.command([sys.executable, "-u", "-c", SILENT], name="sup")
+    await sup.wait_for_line("[sup] mute did not write its system port (DYN_SYSTEM_PORT_FILE) within 1s", 20)
+    pid = started_pids(sup, "sup")["mute"]
+    assert sup.proc.poll() is None and alive(pid), sup.describe()
+    assert not sup.find_lines("[sup] mute ready") and not sup.find_lines(" has system port "), sup.describe()
+    sup.send_signal(signal.SIGTERM)
+    assert await sup.wait_exit(20) == 0, sup.describe()
+
+
 #: A running supervisor of one child (restart: always) driven from inside: add a child
 #: with a start delay, wait for it to be ready, stop the first, then one that ignores
 #: SIGTERM, then one still in its start delay; print what it saw at each step.

@@ -166,11 +166,13 @@ def free_port() -> int:
 
 
 def read_port(path: Path) -> int | None:
-    """The port a child wrote to ``path`` (``DYN_SYSTEM_PORT_FILE``; ``None`` while absent)."""
+    """The port a child wrote to ``path`` (``DYN_SYSTEM_PORT_FILE``; ``None`` while absent,
+    or while it holds no port number: a child that wrote it in place, not renamed in)."""
     try:
-        return int(path.read_text())
-    except FileNotFoundError:
+        port = int(path.read_text())
+    except (FileNotFoundError, ValueError):
         return None
+    return port if 0 < port < 65536 else None
 
 
 def ready_status(port: int) -> int:
