@@ -22,7 +22,7 @@ from dynamo.planner.decide import Decider
 from dynamo.planner.health import HealthServer
 from dynamo.planner.loop import Planner
 from dynamo.planner.observe import FrontendObserver, LoadReports
-from dynamo.planner.profile import DisaggModel, LiveCorrection, PerformanceModel, ProfileError, load_profile
+from dynamo.planner.profile import LiveCorrection, PerformanceModel, Profile, ProfileError, load_profile, model_for
 
 log = logging.getLogger("dynamo.planner")
 
@@ -85,10 +85,13 @@ def performance_model(config: PlannerConfig) -> PerformanceModel | None:
     paths = {name: role.profile or config.profile for name, role in config.roles.items()}
     if all(path is None for path in paths.values()):
         return None
+    loaded: dict[Path, Profile] = {}
     profiles = {}
     for name, path in paths.items():
         assert path is not None  # the configuration holds a profile for every role or none
-        profile = load_profile(path)
+        if path not in loaded:  # the top-level profile serves every role without its own: read once
+            loaded[path] = load_profile(path)
+        profile = loaded[path]
         if profile.role not in ("agg", name):
             raise ProfileError(f"{path}: a {profile.role} worker's profile, given for role '{name}'")
         if profile.role != name and name != "agg":
@@ -97,10 +100,7 @@ def performance_model(config: PlannerConfig) -> PerformanceModel | None:
                 "(python -m dynamo.planner.profile --role %s) sizes it closer", name, path, name, name,
             )
         profiles[name] = profile
-    correction = LiveCorrection(config.warmup_s)
-    if "agg" in profiles:
-        return PerformanceModel(profiles["agg"], correction)
-    return DisaggModel(profiles["prefill"], profiles["decode"], correction)
+    return model_for(profiles, LiveCorrection(config.warmup_s))
 
 
 def build_planner(config: PlannerConfig, runtime: Any) -> Planner:

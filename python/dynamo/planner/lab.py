@@ -43,7 +43,7 @@ from dynamo._core import PlannerLab, planner_lab_point
 from dynamo.planner.config import ROLES_AGG, ROLES_DISAGG, PlannerConfig, PlannerConfigError, Targets, load_config
 from dynamo.planner.decide import Decider, Decision, RoleState, count_reversals
 from dynamo.planner.observe import FrontendWindow
-from dynamo.planner.profile import DisaggModel, PerformanceModel, Profile, ProfilePoint
+from dynamo.planner.profile import PerformanceModel, Profile, ProfilePoint, model_for
 from dynamo.planner.step import PlanningState
 
 CONFIGS = ("static-peak", "static-mean", "load-only", "planner")
@@ -277,13 +277,6 @@ def profile_for(workload: Workload, settings: Settings, role: str = "agg") -> Pr
 def profiles_for(workload: Workload, settings: Settings) -> dict[str, Profile]:
     """Each pool's profile: ``agg``'s, or ``prefill``'s and ``decode``'s."""
     return {role: profile_for(workload, settings, role) for role in settings.roles}
-
-
-def model_of(profiles: Mapping[str, Profile]) -> PerformanceModel:
-    """A fresh performance model (its own live correction) over ``profiles_for``'s profiles."""
-    if "agg" in profiles:
-        return PerformanceModel(profiles["agg"])
-    return DisaggModel(profiles["prefill"], profiles["decode"])
 
 
 @dataclass
@@ -653,13 +646,13 @@ def compare(
             runs[name] = find(workload, settings, log)
         elif name == "static-mean":
             assert profiles is not None
-            fleet = static_mean_fleet(workload, settings, model_of(profiles))
+            fleet = static_mean_fleet(workload, settings, model_for(profiles))
             runs[name] = _replay(workload, settings, fleet, None, name)
         elif name == "load-only":
             runs[name] = _replay(workload, settings, minimum, planning_state(settings, None), name)
         elif name == "planner":
             assert profiles is not None
-            model = model_of(profiles)
+            model = model_for(profiles)
             model.correction.warmup_s = settings.config.warmup_s
             runs[name] = _replay(workload, settings, minimum, planning_state(settings, model), name)
             runs[name].excluded_warmup = model.correction.excluded_warmup
@@ -672,7 +665,7 @@ def compare(
     best = None
     if profiles is not None and not settings.disagg:  # one capacity per replica: aggregated only
         _, isl, _, _ = workload.shape()
-        capacity = model_of(profiles).capacity(isl, settings.ttft_ms, settings.itl_ms)
+        capacity = model_for(profiles).capacity(isl, settings.ttft_ms, settings.itl_ms)
         x = workload.time_scale
         if workload.phases is not None:
             phases = [(sec / x, r0 * x, r1 * x) for sec, r0, r1 in workload.phases]

@@ -28,6 +28,7 @@ import itertools
 import json
 import math
 from bisect import bisect_left
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -288,6 +289,14 @@ class DisaggModel(PerformanceModel):
         if itl_ms is not None:
             capacities.append(self.decode.capacity(isl, None, itl_ms))
         return min(capacities)
+
+
+def model_for(profiles: Mapping[str, Profile], correction: LiveCorrection | None = None) -> PerformanceModel:
+    """The model of one worker profile per role: ``{"agg": ...}`` gives a
+    ``PerformanceModel``, ``{"prefill": ..., "decode": ...}`` a ``DisaggModel``."""
+    if "agg" in profiles:
+        return PerformanceModel(profiles["agg"], correction)
+    return DisaggModel(profiles["prefill"], profiles["decode"], correction)
 
 
 if __name__ == "__main__":
