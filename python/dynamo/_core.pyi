@@ -872,8 +872,10 @@ class PlannerLab:
             ``frontend_queue`` (waiting for a replica; disaggregated: a decode replica),
             ``prefill_queue`` (disaggregated: jobs in the prefill queue, not yet pulled),
             ``remote_prefills`` and ``local_prefills`` (disaggregated: prefills queued, and
-            prefills the decode replicas ran themselves, in the window; a queued job given
-            up after the timeout counts in both), ``transferring`` (KV transfers under
+            prefills the decode replicas ran themselves, in the window; a remote prefill
+            given up counts in both), ``fallback_prefills`` (remote prefills given up
+            because their KV had not landed within the remote prefill timeout),
+            ``transferring`` (KV transfers under
             way), ``inflight``, ``replica_seconds`` (since time 0),
             ``role_seconds`` (the same per pool), ``finished`` (columns ``index``,
             ``arrival_s``, ``ttft_ms``, ``itl_ms`` (a request's mean gap between tokens;

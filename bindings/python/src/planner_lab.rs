@@ -105,6 +105,7 @@ impl PyPlannerLab {
         d.set_item("prefill_queue", w.prefill_queue)?;
         d.set_item("remote_prefills", w.remote_prefills)?;
         d.set_item("local_prefills", w.local_prefills)?;
+        d.set_item("fallback_prefills", w.fallback_prefills)?;
         d.set_item("transferring", w.transferring)?;
         let role_seconds = PyDict::new(py);
         for (role, seconds) in &w.role_seconds {

@@ -42,12 +42,14 @@
 //! transfers under way share them max-min fairly, `bandwidth.rs`: a lone transfer takes
 //! the mocker's transfer time), where they are stored as cached (`import_kv`, as
 //! `receive_kv`) and the request is added: the decode replica computes the prompt's uncached tail and
-//! emits the first token. A job still in the queue after `remote_prefill_timeout` is
-//! prefilled by its decode replica, as the decode worker does when its wait runs out (the
-//! lab bounds only the wait in the queue: once pulled, a prefill and its transfer run to
-//! the end). A request's TTFT thus spans the frontend queue and either its local prefill
-//! or the prefill queue, the remote prefill, the transfer and the decode replica's first
-//! step. A draining prefill replica pulls no more and finishes (and hands over) what it
+//! emits the first token. A remote prefill whose KV has not landed
+//! `remote_prefill_timeout` after it was queued is given up, as the decode worker's one
+//! bound on its wait gives it up: a job still in the queue leaves it, a prefill under way
+//! is cancelled on its prefill replica (whose slot frees; the real prefill worker stops at
+//! the job's deadline too), a transfer under way stops, and the decode replica prefills
+//! the prompt itself (`fallback_prefills`). A request's TTFT thus spans the frontend
+//! queue and either its local prefill or the prefill queue, the remote prefill, the
+//! transfer and the decode replica's first step. A draining prefill replica pulls no more and finishes (and hands over) what it
 //! holds; a draining decode replica takes no new arrival and finishes its decodes and its
 //! remote prefills still under way (their KV lands on it).
 //!
@@ -85,8 +87,9 @@ pub struct DisaggPools {
     /// The workers' disaggregation settings (its `role` is not used): a decode replica
     /// prefills remotely by [`DisaggConfig::prefill_remotely`]
     /// (`max_local_prefill_length`, `max_prefill_queue_size`), a prefill replica holds
-    /// at most `max_concurrent_prefills` jobs, and a job still queued after
-    /// `remote_prefill_timeout` is prefilled by its decode replica.
+    /// at most `max_concurrent_prefills` jobs, and a remote prefill whose KV has not
+    /// landed `remote_prefill_timeout` after it was queued is prefilled by its decode
+    /// replica.
     pub settings: DisaggConfig,
 }
 
@@ -288,9 +291,13 @@ pub struct WindowStats {
     /// Disaggregated: prefills the decode replicas sent to the prefill queue in it.
     pub remote_prefills: usize,
     /// Disaggregated: prefills the decode replicas ran themselves in it: by the rule, or
-    /// a remote one given up (a job that waited in the queue past the remote prefill
-    /// timeout, counted among the remote ones when it was queued).
+    /// a remote one given up (`fallback_prefills`; counted among the remote ones when it
+    /// was queued).
     pub local_prefills: usize,
+    /// Disaggregated: remote prefills given up in it because their KV had not landed
+    /// `remote_prefill_timeout` after they were queued (still queued, prefilling, or in
+    /// transfer), each then prefilled by its decode replica.
+    pub fallback_prefills: usize,
     /// At the end: requests waiting at the frontend for a ready replica (disaggregated:
     /// a decode replica).
     pub frontend_queue: usize,
@@ -334,6 +341,9 @@ struct Stream {
     prefill_replica: Option<u64>,
     /// Its remote prefill produced its (unsent) token.
     prefilled: bool,
+    /// While its remote prefill is outstanding (queued, prefilling, or its KV in
+    /// transfer): when it is given up (ms).
+    remote_deadline_ms: Option<f64>,
     first: Option<f64>,
     last: Option<f64>,
     tokens: u32,
@@ -355,12 +365,12 @@ struct Transfer {
     tokens: Vec<u32>,
 }
 
-/// A remote prefill waiting in the shared queue.
+/// A remote prefill queued by a decode replica, and when it is given up.
 #[derive(Debug)]
 struct PrefillJob {
     index: usize,
-    /// When its decode replica queued it (ms).
-    queued_ms: f64,
+    /// Its queueing time plus `remote_prefill_timeout` (ms).
+    deadline_ms: f64,
 }
 
 /// One pool's selector, and the requests waiting for one of its replicas.
@@ -390,8 +400,11 @@ pub struct PlannerLab {
     /// The pools requests are routed to: `agg`, or `decode` (disaggregated; the prefill
     /// replicas pull from `prefill_queue` instead).
     pools: Vec<Pool>,
-    /// Disaggregated: the one prefill queue, oldest first.
-    prefill_queue: VecDeque<PrefillJob>,
+    /// Disaggregated: the one prefill queue (request indices), oldest first.
+    prefill_queue: VecDeque<usize>,
+    /// Disaggregated: the remote prefills queued, oldest (so earliest deadline) first;
+    /// one whose stream no longer waits for it is dropped when it reaches the front.
+    remote_jobs: VecDeque<PrefillJob>,
     transfers: Vec<Transfer>,
     streams: FxHashMap<usize, Stream>,
     /// The virtual clock's origin for the routers.
@@ -439,6 +452,7 @@ impl PlannerLab {
             retired_role_ms: [0.0; 3],
             pools,
             prefill_queue: VecDeque::new(),
+            remote_jobs: VecDeque::new(),
             transfers: Vec::new(),
             streams: FxHashMap::default(),
             base,
@@ -660,6 +674,7 @@ impl PlannerLab {
             pick: Some(pick),
             prefill_replica: None,
             prefilled: false,
+            remote_deadline_ms: None,
             first: None,
             last: None,
             tokens: 0,
@@ -667,7 +682,12 @@ impl PlannerLab {
         self.streams.insert(index, stream);
         if remote {
             self.replicas[i].incoming += 1;
-            self.prefill_queue.push_back(PrefillJob { index, queued_ms: t });
+            let deadline_ms = t + self.remote_timeout_ms().unwrap_or(f64::INFINITY);
+            if let Some(stream) = self.streams.get_mut(&index) {
+                stream.remote_deadline_ms = Some(deadline_ms);
+            }
+            self.remote_jobs.push_back(PrefillJob { index, deadline_ms });
+            self.prefill_queue.push_back(index);
             self.pull_prefills(t);
         } else {
             self.start_step(i, t);
@@ -704,40 +724,76 @@ impl PlannerLab {
                 .min_by_key(|(_, r)| (r.worker.requests(), r.id))
                 .map(|(i, _)| i);
             let Some(i) = puller else { break };
-            let Some(job) = self.prefill_queue.pop_front() else { break };
-            let tokens = synthesize_tokens(&self.requests[job.index], job.index, self.config.trace_block_size);
-            if self.replicas[i].worker.add(job.index as u64, tokens, 1).is_err() {
+            let Some(index) = self.prefill_queue.pop_front() else { break };
+            let tokens = synthesize_tokens(&self.requests[index], index, self.config.trace_block_size);
+            if self.replicas[i].worker.add(index as u64, tokens, 1).is_err() {
                 // A prompt larger than the engine's cache: as after any failed remote
                 // prefill, its decode replica tries it (and refuses it too).
-                self.prefill_locally(job.index, t);
+                self.prefill_locally(index, t);
                 continue;
             }
             let id = self.replicas[i].id;
-            if let Some(stream) = self.streams.get_mut(&job.index) {
+            if let Some(stream) = self.streams.get_mut(&index) {
                 stream.prefill_replica = Some(id);
             }
             self.start_step(i, t);
         }
     }
 
-    /// The queued job at the queue's head waited past the remote prefill timeout: its
-    /// decode replica prefills it, as the decode worker does when its wait runs out.
-    fn expire_prefill(&mut self, t: f64) {
-        if let Some(job) = self.prefill_queue.pop_front() {
-            self.prefill_locally(job.index, t);
-        }
+    /// The decode workers' `remote_prefill_timeout` (ms); `None` when aggregated.
+    fn remote_timeout_ms(&self) -> Option<f64> {
+        Some(self.config.disagg.as_ref()?.settings.remote_prefill_timeout.as_secs_f64() * 1000.0)
     }
 
-    /// When the head of the prefill queue expires (ms).
-    fn prefill_deadline(&self) -> Option<f64> {
-        let timeout = self.config.disagg.as_ref()?.settings.remote_prefill_timeout;
-        self.prefill_queue.front().map(|job| job.queued_ms + timeout.as_secs_f64() * 1000.0)
+    /// When the oldest outstanding remote prefill is given up (ms), after dropping the
+    /// jobs at the front that are no longer outstanding.
+    fn remote_deadline(&mut self) -> Option<f64> {
+        while let Some(job) = self.remote_jobs.front() {
+            if self.streams.get(&job.index).is_some_and(|s| s.remote_deadline_ms.is_some()) {
+                return Some(job.deadline_ms);
+            }
+            self.remote_jobs.pop_front();
+        }
+        None
+    }
+
+    /// The oldest outstanding remote prefill's KV did not land within the remote prefill
+    /// timeout: give it up wherever it is (the queue, a prefill replica, or a link) and
+    /// have its decode replica prefill the prompt, as the decode worker does when its
+    /// wait runs out.
+    fn expire_prefill(&mut self, t: f64) {
+        let Some(job) = self.remote_jobs.pop_front() else { return };
+        let index = job.index;
+        self.window.fallback_prefills += 1;
+        if let Some(at) = self.prefill_queue.iter().position(|&queued| queued == index) {
+            self.prefill_queue.remove(at);
+        } else if let Some(k) = self.transfers.iter().position(|x| x.index == index) {
+            self.settle_transfers(t);
+            self.transfers.remove(k);
+            self.share_links(t);
+        } else if let Some(id) = self.streams.get_mut(&index).and_then(|s| s.prefill_replica.take()) {
+            if let Some(i) = self.replicas.iter().position(|r| r.id == id) {
+                self.replicas[i].worker.cancel(index as u64);
+                if !self.retire_if_drained(i) {
+                    self.start_step(i, t);
+                }
+            }
+        }
+        if let Some(stream) = self.streams.get_mut(&index) {
+            stream.prefill_replica = None;
+        }
+        self.prefill_locally(index, t);
+        // A prefill slot may have freed.
+        self.pull_prefills(t);
     }
 
     /// Request `index`'s remote prefill did not happen: its decode replica computes the
     /// prompt itself.
     fn prefill_locally(&mut self, index: usize, t: f64) {
-        let Some(i) = self.streams.get(&index).and_then(|s| self.replicas.iter().position(|r| r.id == s.replica)) else {
+        let Some(stream) = self.streams.get_mut(&index) else { return };
+        stream.remote_deadline_ms = None;
+        let replica = stream.replica;
+        let Some(i) = self.replicas.iter().position(|r| r.id == replica) else {
             return;
         };
         self.replicas[i].incoming -= 1;
@@ -820,6 +876,9 @@ impl PlannerLab {
         self.settle_transfers(t);
         let transfer = self.transfers.remove(k);
         self.share_links(t);
+        if let Some(stream) = self.streams.get_mut(&transfer.index) {
+            stream.remote_deadline_ms = None;
+        }
         let Some(i) = self.replicas.iter().position(|r| r.id == transfer.replica) else { return };
         self.replicas[i].incoming -= 1;
         self.replicas[i].worker.import_kv(&transfer.tokens);
@@ -932,9 +991,9 @@ impl PlannerLab {
                 .filter_map(|(i, r)| r.step_end.map(|t| (i, t)))
                 .min_by(|a, b| a.1.total_cmp(&b.1));
             let transfer = self.transfers.iter().enumerate().map(|(k, tr)| (k, tr.end_ms)).min_by(|a, b| a.1.total_cmp(&b.1));
-            let expiry = self.prefill_deadline();
+            let expiry = self.remote_deadline();
             // At equal times: a replica becomes ready, then a step ends, then a transfer
-            // lands, then a queued prefill expires, then a request arrives.
+            // lands, then a remote prefill is given up, then a request arrives.
             let earliest = [ready.map(|r| r.1), step.map(|s| s.1), transfer.map(|x| x.1), expiry, arrival]
                 .into_iter()
                 .flatten()
@@ -1394,7 +1453,80 @@ mod tests {
             assert!(done[&i].ttft_ms.unwrap() >= 2000.0 - 2.0, "{:?}", done[&i].ttft_ms);
         }
         assert_eq!(windows.iter().map(|w| w.local_prefills).sum::<usize>(), 2);
+        assert_eq!(windows.iter().map(|w| w.fallback_prefills).sum::<usize>(), 2);
         assert_eq!(lab.role_counts(DisaggRole::Prefill), (0, 0, 0));
+    }
+
+    /// Milliseconds a lone engine with `engine` takes to prefill `request`'s prompt (to
+    /// its first token).
+    fn prefill_alone_ms(engine: &MockerArgs, request: &TraceRequest) -> f64 {
+        let mut worker = SimWorker::new(engine.clone(), 1.0).unwrap();
+        worker.add(0, synthesize_tokens(request, 0, DEFAULT_TRACE_BLOCK_SIZE), 1).unwrap();
+        let (mut ms, mut out) = (0.0, Vec::new());
+        while let Some(step) = worker.start_step() {
+            ms += step;
+            worker.finish_step(&mut out);
+        }
+        ms
+    }
+
+    #[test]
+    fn a_prefill_under_way_past_the_timeout_is_given_up_and_its_slot_freed() {
+        // A prompt whose prefill takes twice the timeout: the decode replica gives it up
+        // at the deadline (the prefill replica drops it after the step under way, one
+        // short chunk) and prefills it itself; the prefill replica's one slot then takes
+        // the next job, which lands in time.
+        let engine = MockerArgs { max_num_batched_tokens: 1024, ..config(0).engine };
+        let long = request(0.0, 16_000, 4);
+        let timeout_ms = prefill_alone_ms(&engine, &long) / 2.0;
+        let short = request(0.9 * timeout_ms, 1500, 4);
+        let short_ms = prefill_alone_ms(&engine, &short) + engine.transfer_seconds(1500 / 16) * 1000.0;
+        assert!(short_ms < 0.3 * timeout_ms, "{short_ms} vs {timeout_ms}");
+        let settings = DisaggConfig {
+            max_concurrent_prefills: 1,
+            remote_prefill_timeout: Duration::from_secs_f64(timeout_ms / 1000.0),
+            ..always_remote()
+        };
+        let lab_config = PlannerLabConfig { engine: engine.clone(), ..disagg_with(1, 1, settings) };
+        let mut lab = PlannerLab::new(vec![long.clone(), short], lab_config).unwrap();
+        let w = lab.advance(timeout_ms / 1000.0 - 0.001).unwrap();
+        assert_eq!((w.remote_prefills, w.prefill_queue, w.fallback_prefills), (2, 1, 0));
+        let w = lab.advance(timeout_ms / 1000.0 + 0.001).unwrap();
+        assert_eq!((w.fallback_prefills, w.local_prefills, w.prefill_queue), (1, 1, 0));
+        let prefill = w.replicas.iter().find(|r| r.role == DisaggRole::Prefill).unwrap();
+        assert_eq!(prefill.running + prefill.waiting, 1, "the long job left; the short one is in");
+        let windows = run_to_end(&mut lab, 1.0);
+        let done = by_index(&windows);
+        assert_eq!((done[&0].prefill_replica, done[&1].prefill_replica), (None, Some(0)));
+        let local_ms = prefill_alone_ms(&engine, &long);
+        assert!(done[&0].ttft_ms.unwrap() >= timeout_ms + local_ms - 1e-6, "{:?}", done[&0].ttft_ms);
+        assert!(windows.iter().all(|w| w.fallback_prefills == 0));
+        let last = windows.last().unwrap();
+        assert!(last.replicas.iter().all(|r| r.kv_active_blocks == 0 && r.running + r.waiting == 0));
+    }
+
+    #[test]
+    fn a_kv_transfer_past_the_timeout_is_given_up() {
+        // A slow link: the prompt's KV would land after the deadline, so the transfer
+        // stops there and the decode replica prefills the prompt itself.
+        let engine = MockerArgs { kv_transfer_gbps: 0.05, ..config(0).engine };
+        let prompt = request(0.0, 4000, 4);
+        let prefill_ms = prefill_alone_ms(&engine, &prompt);
+        let transfer_ms = engine.transfer_seconds(4000 / 16) * 1000.0;
+        assert!(transfer_ms > prefill_ms, "{transfer_ms} vs {prefill_ms}");
+        let timeout_ms = prefill_ms + transfer_ms / 2.0;
+        let settings = DisaggConfig { remote_prefill_timeout: Duration::from_secs_f64(timeout_ms / 1000.0), ..always_remote() };
+        let mut lab = PlannerLab::new(vec![prompt.clone()], PlannerLabConfig { engine: engine.clone(), ..disagg_with(1, 1, settings) }).unwrap();
+        let w = lab.advance((timeout_ms - 1.0) / 1000.0).unwrap();
+        assert_eq!((w.transferring, w.fallback_prefills), (1, 0));
+        let w = lab.advance((timeout_ms + 1.0) / 1000.0).unwrap();
+        assert_eq!((w.transferring, w.fallback_prefills), (0, 1), "the transfer stopped at the deadline");
+        let windows = run_to_end(&mut lab, 1.0);
+        assert!(windows.iter().all(|w| w.fallback_prefills == 0 && w.transferring == 0));
+        let done = all_finished(&windows);
+        assert_eq!((done.len(), done[0].prefill_replica), (1, None));
+        assert!(done[0].ttft_ms.unwrap() >= timeout_ms + prefill_ms - 1e-6, "{:?}", done[0].ttft_ms);
+        assert!(done[0].ttft_ms.unwrap() < prefill_ms + transfer_ms + prefill_ms, "{:?}", done[0].ttft_ms);
     }
 
     #[test]

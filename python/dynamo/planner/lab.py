@@ -306,6 +306,10 @@ class Run:
     excluded_warmup: int = 0
     #: Load windows it left out because the fleet held a backlog.
     excluded_backlog: int = 0
+    #: Disaggregated: prefills queued for the prefill pool (``remote``), run by the
+    #: decode replicas (``local``, by the rule or given up), and given up because their
+    #: KV had not landed within the remote prefill timeout (``fallback``).
+    prefills: dict[str, int] = field(default_factory=lambda: {"remote": 0, "local": 0, "fallback": 0})
 
 
 def _fleet(lab: PlannerLab) -> dict[str, RoleState]:
@@ -358,6 +362,8 @@ def _replay(
         w = _load_window(lab, start, t, urgent_s, state, act)
         run.rejected += w["rejected"]
         run.failed_at_scale_down += w["failed_at_scale_down"]
+        for kind in run.prefills:
+            run.prefills[kind] += w[f"{kind}_prefills"]
         f = w["finished"]
         run.ttft.update(zip(f["index"], f["ttft_ms"], strict=True))
         run.itl.update(zip(f["index"], f["itl_ms"], strict=True))
@@ -394,7 +400,8 @@ def _merge(window: dict[str, Any], later: dict[str, Any]) -> dict[str, Any]:
     """Two consecutive windows of ``PlannerLab.advance`` as one: the counts summed, the
     finished requests in order, the state at the end the later one's."""
     merged = dict(later)
-    for key in ("arrivals", "arrival_input_tokens", "rejected", "failed_at_scale_down"):
+    for key in ("arrivals", "arrival_input_tokens", "rejected", "failed_at_scale_down", "remote_prefills",
+                "local_prefills", "fallback_prefills"):
         merged[key] = window[key] + later[key]
     merged["finished"] = {k: [*window["finished"][k], *later["finished"][k]] for k in later["finished"]}
     return merged
@@ -521,6 +528,7 @@ def _row(run: Run, settings: Settings) -> dict[str, Any]:
             }
             for role in settings.roles
         }
+        row["prefills"] = dict(run.prefills)
     return row
 
 

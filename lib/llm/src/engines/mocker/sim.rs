@@ -77,6 +77,18 @@ impl SimWorker {
         Ok(())
     }
 
+    /// Drop request `id`, queued or running, as a cancelled request leaves the engine:
+    /// its blocks are released, and it produces nothing more (a step under way ends
+    /// without it). Whether it was here.
+    pub fn cancel(&mut self, id: u64) -> bool {
+        if self.receivers.remove(&id).is_none() {
+            return false;
+        }
+        self.scheduler.handle(Command::Cancel(id));
+        self.events.extend(self.scheduler.kv.take_events());
+        true
+    }
+
     /// Store the full blocks of the prompt `tokens`, computed on another worker (a
     /// disaggregated prefill's KV handoff), as cached ones, as `receive_kv` does; returns
     /// how many leading blocks are now cached.
@@ -207,6 +219,27 @@ mod tests {
         let (slow_elapsed, _) = run(&mut slow);
         assert!((slow_elapsed - 3.0 * elapsed).abs() < 1e-6);
         assert!(slow.add(9, vec![], 1).is_err());
+    }
+
+    #[test]
+    fn a_cancelled_request_leaves_mid_step_and_frees_its_blocks() {
+        let args = MockerArgs { block_size: 4, ..Default::default() };
+        let mut worker = SimWorker::new(args, 1.0).unwrap();
+        worker.add(1, (0..400).collect(), 3).unwrap();
+        worker.add(2, (1000..1040).collect(), 3).unwrap();
+        assert!(worker.start_step().is_some());
+        assert!(worker.metrics().kv_active_blocks > 100);
+        assert!(worker.cancel(1));
+        assert!(!worker.cancel(1), "already gone");
+        assert_eq!(worker.requests(), 1);
+        let mut out = Vec::new();
+        worker.finish_step(&mut out);
+        let (_, rest) = run(&mut worker);
+        out.extend(rest);
+        assert!(out.iter().all(|o| o.request == 2), "{out:?}");
+        assert_eq!(out.iter().filter(|o| o.token).count(), 3);
+        assert_eq!(worker.requests(), 0);
+        assert_eq!(worker.metrics().kv_active_blocks, 0);
     }
 
     #[test]
