@@ -9,7 +9,9 @@ every replica it adds is ready before the rate needs it and every one it removes
 longer needed. It pays the start-up and the warm-up as the planner does, on the same
 simulated fleet. ``per_replica`` (req/s a replica is given) is swept: the highest is the
 sizing the lab's ``best possible`` assumes (the profile's capacity at the targets);
-lower ones buy headroom for attainment. For each value it prints goodput per GPU-hour
+lower ones buy headroom for attainment. ``--floor N`` keeps at least N replicas (on a
+trace, the low phases' long prompts want more replicas than their rate says). For each
+value it prints goodput per GPU-hour
 against static-peak's, the fraction within both targets and the GPU hours, over the
 seeds asked:
 
@@ -17,7 +19,7 @@ seeds asked:
         --max-replicas 16 --per-replica 2.6,2.8,3.0,3.2,3.4 --seeds 0-9
 
 Takes the lab's own arguments (``python -m dynamo.planner.lab --help``; a synthetic
-workload, ``ramp`` or ``step``, or a trace with ``--shape``) and these two.
+workload, ``ramp`` or ``step``, or a trace with ``--shape``) and these three.
 """
 
 from __future__ import annotations
@@ -42,8 +44,9 @@ class Oracle:
     """The planning state ``lab._replay`` drives, sizing the fleet from the known rate."""
 
     def __init__(self, phases: Sequence[tuple[float, float, float]], per_replica: float, horizon_s: float,
-                 most: int) -> None:
-        self.phases, self.per_replica, self.horizon_s, self.most = phases, per_replica, horizon_s, most
+                 most: int, least: int = 1) -> None:
+        self.phases, self.per_replica, self.horizon_s = phases, per_replica, horizon_s
+        self.most, self.least = most, least
         self.fleet: dict[str, RoleState] = {}
 
     def note_fleet(self, fleet: Mapping[str, RoleState], now: float) -> None:
@@ -53,7 +56,7 @@ class Oracle:
         """Replicas for the highest rate from ``now`` to ``now + horizon_s``."""
         steps = int(self.horizon_s / LOOK_STEP_S) + 1
         top = max(lab._rate_at(self.phases, now + k * LOOK_STEP_S) for k in range(steps))
-        return min(self.most, max(1, math.ceil(top / self.per_replica - 1e-9)))
+        return min(self.most, max(self.least, math.ceil(top / self.per_replica - 1e-9)))
 
     def load_step(self, window: Any, fleet: Mapping[str, RoleState], waiting: Any, missing: Any,
                   now: float) -> list[Decision]:
@@ -70,7 +73,7 @@ class Oracle:
         return False
 
 
-def one(argv: list[str], seed: int, per_replica: list[float]) -> list[dict[str, Any]]:
+def one(argv: list[str], seed: int, per_replica: list[float], floor: int) -> list[dict[str, Any]]:
     """Static-peak and the oracle at each ``per_replica`` for one seed."""
     args = lab.parse_args([*argv, "--seed", str(seed)])
     settings = lab.settings_from(args)
@@ -95,7 +98,7 @@ def one(argv: list[str], seed: int, per_replica: list[float]) -> list[dict[str, 
     )
     rows = [dict(peak, seed=seed, per_replica=None)]
     for c in per_replica:
-        oracle = Oracle(phases, c, horizon, settings.max_replicas)
+        oracle = Oracle(phases, c, horizon, settings.max_replicas, floor)
         first = oracle.size(0.0)
         run = lab._replay(workload, oracle_settings, first, oracle, f"oracle {c:g}")  # type: ignore[arg-type]
         rows.append(dict(lab._row(run, settings), seed=seed, per_replica=c))
@@ -114,11 +117,13 @@ def main() -> int:
     own = argparse.ArgumentParser(add_help=False)
     own.add_argument("--per-replica", default="2.6,2.8,3.0,3.2,3.4", help="req/s a replica is given (comma-separated)")
     own.add_argument("--seeds", default="0", help="seeds, '0-9' or '0,3,5' (default 0)")
+    own.add_argument("--floor", type=int, default=1, help="replicas the oracle always keeps (default 1)")
     mine, rest = own.parse_known_args()
     per_replica = [float(c) for c in mine.per_replica.split(",")]
     seeds = seeds_of(mine.seeds)
     with ProcessPoolExecutor(2) as pool:
-        results = list(pool.map(one, [rest] * len(seeds), seeds, [per_replica] * len(seeds)))
+        n = len(seeds)
+        results = list(pool.map(one, [rest] * n, seeds, [per_replica] * n, [mine.floor] * n))
     print("per_replica  seed  within targets  GPU h  goodput/GPU h  vs static-peak  most replicas")
     summary: dict[float, list[tuple[float, float]]] = {c: [] for c in per_replica}
     for rows in results:
