@@ -16,7 +16,9 @@
 //! Requests go to the ready replicas through the frontend's KV selector without KV events
 //! (`approx`: its own predictions of each replica's cache, and the replicas' load
 //! reports, refreshed at every arrival and step), replaying on the lab's clock, so a
-//! replica with a backlog gets fewer new requests as it would behind the frontend.
+//! replica with a backlog gets fewer new requests as it would behind the frontend. The
+//! selector times every stream on that clock too (sent at its arrival, each token
+//! observed as it comes), as the frontend times its streams.
 //! With a busy threshold ([`PlannerLabConfig::busy_threshold`]) the frontend also holds
 //! arrivals while every ready replica is busy, so a backlog waits where any replica,
 //! a new one included, can take it, instead of in one replica's engine queue.
@@ -655,6 +657,8 @@ impl PlannerLab {
         let Some(p) = self.pool(role) else { return false };
         self.pools[p].selector.set_clock(self.at(t));
         let Ok(pick) = self.pools[p].selector.select(&tokens, &ids) else { return false };
+        // Sent now on the lab's clock: its prefill counts as waiting from then.
+        let pick = Pick { load: pick.load.map(|l| l.started_at(self.at(t))), ..pick };
         let Some(i) = self.replicas.iter().position(|r| r.id == pick.instance) else { return false };
         let remote = role == DisaggRole::Decode && self.prefills_remotely(i, &tokens);
         if role == DisaggRole::Decode {
@@ -932,6 +936,12 @@ impl PlannerLab {
                 stream.first.get_or_insert(t);
                 stream.last = Some(t);
                 stream.tokens += 1;
+                // The selector times the stream (TTFT, time per item) on the lab's clock,
+                // as the frontend times its streams.
+                let at = self.base + Duration::from_secs_f64(t / 1000.0);
+                if let Some(load) = stream.pick.as_mut().and_then(|pick| pick.load.as_mut()) {
+                    load.observe_item_at(at);
+                }
             }
             if out.finished {
                 let Some(stream) = self.streams.remove(&index) else { continue };
@@ -1201,6 +1211,26 @@ mod tests {
         assert!(on_new >= 10, "{on_new} of 40 went to the new replica");
         let err = PlannerLab::new(Vec::new(), PlannerLabConfig { busy_threshold: Some(0.0), ..config(1) }).unwrap_err();
         assert!(err.to_string().contains("busy threshold"), "{err}");
+    }
+
+    #[test]
+    fn the_selector_times_the_streams_on_the_labs_clock() {
+        // As the frontend times its streams: the router's per-replica TTFT and time per
+        // token are the lab's own, on its clock (not the wall clock the replay runs on).
+        let trace = steady(4.0, 30.0, 2000, 30);
+        let mut lab = PlannerLab::new(trace.clone(), config(2)).unwrap();
+        let windows = run_to_end(&mut lab, 5.0);
+        let done: Vec<&FinishedRequest> = windows.iter().flat_map(|w| &w.finished).collect();
+        assert_eq!(done.len(), trace.len());
+        let mean = |v: Vec<f64>| v.iter().sum::<f64>() / v.len() as f64;
+        let ttft_s = mean(done.iter().filter_map(|f| f.ttft_ms).collect()) / 1000.0;
+        let itl_s = mean(done.iter().filter_map(|f| f.itl_ms).collect()) / 1000.0;
+        for id in [0, 1] {
+            let timing = lab.pools[0].router.load().lock().timing(id).expect("timed streams");
+            assert!(timing.samples > 10, "{timing:?}");
+            assert!(timing.ttft_s > ttft_s / 3.0 && timing.ttft_s < ttft_s * 3.0, "{timing:?} vs {ttft_s} s");
+            assert!(timing.tpot_s > itl_s / 3.0 && timing.tpot_s < itl_s * 3.0, "{timing:?} vs {itl_s} s");
+        }
     }
 
     fn disagg(prefill_replicas: usize, decode_replicas: usize) -> PlannerLabConfig {

@@ -13,9 +13,10 @@
 //! blocks of the requests the router has in flight there.
 //!
 //! Streams routed through the router report their timing (the first item, and when they
-//! end their mean time per item after it); a worker whose time per item (the median over
-//! its latest streams) is [`SchedulerConfig::straggler_threshold`] times the fleet's
-//! (the lower median over the workers with enough streams timed) or more,
+//! end their mean time per item after it); a worker whose time per item (its fastest
+//! latest stream's: every one of its latest streams that slow) is
+//! [`SchedulerConfig::straggler_threshold`] times the fleet's (the lower median of the
+//! same over the workers with enough streams timed) or more,
 //! and at least [`STRAGGLER_MIN_EXCESS`] more, is a straggler: its cached prefix does not
 //! count and its cost is multiplied by that ratio (see [`super::selector`]).
 //!
@@ -153,19 +154,24 @@ impl Ewma {
     }
 }
 
-/// The median of the latest [`TPOT_WINDOW`] samples, with the count of all samples.
+/// The median and the least of the latest [`TPOT_WINDOW`] samples, with the count of all
+/// samples.
 ///
-/// A worker's time per item is judged by the median over its latest streams of each
-/// stream's mean time per item after the first, not by the gaps between items: one engine
-/// step gives every running sequence the same gap, so at high concurrency a window of
-/// gaps spans a single step, and a step that carries a long prefill chunk would make a
-/// healthy worker look several times slower. A stream's mean spans its whole decode, and
-/// the median ignores the odd slow stream (preempted when the cache was full), while a
-/// straggler's streams are all slow.
+/// A worker's time per item is judged by each stream's mean time per item after the
+/// first, not by the gaps between items: one engine step gives every running sequence
+/// the same gap, so at high concurrency a window of gaps spans a single step, and a step
+/// that carries a long prefill chunk would make a healthy worker look several times
+/// slower. A stream's mean spans its whole decode. A straggler is judged by the fastest
+/// of its latest streams: a slow engine makes every stream slow, while a healthy worker
+/// has slow streams only while its own load slows them (decoding beside a long prompt's
+/// prefill, preempted when its cache was full) and fast ones in between. The median is
+/// what [`WorkerTiming`] reports.
 #[derive(Debug, Clone, Default, PartialEq)]
 struct RecentMedian {
     window: VecDeque<f64>,
     median: f64,
+    /// The least of the same streams.
+    least: f64,
     samples: u64,
 }
 
@@ -177,9 +183,9 @@ impl RecentMedian {
         self.window.push_back(x);
         self.samples += 1;
         let mut sorted: Vec<f64> = self.window.iter().copied().collect();
-        let mid = (sorted.len() - 1) / 2;
-        sorted.select_nth_unstable_by(mid, f64::total_cmp);
-        self.median = sorted[mid];
+        sorted.sort_by(f64::total_cmp);
+        self.median = sorted[(sorted.len() - 1) / 2];
+        self.least = sorted[0];
     }
 }
 
@@ -444,8 +450,8 @@ impl LoadTracker {
         let timed: Vec<(u64, f64)> = workers
             .iter()
             .filter_map(|w| self.workers.get(w).map(|l| (*w, &l.tpot)))
-            .filter(|(_, tpot)| tpot.samples >= STRAGGLER_MIN_SAMPLES && tpot.median > 0.0)
-            .map(|(w, tpot)| (w, tpot.median))
+            .filter(|(_, tpot)| tpot.samples >= STRAGGLER_MIN_SAMPLES && tpot.least > 0.0)
+            .map(|(w, tpot)| (w, tpot.least))
             .collect();
         if timed.len() < 2 || !self.config.straggler_threshold.is_finite() {
             return vec![1.0; workers.len()];
@@ -797,10 +803,18 @@ mod tests {
         assert_eq!(tracker.slowness(&[1, 2]), vec![1.0, 1.0]);
         assert_eq!(tracker.timing(2).unwrap().tpot_s, 0.009);
         assert_eq!(tracker.schedule(&[(1, 0), (2, 16)], 16, t0, &mut rng()).unwrap().worker, 2);
-        // When most of its streams are slow, it is one (the window follows the latest).
-        for _ in 0..20 {
+        // Slowed by its load now and then, it is not one: its fastest streams are fast.
+        for i in 0..60 {
+            tracker.record_tpot(2, Duration::from_millis(if i % 3 == 0 { 9 } else { 40 }));
+        }
+        assert_eq!(tracker.slowness(&[1, 2]), vec![1.0, 1.0]);
+        // When every one of its latest streams is slow, it is one (the window follows the
+        // latest: its last fast stream was the third from the end).
+        for _ in 0..29 {
             tracker.record_tpot(2, Duration::from_millis(40));
         }
+        assert_eq!(tracker.slowness(&[1, 2]), vec![1.0, 1.0], "one fast stream left in the window");
+        tracker.record_tpot(2, Duration::from_millis(40));
         assert_eq!(tracker.slowness(&[1, 2]), vec![1.0, 5.0]);
     }
 
