@@ -158,10 +158,12 @@ class Child:
         return self.task is not None and self.task.done()
 
 
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1 (for a child's system server)."""
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` right now (``""``: on every interface). Whoever binds
+    it later can lose it to another process binding port 0 meanwhile: a child that can
+    bind port 0 itself and report the port (``DYN_SYSTEM_PORT_FILE``) should."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return int(s.getsockname()[1])
 
 

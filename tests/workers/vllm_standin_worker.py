@@ -20,9 +20,9 @@ from typing import Any
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
 from dynamo.engine.handler import Handler
-from dynamo.engine.main import free_port
 from dynamo.engine.serve import serve_role
 from dynamo.runtime import DistributedRuntime, dynamo_worker
+from dynamo.supervisor import free_port
 from dynamo.vllm.args import parse_args
 from dynamo.vllm.worker import VllmAdapter, configure_disagg
 from vllm.outputs import CompletionOutput, RequestOutput
@@ -75,7 +75,7 @@ CONFIG = parse_args(sys.argv[1:])
 
 @dynamo_worker()
 async def main(runtime: DistributedRuntime) -> None:
-    configure_disagg(CONFIG, free_port())
+    configure_disagg(CONFIG, free_port(""))
     kv = CONFIG.engine_args.kv_transfer_config
     print(f"CONNECTOR {kv.kv_connector if kv else None}", flush=True)
     endpoint = runtime.endpoint(CONFIG.endpoint)

@@ -5,19 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import socket
 import sys
 from collections.abc import Sequence
+from functools import partial
 
 from dynamo.engine.adapter import EngineAdapter
-
-
-def free_port() -> int:
-    """A TCP port free on every interface right now (engines' ZMQ event publishers and
-    transfer side channels bind every interface)."""
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
+from dynamo.supervisor import free_port
 
 
 def engine_missing(adapter: EngineAdapter) -> str | None:
@@ -44,7 +37,8 @@ def main(adapter: EngineAdapter, argv: Sequence[str] | None, prog: str) -> int:
     from dynamo.engine.config import parse_args
 
     config = parse_args(adapter, sys.argv[1:] if argv is None else argv, prog)
-    adapter.configure(config, free_port)
+    # Engines' ZMQ event publishers and transfer side channels bind every interface.
+    adapter.configure(config, partial(free_port, ""))
 
     from dynamo.engine.serve import serve
     from dynamo.runtime import DistributedRuntime, dynamo_worker
