@@ -929,6 +929,7 @@ impl PlannerLab {
         outputs.clear();
         self.replicas[i].worker.finish_step(&mut outputs);
         let draining = self.replicas[i].state == ReplicaState::Draining;
+        let now = self.at(t);
         for out in &outputs {
             let index = out.request as usize;
             let Some(stream) = self.streams.get_mut(&index) else { continue };
@@ -938,9 +939,8 @@ impl PlannerLab {
                 stream.tokens += 1;
                 // The selector times the stream (TTFT, time per item) on the lab's clock,
                 // as the frontend times its streams.
-                let at = self.base + Duration::from_secs_f64(t / 1000.0);
                 if let Some(load) = stream.pick.as_mut().and_then(|pick| pick.load.as_mut()) {
-                    load.observe_item_at(at);
+                    load.observe_item_at(now);
                 }
             }
             if out.finished {
@@ -965,7 +965,7 @@ impl PlannerLab {
                 });
                 let outcome = if failed { Outcome::Failed } else { Outcome::Completed };
                 if let Some(pick) = stream.pick {
-                    self.pools[p].selector.set_clock(self.at(t));
+                    self.pools[p].selector.set_clock(now);
                     self.pools[p].selector.on_end(pick, outcome);
                 }
             }
