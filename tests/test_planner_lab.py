@@ -30,6 +30,7 @@ from dynamo.planner.lab import (
     warp,
     workload_from,
 )
+from dynamo.planner.predict import trace_rates
 
 SLICE = Path(__file__).parent / "data" / "mooncake_slice.jsonl"
 
@@ -212,6 +213,45 @@ def test_a_trace_on_a_shape_keeps_its_blocks_and_lengths(tmp_path: Path, monkeyp
     assert rates[1] > 5 * rates[0] and rates[1] > 5 * rates[2], rates
     with pytest.raises(ValueError, match="re-times a trace file"):
         workload_from("ramp", 1.0, 0, None, "step")
+
+
+def test_a_limit_keeps_the_prefix_blocks_and_write_trace_writes_what_is_replayed(tmp_path: Path, monkeypatch) -> None:
+    """``--limit`` replays the trace's first requests with their prefix blocks (the lab's
+    KV reuse comes from them), and ``--write-trace`` writes the workload as replayed: the
+    time scale applied, blocks kept, a synthetic workload without blocks."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    original = [json.loads(line) for line in SLICE.read_text().splitlines()[:150]]
+    assert any(r["hash_ids"] for r in original)
+    out = tmp_path / "slice.jsonl"
+    assert main([str(SLICE), "--limit", "150", "--time-scale", "0.5", "--write-trace", str(out)]) == 0
+    written = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["hash_ids"] for r in written] == [r["hash_ids"] for r in original]
+    assert [r["timestamp"] for r in written] == pytest.approx([2.0 * r["timestamp"] for r in original])
+    workload = workload_from(str(SLICE), 0.5, 0, 150)
+    assert workload.requests is None and workload.trace is not None
+    assert trace_rates(out, 10.0) == pytest.approx(workload.rates(10.0))
+    synthetic = tmp_path / "step.jsonl"
+    assert main(["step", "--seed", "5", "--write-trace", str(synthetic)]) == 0
+    rows = [json.loads(line) for line in synthetic.read_text().splitlines()]
+    assert [(r["timestamp"], r["input_length"], r["output_length"]) for r in rows] == ramp(5, STEP_PHASES)
+    assert all(r["hash_ids"] == [] for r in rows)
+
+
+def test_a_season_of_history_sizes_the_fleet_before_the_step(tmp_path: Path) -> None:
+    """Holt-Winters warm-started from the previous period's arrivals (the step with
+    another seed, ``--write-trace``) has the peak's fleet ready when the step lands at
+    300 s; Holt, which has only the present, grows after it."""
+    previous = tmp_path / "yesterday.jsonl"
+    Workload("step", requests=ramp(7, STEP_PHASES)).write_trace(previous)
+    step = Workload("step", requests=ramp(0, STEP_PHASES), phases=STEP_PHASES)
+    season = round(sum(seconds for seconds, _, _ in STEP_PHASES) / 20)
+    fleets = {}
+    for kind, predictor in (("holt", {}), ("holt_winters", {"season": season, "warm_start_trace": str(previous)})):
+        config = settings(tmp_path, predictor={"kind": kind, **predictor})
+        _, runs = compare(step, config, ("planner",), log=quiet)
+        fleets[kind] = {end: replicas for end, replicas, *_ in runs["planner"].timeline}
+    assert fleets["holt_winters"][300.0] >= 5, fleets["holt_winters"]
+    assert fleets["holt"][300.0] <= 2, fleets["holt"]
 
 
 def test_a_disaggregated_lab_sizes_both_roles(tmp_path: Path, monkeypatch) -> None:

@@ -44,6 +44,7 @@ from dynamo.planner.config import ROLES_AGG, ROLES_DISAGG, PlannerConfig, Planne
 from dynamo.planner.decide import Decider, Decision, RoleState, count_reversals
 from dynamo.planner.observe import FrontendWindow
 from dynamo.planner.profile import PerformanceModel, Profile, ProfilePoint, model_for
+from dynamo.planner.predict import rates_of
 from dynamo.planner.step import PlanningState
 
 CONFIGS = ("static-peak", "static-mean", "load-only", "planner")
@@ -110,36 +111,36 @@ class Workload:
             seed=settings.seed, engine_args=settings.engine_args, busy_threshold=settings.busy_threshold,
         )
 
+    def trace_rows(self) -> list[dict[str, Any]]:
+        """The requests as replayed, as Mooncake-format rows: their timestamps (ms)
+        divided by the time scale; a synthetic request shares no prefix blocks."""
+        if self.requests is not None:
+            return [
+                {"timestamp": t / self.time_scale, "input_length": i, "output_length": o, "hash_ids": []}
+                for t, i, o in self.requests
+            ]
+        assert self.trace is not None
+        with self.trace.open() as lines:
+            rows = [json.loads(line) for line in lines if line.strip()]
+        return [{**r, "timestamp": float(r["timestamp"]) / self.time_scale} for r in rows]
+
+    def write_trace(self, path: Path) -> int:
+        """Write the requests as replayed to ``path`` as a Mooncake-format trace (a
+        ``predictor.warm_start_trace``, or a trace to replay); how many."""
+        rows = self.trace_rows()
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return len(rows)
+
     def rates(self, interval_s: float) -> list[float]:
         """Arrivals per second in each ``interval_s`` (time-scaled)."""
-        if self.requests is not None:
-            stamps = [t for t, _, _ in self.requests]
-        else:
-            assert self.trace is not None
-            with self.trace.open() as lines:
-                stamps = [float(json.loads(line)["timestamp"]) for line in lines if line.strip()]
-        counts: list[int] = []
-        for t in stamps:
-            slot = int(t / self.time_scale / 1000.0 // interval_s)
-            counts.extend([0] * (slot + 1 - len(counts)))
-            counts[slot] += 1
-        return [c / interval_s for c in counts]
+        return rates_of((r["timestamp"] / 1000.0 for r in self.trace_rows()), interval_s)
 
     def shape(self) -> tuple[float, float, float, list[int]]:
         """(duration s, mean input length, mean output length, input lengths)."""
-        if self.requests is not None:
-            rows = [(t, i, o) for t, i, o in self.requests]
-        else:
-            assert self.trace is not None
-            rows = []
-            with self.trace.open() as lines:
-                for line in lines:
-                    if line.strip():
-                        r = json.loads(line)
-                        rows.append((float(r["timestamp"]), int(r["input_length"]), int(r["output_length"])))
+        rows = [(r["timestamp"], int(r["input_length"]), int(r["output_length"])) for r in self.trace_rows()]
         if not rows:
             raise ValueError(f"{self.name}: no requests")
-        duration = max(t for t, _, _ in rows) / self.time_scale / 1000.0
+        duration = max(t for t, _, _ in rows) / 1000.0
         isls = [i for _, i, _ in rows]
         return duration, sum(isls) / len(isls), sum(o for _, _, o in rows) / len(rows), isls
 
@@ -780,6 +781,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         help="disaggregated roles: a decode replica prefills remotely only a prompt whose uncached "
                         "part is longer than this (tokens; default: the decode worker's, 1000)")
     parser.add_argument("--engine-args", type=Path, help="JSON file of mocker settings (see docs/mocker.md)")
+    parser.add_argument("--write-trace", type=Path, metavar="FILE",
+                        help="write the workload as replayed (seed, shape, limit and time scale applied) as a "
+                        "Mooncake-format trace to FILE and exit: e.g. a previous period's arrivals for "
+                        "predictor.warm_start_trace")
     parser.add_argument("--json", type=Path, help="write the rows as JSON here")
     parser.add_argument("--plot", type=Path, help="write a PNG of replicas and latency over time here")
     args = parser.parse_args(argv)
@@ -873,38 +878,32 @@ def warp(stamps_ms: Sequence[float], phases: Phases) -> tuple[list[float], list[
 
 
 def workload_from(trace: str, time_scale: float, seed: int, limit: int | None, shape: str | None = None) -> Workload:
-    """``ramp``, ``step`` or a trace file (its first ``limit`` requests; with ``shape``,
-    re-timed onto that synthetic workload's shape by ``warp`` and written under the lab's
-    cache, blocks and lengths kept)."""
+    """``ramp``, ``step`` or a trace file. Its first ``limit`` requests, and with ``shape``
+    those re-timed onto that synthetic workload's shape by ``warp``, are written under the
+    lab's cache as a trace of their own, prefix blocks and lengths kept."""
     if trace in SYNTHETIC:
         if shape is not None:
             raise ValueError("--shape re-times a trace file; 'ramp' and 'step' have their own shape")
         return Workload(trace, requests=ramp(seed, SYNTHETIC[trace]), time_scale=time_scale, phases=SYNTHETIC[trace])
     path = Path(trace)
-    if shape is not None:
-        if shape not in SYNTHETIC:
-            raise ValueError(f"unknown shape '{shape}' ({', '.join(SYNTHETIC)})")
-        with path.open() as lines:
-            rows = [json.loads(line) for line in lines if line.strip()]
-        rows = rows[:limit] if limit is not None else rows
-        stamps, _ = warp([float(r["timestamp"]) for r in rows], SYNTHETIC[shape])
-        text = "".join(json.dumps({**r, "timestamp": round(t, 3)}) + "\n" for r, t in zip(rows, stamps, strict=True))
-        out = _cache_dir() / f"warped-{hashlib.sha256(text.encode()).hexdigest()[:16]}.jsonl"
-        if not out.exists():
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(text)
-        return Workload(f"{path.name} on {shape}", trace=out, time_scale=time_scale)
-    if limit is None:
+    if shape is None and limit is None:
         return Workload(path.name, trace=path, time_scale=time_scale)
-    requests = []
+    if shape is not None and shape not in SYNTHETIC:
+        raise ValueError(f"unknown shape '{shape}' ({', '.join(SYNTHETIC)})")
     with path.open() as lines:
-        for line in lines:
-            if len(requests) >= limit:
-                break
-            if line.strip():
-                r = json.loads(line)
-                requests.append((float(r["timestamp"]), int(r["input_length"]), int(r["output_length"])))
-    return Workload(path.name, requests=requests, time_scale=time_scale)
+        rows = [json.loads(line) for line in lines if line.strip()]
+    rows = rows[:limit] if limit is not None else rows
+    name = f"{path.name}[:{limit}]" if limit is not None else path.name
+    if shape is not None:
+        stamps, _ = warp([float(r["timestamp"]) for r in rows], SYNTHETIC[shape])
+        rows = [{**r, "timestamp": round(t, 3)} for r, t in zip(rows, stamps, strict=True)]
+        name = f"{name} on {shape}"
+    text = "".join(json.dumps(r) + "\n" for r in rows)
+    out = _cache_dir() / f"trace-{hashlib.sha256(text.encode()).hexdigest()[:16]}.jsonl"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+    return Workload(name, trace=out, time_scale=time_scale)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -915,6 +914,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (PlannerConfigError, OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if args.write_trace:
+        try:
+            n = workload.write_trace(args.write_trace)
+        except OSError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(f"wrote {n} requests of {workload.name} to {args.write_trace}", file=sys.stderr)
+        return 0
     started = time.perf_counter()
     rows, runs = compare(workload, settings, args.configs, log=lambda m: print(m, file=sys.stderr, flush=True))
     print(format_table(rows))

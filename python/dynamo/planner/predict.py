@@ -146,6 +146,17 @@ class HoltWintersPredictor:
         return max(0.0, self._level + _damped_steps(self.phi, steps) * self._trend + s)
 
 
+def rates_of(stamps_s: Iterable[float], interval_s: float) -> list[float]:
+    """Arrivals per second in each ``interval_s`` from 0 to the last of ``stamps_s``
+    (arrival times in seconds)."""
+    counts: list[int] = []
+    for at in stamps_s:
+        slot = int(at // interval_s)
+        counts.extend([0] * (slot + 1 - len(counts)))
+        counts[slot] += 1
+    return [c / interval_s for c in counts]
+
+
 def trace_rates(path: Path, interval_s: float, time_scale: float = 1.0) -> list[float]:
     """Requests/s per ``interval_s`` of a Mooncake-format trace (JSON lines with a
     ``timestamp`` in ms), its timestamps divided by ``time_scale``: a warm start.
@@ -155,19 +166,16 @@ def trace_rates(path: Path, interval_s: float, time_scale: float = 1.0) -> list[
     """
     if interval_s <= 0 or time_scale <= 0:
         raise ValueError("the interval and the time scale must be > 0")
-    counts: list[int] = []
+    stamps: list[float] = []
     with Path(path).open() as lines:
         for n, line in enumerate(lines, 1):
             if not line.strip():
                 continue
             try:
-                at = float(json.loads(line)["timestamp"]) / time_scale / 1000.0
+                stamps.append(float(json.loads(line)["timestamp"]) / time_scale / 1000.0)
             except (ValueError, KeyError, TypeError) as e:
                 raise ValueError(f"{path}:{n}: not a trace request ({e})") from None
-            slot = int(at // interval_s)
-            counts.extend([0] * (slot + 1 - len(counts)))
-            counts[slot] += 1
-    return [c / interval_s for c in counts]
+    return rates_of(stamps, interval_s)
 
 
 def make_predictor(
