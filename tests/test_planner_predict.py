@@ -181,6 +181,33 @@ def test_the_floor_is_the_forecast_for_when_a_replica_asked_for_now_serves() -> 
     assert decision.target == math.ceil(ahead / 5.0), decision
 
 
+def test_the_start_up_counts_from_the_ask_not_from_the_pass_that_sees_it_starting() -> None:
+    from dynamo.planner.decide import RoleState
+    from dynamo.planner.observe import FrontendWindow
+    from dynamo.planner.profile import PerformanceModel, Profile
+
+    points = [{"isl": 128, "concurrency": c, "ttft_ms": 100.0 * c, "itl_ms": 10.0 * c, "throughput_rps": float(c)}
+              for c in (1, 2, 4, 8, 16)]
+    config = build_config({"model": "m", "targets": {"ttft": {"ms": 500}, "itl": {"ms": 50}},
+                           "roles": {"agg": {"max_replicas": 20}}, "intervals": {"throughput_s": 20, "load_s": 10},
+                           "expected_startup_s": 5})
+    state = PlanningState(config, Decider(config, PerformanceModel(Profile.model_validate({"points": points}))))
+    state.note_fleet({"agg": RoleState(ready=1)}, 0.0)
+    state.windows = [FrontendWindow(seconds=20.0, request_rate=15.0, inflight=0, isl=128.0, osl=None,
+                                    ttft_ms=None, itl_ms=None)]
+    [decision] = state.throughput_step({"agg": RoleState(ready=1)})
+    assert decision.change > 0, decision
+    # Asked for at 0 s, first seen starting at the next pass (10 s), ready at 30 s.
+    state.note_fleet({"agg": RoleState(ready=1, pending=decision.change)}, 10.0)
+    state.note_fleet({"agg": RoleState(ready=decision.target)}, 30.0)
+    assert state.startup_s == 30.0
+    # A replica this planner did not ask for (another actor's restart) counts from the
+    # pass that first saw it starting.
+    state.note_fleet({"agg": RoleState(ready=decision.target, pending=1)}, 100.0)
+    state.note_fleet({"agg": RoleState(ready=decision.target + 1)}, 140.0)
+    assert state.startup_s == 40.0
+
+
 def test_before_any_start_is_seen_the_configured_start_up_sets_how_far_ahead() -> None:
     from dynamo.planner.decide import RoleState
     from dynamo.planner.step import expected_startup_s

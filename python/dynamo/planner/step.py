@@ -62,11 +62,16 @@ class PlanningState:
         self.fleet: dict[str, RoleState] = {}
         #: When each role's ready count last rose (its youngest replica became ready).
         self.ready_rose_at: dict[str, float] = {}
-        #: Since when each role has had a replica starting (seen at a pass).
+        #: Since when each role has had a replica starting: when this planner asked for it,
+        #: or else the pass that first saw it (one another actor started).
         self.pending_since: dict[str, float] = {}
-        #: The start-up time last seen: from the pass that first saw a replica starting
-        #: to the pass that saw it ready (so to within one load interval); before any,
-        #: the configured estimate (``expected_startup_s``, or the local connector's delay).
+        #: When each role was last raised by a decision of this planner's, and when the
+        #: fleet was last noted (the decisions of a pass follow its note).
+        self.asked_at: dict[str, float] = {}
+        self.noted_at: float | None = None
+        #: The start-up time last seen: from the ask (``pending_since``) to the pass that
+        #: saw the replica ready (so to within one load interval over); before any, the
+        #: configured estimate (``expected_startup_s``, or the local connector's delay).
         self.startup_s = expected_startup_s(config)
         #: The last load window's request rate, and the last mean input length a window
         #: had (the urgent check's: a window in which no request ended has none, and a
@@ -86,9 +91,21 @@ class PlanningState:
                     self.startup_s = now - self.pending_since[role]
             if state.pending == 0:
                 self.pending_since.pop(role, None)
-            else:
-                self.pending_since.setdefault(role, now)
+            elif role not in self.pending_since:
+                # Asked for since the last note: it has been starting since the ask, not
+                # since this pass saw it (up to one load interval later).
+                asked = self.asked_at.get(role)
+                fresh = asked is not None and self.noted_at is not None and self.noted_at <= asked <= now
+                self.pending_since[role] = asked if fresh and asked is not None else now
         self.fleet = dict(fleet)
+        self.noted_at = now
+
+    def _asked(self, decisions: list[Decision], now: float | None) -> list[Decision]:
+        """Note when each role was raised by ``decisions``, made at ``now``."""
+        for d in decisions:
+            if d.change > 0 and now is not None:
+                self.asked_at[d.role] = now
+        return decisions
 
     def youngest_age(self, now: float) -> float:
         """Seconds since the youngest ready replica became ready (infinite: none started)."""
@@ -122,10 +139,10 @@ class PlanningState:
             if window.isl is not None:
                 self.last_isl = window.isl
             self._correct(window, fleet, sum(waiting.values()), now)
-        return [
+        return self._asked([
             self.decider.load(role, fleet, observation(window, waiting.get(role, 0), missing))
             for role in self.config.roles
-        ]
+        ], now)
 
     def backlog(self, waiting: Mapping[str, int]) -> bool:
         """Whether any role holds more waiting requests than ready replicas by the fleet
@@ -158,7 +175,7 @@ class PlanningState:
             decision = self.decider.urgent(role, fleet, self.last_rate, self.last_isl, w, growth)
             if decision is not None:
                 decisions.append(decision)
-        return decisions
+        return self._asked(decisions, now)
 
     def throughput_step(self, fleet: Mapping[str, RoleState]) -> list[Decision]:
         """The throughput loop's decisions (one per role) from the windows since the last one."""
@@ -186,4 +203,5 @@ class PlanningState:
         isl = self.isl_predictor.predict()
         if rate is not None and isl is None and rate == 0:
             isl = 1.0  # no traffic yet: no input length, and none needed
-        return [self.decider.throughput(role, fleet, rate, isl, missing, trend) for role in self.config.roles]
+        decisions = [self.decider.throughput(role, fleet, rate, isl, missing, trend) for role in self.config.roles]
+        return self._asked(decisions, self.noted_at)
