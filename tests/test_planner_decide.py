@@ -114,6 +114,10 @@ def test_a_falling_forecast_lets_the_fleet_shrink_with_half_the_margin() -> None
     assert after([12.0, 10.0, 8.8]) == "down"
     # Still not below what half the margin allows (9.6: 4.8 a replica).
     assert after([12.0, 10.0, 9.6]) == "hold"
+    # Three falls within the noise of one throughput window (a Poisson rate of 9.2 req/s
+    # over 60 s: two standard deviations are 0.78 req/s) are a level load, not a fall.
+    assert after([9.2, 9.0, 8.8]) == "hold"
+    assert after([9.8, 9.2, 8.8]) == "down"
 
 
 def test_on_a_fall_the_floor_follows_the_forecast_trend_between_throughput_passes() -> None:

@@ -23,9 +23,10 @@
   forecast since), nor until more than one throughput interval
   after the role grew (unless demand is gone). Between that line and the target nothing
   moves: that band is the hysteresis that keeps a constant load from flapping 2↔1. When
-  the throughput loop's last ``FALLING_FORECASTS`` forecasts each fell, the demand falls
-  rather than wobbles: the check is made at the lower of the observed rate and the latest
-  forecast, with half the margin, and without waiting for ``scale_down_windows`` passes
+  the throughput loop's last ``FALLING_FORECASTS`` forecasts each fell, in all by more
+  than ``FALL_NOISE_SIGMAS`` standard deviations of one window's Poisson arrival rate,
+  the demand falls rather than wobbles: the check is made at the lower of the observed
+  rate and the latest forecast, with half the margin, and without waiting for ``scale_down_windows`` passes
   in a row (a fleet that shrinks late on a fall pays for it in GPU time, and a fall
   does not flap). The floor and that forecast then follow the forecast's trend from the
   throughput pass to each load pass (up to one throughput interval on): a fall goes on
@@ -129,6 +130,9 @@ def count_reversals(changes: Iterable[int]) -> int:
 
 #: Demand forecasts that must each fall for a scale-down to count the demand as falling.
 FALLING_FORECASTS = 3
+#: Standard deviations of one throughput window's arrival rate (Poisson, at the first of
+#: those forecasts) by which they must fall in all: less is the noise of a level load.
+FALL_NOISE_SIGMAS = 2.0
 
 
 class Decider:
@@ -310,9 +314,13 @@ class Decider:
         return ready + math.ceil((needed - ready) / self.config.warmup_speed - 1e-9)
 
     def _falling(self, role: str) -> bool:
-        """Whether each of the role's last ``FALLING_FORECASTS`` demand forecasts fell."""
+        """Whether each of the role's last ``FALLING_FORECASTS`` demand forecasts fell, and
+        by more in all than the noise of one throughput window at the first of them."""
         forecasts = self.forecasts.get(role, [])
-        return len(forecasts) == FALLING_FORECASTS and all(
+        if len(forecasts) < FALLING_FORECASTS:
+            return False
+        noise = FALL_NOISE_SIGMAS * math.sqrt(forecasts[0] / self.config.intervals.throughput_s)
+        return forecasts[0] - forecasts[-1] > noise and all(
             later < earlier for earlier, later in itertools.pairwise(forecasts)
         )
 
