@@ -43,8 +43,8 @@ from dynamo._core import PlannerLab, planner_lab_point
 from dynamo.planner.config import ROLES_AGG, ROLES_DISAGG, PlannerConfig, PlannerConfigError, Targets, load_config
 from dynamo.planner.decide import Decider, Decision, RoleState, count_reversals
 from dynamo.planner.observe import FrontendWindow
-from dynamo.planner.profile import PerformanceModel, Profile, ProfilePoint, model_for
 from dynamo.planner.predict import rates_of
+from dynamo.planner.profile import PerformanceModel, Profile, ProfilePoint, model_for
 from dynamo.planner.step import PlanningState
 
 CONFIGS = ("static-peak", "static-mean", "load-only", "planner")
