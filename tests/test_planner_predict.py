@@ -208,6 +208,20 @@ def test_the_start_up_counts_from_the_ask_not_from_the_pass_that_sees_it_startin
     assert state.startup_s == 40.0
 
 
+def test_a_warm_start_that_is_not_whole_seasons_is_reported(caplog: pytest.LogCaptureFixture) -> None:
+    def state(warm: list[float]) -> PlanningState:
+        config = build_config({"model": "m", "predictor": {"kind": "holt_winters", "season": 4, "warm_start": warm}})
+        return PlanningState(config, Decider(config))
+
+    with caplog.at_level("WARNING", logger="dynamo.planner"):
+        state([1.0, 2.0, 3.0, 4.0, 1.0, 2.0, 3.0, 4.0])
+        assert not caplog.records
+        shifted = state([1.0, 2.0, 3.0, 4.0, 1.0, 2.0, 3.0])
+    assert "holds 7 intervals, not whole seasons of 4" in caplog.text
+    # Shifted indeed: the next forecast is the season's last term, not its first.
+    assert shifted.rate_predictor.predict() == pytest.approx(4.0)
+
+
 def test_before_any_start_is_seen_the_configured_start_up_sets_how_far_ahead() -> None:
     from dynamo.planner.decide import RoleState
     from dynamo.planner.step import expected_startup_s

@@ -19,6 +19,7 @@ counted at their warm-up speed).
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 from collections.abc import Mapping
 
@@ -27,6 +28,8 @@ from dynamo.planner.decide import Decider, Decision, RoleState
 from dynamo.planner.observe import FrontendWindow, observation
 from dynamo.planner.predict import Predictor, make_predictor, trace_rates
 from dynamo.planner.profile import Sample
+
+log = logging.getLogger("dynamo.planner")
 
 #: Urgent checks in a row at which the waiting requests must each have risen.
 RISING_CHECKS = 3
@@ -55,8 +58,15 @@ class PlanningState:
         self.decider = decider
         p = config.predictor
         warm = trace_rates(p.warm_start_trace, config.intervals.throughput_s) if p.warm_start_trace else []
+        warm = [*warm, *p.warm_start]
+        if p.kind == "holt_winters" and len(warm) % p.season:
+            # The live windows continue the season where the warm start left it.
+            log.warning(
+                "predictor: the warm start holds %d intervals, not whole seasons of %d: the seasonal terms "
+                "start %d interval(s) into a season, not at its start", len(warm), p.season, len(warm) % p.season,
+            )
         params = p.model_dump(include={"window", "alpha", "beta", "gamma", "season", "phi"})
-        self.rate_predictor: Predictor = make_predictor(p.kind, **params, warm_start=[*warm, *p.warm_start])
+        self.rate_predictor: Predictor = make_predictor(p.kind, **params, warm_start=warm)
         self.isl_predictor: Predictor = make_predictor(p.kind, **params)
         self.windows: list[FrontendWindow] = []
         self.fleet: dict[str, RoleState] = {}
