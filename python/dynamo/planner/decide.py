@@ -26,9 +26,9 @@
   the throughput loop's last ``FALLING_FORECASTS`` forecasts each fell, in all by more
   than ``FALL_NOISE_SIGMAS`` standard deviations of one window's Poisson arrival rate,
   the demand falls rather than wobbles: the check is made at the lower of the observed
-  rate and the latest forecast, with half the margin, and without waiting for ``scale_down_windows`` passes
-  in a row (a fleet that shrinks late on a fall pays for it in GPU time, and a fall
-  does not flap). The floor and that forecast then follow the forecast's trend from the
+  rate and the latest forecast, with half the margin, and without waiting for
+  ``scale_down_windows`` passes in a row (a fleet that shrinks late on a fall pays for
+  it in GPU time, and a fall does not flap). The floor and that forecast then follow the forecast's trend from the
   throughput pass to each load pass (up to one throughput interval on): a fall goes on
   between the throughput passes, and a floor held at the last pass's forecast lags it.
 * The **urgent check** (every ``intervals.urgent_s``, between load passes; ``step.py``
