@@ -29,10 +29,11 @@ class RecordingConnector:
 
     def __init__(self, ready: int) -> None:
         self.ready = ready
+        self.pending = 0
         self.calls: list[tuple[str, int]] = []
 
     async def replicas(self) -> dict[str, RoleState]:
-        return {"agg": RoleState(ready=self.ready)}
+        return {"agg": RoleState(ready=self.ready, pending=self.pending)}
 
     async def scale(self, role: str, target: int, reason: str) -> None:
         self.calls.append((role, target))
@@ -112,6 +113,14 @@ async def test_the_urgent_pass_acts_on_a_queue_the_load_reports_show_building() 
     assert [(d.loop, d.action) for d in decisions] == [("urgent", "up")]
     assert connector.calls == [("agg", decisions[0].target)] and decisions[0].target > 2
     assert p.decisions[-1]["loop"] == "urgent" and p.decisions[-1]["done"] is True
+    # The replicas it asked for are starting when the next pass reads the fleet: they
+    # have been since the urgent check's ask (made after its own read of the fleet), not
+    # since that pass saw them.
+    asked = p.state.asked_at["agg"]
+    connector.ready, connector.pending = 2, decisions[0].target - 2
+    await p.load_pass()
+    assert p.state.noted_at is not None and p.state.noted_at > asked
+    assert p.state.pending_since["agg"] == asked
 
 
 def test_a_bad_configuration_exits_2_naming_the_key(tmp_path) -> None:

@@ -118,6 +118,9 @@ class Planner:
         fleet: dict[str, RoleState] | None = self.state.fleet
         if self.state.backlog(waiting):
             fleet = await self._read_fleet()
+            # The decisions follow that read's note: an ask before it would not count
+            # as this planner's (``PlanningState.note_fleet``).
+            now = time.monotonic()
         if not fleet:
             return []
         decisions = self.state.urgent_step(fleet, waiting, now)

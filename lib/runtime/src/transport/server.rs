@@ -70,6 +70,12 @@ impl Transport {
     pub(crate) fn on_request(self: &Arc<Self>, conn: &Arc<Link>, stream: u64, header: RequestHeader, body: Bytes) {
         let endpoint = self.endpoints.read().get(&header.endpoint).cloned();
         let Some(endpoint) = endpoint else {
+            if self.is_shutting_down() {
+                // Drained and removed, but a caller whose discovery has not seen the
+                // instance go yet still reaches it: refused as for a draining endpoint,
+                // so the caller resends the request elsewhere.
+                return self.reject(conn, stream, ErrorKind::Unavailable, &format!("instance {:x} is shutting down", self.instance_id));
+            }
             return self.reject(
                 conn,
                 stream,
@@ -93,5 +99,50 @@ impl Transport {
     pub(super) fn reject(&self, conn: &Arc<Link>, stream: u64, kind: ErrorKind, message: &str) {
         let h = serde_json::json!({"kind": kind.as_str(), "message": message});
         conn.send_reliably(Frame::with_header(FrameKind::Error, stream, serde_json::to_vec(&h).unwrap_or_default().into(), Bytes::new()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use futures::StreamExt;
+    use tokio_util::sync::CancellationToken;
+    use tokio_util::task::TaskTracker;
+
+    use super::*;
+    use crate::transport::TransportConfig;
+
+    async fn transport(id: u64, cancel: &CancellationToken) -> Arc<Transport> {
+        let config = TransportConfig {
+            max_message_size: 1 << 20,
+            connect_timeout: Duration::from_secs(1),
+            response_timeout: Duration::from_secs(5),
+            ping_interval: Duration::from_secs(2),
+            peer_timeout: Duration::from_secs(6),
+        };
+        Transport::bind(config, id, "127.0.0.1", 0, cancel.clone(), TaskTracker::new()).await.unwrap()
+    }
+
+    async fn refusal(caller: &Arc<Transport>, worker: &Arc<Transport>, endpoint: &str) -> Error {
+        let mut stream = caller.send_tcp(worker.address(), endpoint, "r", Bytes::from_static(b"{}")).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(5), stream.next()).await.unwrap().unwrap().unwrap_err()
+    }
+
+    #[tokio::test]
+    async fn an_endpoint_gone_with_its_shutdown_is_refused_as_unavailable_not_unknown() {
+        let cancel = CancellationToken::new();
+        let (worker, caller) = (transport(1, &cancel).await, transport(2, &cancel).await);
+        // Serving: a path it never served is unknown there (the caller's mistake).
+        let err = refusal(&caller, &worker, "ns/c/missing").await;
+        assert_eq!(err.kind(), ErrorKind::UnknownEndpoint, "{err}");
+        // Shutting down, its drained endpoints removed: a caller that still routes to it
+        // is told it is going, which it resends elsewhere.
+        assert!(!worker.begin_shutdown());
+        let err = refusal(&caller, &worker, "ns/c/generate").await;
+        assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+        assert!(err.message().contains("shutting down"), "{err}");
+        cancel.cancel();
     }
 }
