@@ -59,7 +59,7 @@ class Oracle:
         return min(self.most, max(self.least, math.ceil(top / self.per_replica - 1e-9)))
 
     def load_step(self, window: Any, fleet: Mapping[str, RoleState], waiting: Any, missing: Any,
-                  now: float) -> list[Decision]:
+                  now: float, throughput: bool = False) -> list[Decision]:
         current = fleet["agg"].total
         return [Decision("agg", "load", current, self.size(now), "oracle")]
 

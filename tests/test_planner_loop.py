@@ -77,9 +77,12 @@ async def test_a_missing_frontend_is_visible_and_holds() -> None:
     assert "Connection refused" in body["signals"]["frontend_metrics"]["detail"]
     assert body["fleet"] == {"agg": {"ready": 2, "pending": 0}}
     assert body["decisions"][-1]["missing"] == ["frontend_metrics"]
-    # The throughput loop, with no window at all, holds and says why too.
-    [decision] = await p.throughput_pass()
-    assert decision.action == "hold" and decision.missing == ("frontend_metrics",)
+    # The throughput loop (its pass rides on a load pass), with no window at all, holds
+    # and says why too.
+    decisions = await p.load_pass(throughput=True)
+    assert [(d.loop, d.action, d.missing) for d in decisions] == [
+        ("throughput", "hold", ("frontend_metrics",)), ("load", "hold", ("frontend_metrics",)),
+    ]
 
 
 async def test_advisory_mode_decides_but_never_acts() -> None:

@@ -239,3 +239,45 @@ def test_before_any_start_is_seen_the_configured_start_up_sets_how_far_ahead() -
     state.note_fleet({"agg": RoleState(ready=1, pending=1)}, 0.0)
     state.note_fleet({"agg": RoleState(ready=2)}, 50.0)
     assert state.startup_s == 50.0
+
+
+def test_a_load_pass_with_a_throughput_pass_due_judges_the_fleet_against_the_new_floor() -> None:
+    from dynamo.planner.decide import RoleState
+    from dynamo.planner.observe import FrontendWindow
+    from dynamo.planner.profile import PerformanceModel, Profile
+
+    # One replica serves c req/s at concurrency c, 100c ms TTFT and 10c ms ITL: 5 req/s
+    # within 500 ms and 50 ms, 4 req/s within 80 % of them.
+    points = [{"isl": 128, "concurrency": c, "ttft_ms": 100.0 * c, "itl_ms": 10.0 * c, "throughput_rps": float(c)}
+              for c in (1, 2, 4, 8, 16)]
+    config = build_config({"model": "m", "targets": {"ttft": {"ms": 500}, "itl": {"ms": 50}},
+                           "roles": {"agg": {"max_replicas": 20}}, "intervals": {"throughput_s": 20, "load_s": 10},
+                           "predictor": {"kind": "constant"}})
+
+    def window(rate: float, ttft_ms: float, itl_ms: float) -> FrontendWindow:
+        # Each request takes 1 s on the profile: as many in flight as arrive a second.
+        return FrontendWindow(seconds=10.0, request_rate=rate, inflight=int(rate), isl=128.0, osl=None,
+                              ttft_ms=ttft_ms, itl_ms=itl_ms)
+
+    def passes(throughput_first: bool) -> list[tuple[str, str, int]]:
+        state = PlanningState(config, Decider(config, PerformanceModel(Profile.model_validate({"points": points}))))
+        fleet = {"agg": RoleState(ready=3)}
+        state.note_fleet(fleet, 0.0)
+        # 15 req/s on 3 replicas (5 each: at the targets), then a quiet window of 6 req/s
+        # that 2 replicas would carry within 80 % of them; the throughput pass at 20 s
+        # forecasts the two windows' 10.5 req/s: a floor of 3.
+        [first] = state.load_step(window(15.0, 500.0, 50.0), fleet, {"agg": 0}, (), 10.0)
+        assert first.action == "hold", first
+        quiet = window(6.0, 200.0, 20.0)
+        if throughput_first:
+            decisions = state.load_step(quiet, fleet, {"agg": 0}, (), 20.0, throughput=True)
+        else:  # the load pass, then the throughput pass, at the same instant
+            [load] = state.load_step(quiet, fleet, {"agg": 0}, (), 20.0)
+            after = {"agg": RoleState(ready=3 + min(load.change, 0))}
+            decisions = [load, *state.throughput_step(after)]
+        return [(d.loop, d.action, d.target) for d in decisions]
+
+    # Judged against the floor the pass sets at the same instant: nothing moves.
+    assert passes(throughput_first=True) == [("throughput", "hold", 3), ("load", "hold", 3)]
+    # The other order drains a replica and starts another at once.
+    assert passes(throughput_first=False) == [("load", "down", 2), ("throughput", "up", 3)]

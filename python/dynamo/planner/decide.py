@@ -341,9 +341,17 @@ class Decider:
         floor = max(math.ceil(rate / capacity - 1e-9), self.config.roles[role].min_replicas)
         return min(floor, self.floors[role]), rate
 
-    def load(self, role: str, fleet: Mapping[str, RoleState], obs: Observation) -> Decision:
-        """The load loop's pass for ``role``: up, -1 or hold."""
-        self.passes[role] += 1
+    def count_pass(self) -> None:
+        """Count a load pass of every role before its decisions (``load(counted=True)``):
+        a throughput pass made at the same instant, before them, belongs to it."""
+        for role in self.passes:
+            self.passes[role] += 1
+
+    def load(self, role: str, fleet: Mapping[str, RoleState], obs: Observation, counted: bool = False) -> Decision:
+        """The load loop's pass for ``role``: up, -1 or hold (``counted``: the pass was
+        counted already, ``count_pass``)."""
+        if not counted:
+            self.passes[role] += 1
         decision = self._load(role, fleet, obs)
         if decision.change > 0:
             self.grew_at[role] = self.passes[role]

@@ -382,13 +382,11 @@ def _replay(
             isl=w["arrival_input_tokens"] / w["arrivals"] if w["arrivals"] else None, osl=None,
             ttft_ms=ttft_q, itl_ms=itl_q,
         )
-        state.note_fleet(fleet, t)
-        act(state.load_step(window, fleet, _waiting(w, lab.roles), (), t))
-        if t >= next_throughput - 1e-9:
+        due = t >= next_throughput - 1e-9
+        if due:
             next_throughput += throughput_s
-            fleet = _fleet(lab)
-            state.note_fleet(fleet, t)
-            act(state.throughput_step(fleet))
+        state.note_fleet(fleet, t)
+        act(state.load_step(window, fleet, _waiting(w, lab.roles), (), t, throughput=due))
         if t > lab.last_arrival_s + 24 * 3600:
             raise RuntimeError(f"{name}: the replay does not end")
     run.replica_seconds = lab.replica_seconds

@@ -1,8 +1,8 @@
 """The planner's two loops over one fleet: observe → predict → decide → act.
 
 ``Planner.load_pass`` runs every ``intervals.load_s`` (scrape the frontend, read the
-connector's replicas, then the load step); ``Planner.throughput_pass`` every
-``intervals.throughput_s`` (the throughput step); ``Planner.urgent_pass`` every
+connector's replicas, then the load step), with the throughput step first at the first
+pass at or after each ``intervals.throughput_s``; ``Planner.urgent_pass`` every
 ``intervals.urgent_s`` between them (the workers' waiting requests, scale-ups only).
 The steps themselves, with no I/O, are ``dynamo.planner.step`` (the planner lab runs the
 same ones on simulated time).
@@ -91,8 +91,10 @@ class Planner:
 
     # -- the loops ---------------------------------------------------------------------
 
-    async def load_pass(self) -> list[Decision]:
-        """One pass of the load loop; its decisions (one per role, or none without a fleet)."""
+    async def load_pass(self, throughput: bool = False) -> list[Decision]:
+        """One pass of the load loop, and with ``throughput`` the throughput loop's pass
+        before its decisions (``PlanningState.load_step``); their decisions (one per role
+        and loop, or none without a fleet)."""
         window = await self.frontend.scrape()
         self._set_signal("frontend_metrics", self.frontend.signal.state, self.frontend.signal.detail)
         fleet = await self._read_fleet()
@@ -103,7 +105,7 @@ class Planner:
         missing = tuple(name for name in ("frontend_metrics",) if self.signals[name].state != "ok")
         now = time.monotonic()
         waiting = {role: reports.waiting(now) for role, reports in self.reports.items()}
-        decisions = self.state.load_step(window, fleet, waiting, missing, now)
+        decisions = self.state.load_step(window, fleet, waiting, missing, now, throughput)
         for decision in decisions:
             await self._act(decision, fleet)
         return decisions
@@ -124,16 +126,6 @@ class Planner:
         if not fleet:
             return []
         decisions = self.state.urgent_step(fleet, waiting, now)
-        for decision in decisions:
-            await self._act(decision, fleet)
-        return decisions
-
-    async def throughput_pass(self) -> list[Decision]:
-        """One pass of the throughput loop: forecast the next interval, set the floors."""
-        fleet = await self._read_fleet()
-        if fleet is None:
-            return []
-        decisions = self.state.throughput_step(fleet)
         for decision in decisions:
             await self._act(decision, fleet)
         return decisions
@@ -163,7 +155,18 @@ class Planner:
             log.error("%s: scaling to %d failed: %s", decision.role, decision.target, e)
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Both loops until ``stop`` is set; each pass is awaited before the next."""
+        """The loops until ``stop`` is set; each pass is awaited before the next. The
+        throughput loop's passes ride on the load loop's: the first load pass at or after
+        each ``intervals.throughput_s`` makes one (the first pass too)."""
+        intervals = self.config.intervals
+        next_throughput = time.monotonic()
+
+        async def load_and_throughput() -> None:
+            nonlocal next_throughput
+            due = time.monotonic() >= next_throughput
+            if due:
+                next_throughput = max(next_throughput + intervals.throughput_s, time.monotonic())
+            await self.load_pass(throughput=due)
 
         async def every(seconds: float, one_pass: Any) -> None:
             while not stop.is_set():
@@ -171,10 +174,7 @@ class Planner:
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(stop.wait(), seconds)
 
-        loops = [
-            asyncio.create_task(every(self.config.intervals.load_s, self.load_pass)),
-            asyncio.create_task(every(self.config.intervals.throughput_s, self.throughput_pass)),
-        ]
+        loops = [asyncio.create_task(every(intervals.load_s, load_and_throughput))]
         urgent_s = self.config.intervals.urgent_s
         if urgent_s is not None and self.reports and self.decider.model is not None:
             loops.append(asyncio.create_task(every(urgent_s, self.urgent_pass)))

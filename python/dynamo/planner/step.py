@@ -18,6 +18,7 @@ counted at their warm-up speed).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import math
@@ -140,17 +141,33 @@ class PlanningState:
         waiting: Mapping[str, int],
         missing: tuple[str, ...],
         now: float,
+        throughput: bool = False,
     ) -> list[Decision]:
         """The load loop's decisions (one per role) for ``window`` (``None``: nothing
-        scraped), the fleet, each role's waiting requests and the missing signals."""
+        scraped), the fleet, each role's waiting requests and the missing signals. With
+        ``throughput`` (a throughput pass is due), the throughput loop's decisions come
+        first, from the windows up to this one, and the load loop then judges the fleet
+        they leave against the floors they set: a load pass that shrank the fleet under a
+        floor the throughput pass raises at the same instant would have a replica drained
+        and another started (and its start-up paid) for nothing. The caller acts on the
+        decisions in order."""
         if window is not None:
             self.windows.append(window)
             self.last_rate = window.request_rate
             if window.isl is not None:
                 self.last_isl = window.isl
             self._correct(window, fleet, sum(waiting.values()), now)
-        return self._asked([
-            self.decider.load(role, fleet, observation(window, waiting.get(role, 0), missing))
+        self.decider.count_pass()
+        first: list[Decision] = []
+        if throughput:
+            first = self.throughput_step(fleet)
+            raised = {d.role: d.change for d in first if d.change > 0}
+            fleet = {
+                role: dataclasses.replace(state, pending=state.pending + raised.get(role, 0))
+                for role, state in fleet.items()
+            }
+        return first + self._asked([
+            self.decider.load(role, fleet, observation(window, waiting.get(role, 0), missing), counted=True)
             for role in self.config.roles
         ], now)
 
