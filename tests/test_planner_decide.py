@@ -144,6 +144,24 @@ def test_on_a_fall_the_floor_follows_the_forecast_trend_between_throughput_passe
     assert after([10.5, 10.5, 10.5], -4.0) == ["hold: at the floor (3)"]
 
 
+def test_on_a_fall_the_throughput_pass_does_not_raise_what_the_load_loop_shrank() -> None:
+    def third_pass(forecasts: list[float], trend: float) -> object:
+        decider = Decider(config(intervals={"load_s": 10, "throughput_s": 20}), PerformanceModel(profile()))
+        for rate in forecasts[:-1]:
+            decider.throughput("agg", {"agg": RoleState(ready=3)}, rate, ISL, trend=trend)
+        # The load loop took the fleet to 2 on the way down; the next forecast, 10.5 req/s,
+        # makes a floor of 3 (5 req/s a replica at the targets).
+        return decider.throughput("agg", {"agg": RoleState(ready=2)}, forecasts[-1], ISL, trend=trend)
+
+    held = third_pass([14.0, 12.0, 10.5], -1.5)
+    assert (held.action, held.target) == ("hold", 2), held
+    assert "floor 3" in held.reason and "the demand falls" in held.reason, held
+    # Not a fall (the forecasts did not fall three times, or the trend rises): raised.
+    for forecasts, trend in (([10.5, 10.5, 10.5], -1.5), ([14.0, 12.0, 10.5], 0.5)):
+        raised = third_pass(forecasts, trend)
+        assert (raised.action, raised.target) == ("up", 3), (forecasts, trend, raised)
+
+
 def test_a_replica_is_added_for_latency_only_after_several_slow_passes_in_a_row() -> None:
     decider = Decider(config(scale_up_windows=2))
     fleet = {"agg": RoleState(ready=2)}

@@ -3,7 +3,8 @@
 * The **throughput loop** (every ``intervals.throughput_s``) sets a role's *floor*: the
   forecast request rate (for when a replica asked for now would serve: ``step.py``) ÷
   what one replica serves within the targets (the profile's capacity, live-corrected),
-  rounded up. It only ever raises the fleet to its floor.
+  rounded up. It only ever raises the fleet to its floor, and not on a falling demand
+  (see below), where the load loop's removals under the floor stand.
 * The **load loop** (every ``intervals.load_s``) grows in proportion when the rate it
   observed needs more replicas than the role holds (pending ones counted as capacity) by
   the profile's capacity at the targets, and the fleet is over a target or holds a
@@ -214,6 +215,14 @@ class Decider:
         floor, capped = self._constrain(role, floor, fleet)
         self.floors[role] = floor
         self.last_pass[role] = (predicted_rate, trend, capacity, self.passes[role])
+        if floor > current and trend < 0 and self._falling(role):
+            # The load loop shrank the fleet under the floor on a falling demand (at the
+            # observed rate, or the forecast moved along its trend): raised again now, a
+            # replica would start only to be removed on the way down.
+            return Decision(
+                role, "throughput", current, current,
+                f"hold: floor {floor} ({why}{capped}), but the demand falls and {current} replica(s) carry it",
+            )
         target = max(current, floor)
         if target > current:
             self.grew_at[role] = self.passes[role]
