@@ -132,11 +132,13 @@ class Planner:
 
     async def _act(self, decision: Decision, fleet: dict[str, RoleState]) -> None:
         missing = f" [missing: {', '.join(decision.missing)}]" if decision.missing else ""
-        state = fleet[decision.role]
+        ready = fleet[decision.role].ready
+        # Pending from the decision's own count: a load decision after a throughput raise
+        # in the same pass counts the replicas that raise asked for, which the read did not.
         log.info(
             "%s loop: %s %s %d -> %d (ready %d, pending %d): %s%s",
             decision.loop, decision.role, decision.action, decision.current, decision.target,
-            state.ready, state.pending, decision.reason, missing,
+            ready, decision.current - ready, decision.reason, missing,
         )
         entry: dict[str, Any] = {
             "at": time.time(), "loop": decision.loop, "role": decision.role, "action": decision.action,
