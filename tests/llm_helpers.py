@@ -285,6 +285,21 @@ def planner_health(port: int) -> dict[str, Any]:
         return json.loads(e.read())
 
 
+def planner_metrics(port: int) -> tuple[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]]:
+    """A planner's ``/metrics``: its content type and each sample, keyed by its name and
+    its labels (sorted)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
+        kind, text = response.headers["Content-Type"], response.read().decode()
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    return kind, samples
+
+
 class Planner:
     """A `python -m dynamo.planner --config CONFIG` process on a free health port."""
 
@@ -295,6 +310,9 @@ class Planner:
 
     def health(self) -> dict[str, Any]:
         return planner_health(self.port)
+
+    def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        return planner_metrics(self.port)[1]
 
     def fleet(self, role: str = "agg") -> dict[str, int]:
         """The role's `{"ready": n, "pending": m}` as the planner sees it."""

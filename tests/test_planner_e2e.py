@@ -70,6 +70,12 @@ async def test_scales_up_under_a_load_step_and_back_down_losing_nothing(
     decisions = planner.health()["decisions"]
     downs = [d for d in decisions if d["action"] == "down" and d["done"]]
     assert downs, decisions
+    # /metrics counts them, and shows the fleet it ended with.
+    metrics = planner.metrics()
+    down = ("dynamo_planner_decisions_total", (("action", "down"), ("loop", "load"), ("role", "agg")))
+    assert metrics[down] >= len(downs)
+    assert metrics[("dynamo_planner_replicas", (("role", "agg"), ("state", "ready")))] == 1.0
+    assert metrics[("dynamo_planner_signal_state", (("signal", "frontend_metrics"), ("state", "ok")))] == 1.0
 
     # SIGTERM: the planner drains its workers and exits 0.
     await planner.stop()

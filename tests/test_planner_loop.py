@@ -1,6 +1,7 @@
-"""The planner process's loop and its /health: a missing frontend is a visible state
-(signal, /health 503, decisions that hold naming it), advisory mode never acts, and a bad
-configuration stops `python -m dynamo.planner` with the key named."""
+"""The planner process's loop, its /health and its /metrics: a missing frontend is a visible
+state (signal, /health 503, a metric, decisions that hold naming it), advisory mode never
+acts, decisions and failed changes are counted, and a bad configuration stops `python -m
+dynamo.planner` with the key named."""
 
 from __future__ import annotations
 
@@ -14,12 +15,14 @@ import urllib.request
 from typing import Any
 
 from dynamo.planner.config import build_config
+from dynamo.planner.connector import ConnectorError, ConnectorErrorKind
 from dynamo.planner.decide import Decider, RoleState
 from dynamo.planner.health import HealthServer
 from dynamo.planner.loop import Planner
 from dynamo.planner.observe import FrontendObserver, FrontendWindow, LoadReports
 from dynamo.planner.profile import PerformanceModel, Profile
 from helpers import free_port
+from llm_helpers import planner_metrics
 
 
 class RecordingConnector:
@@ -66,12 +69,20 @@ async def test_a_missing_frontend_is_visible_and_holds() -> None:
     decisions = await p.load_pass()
     assert [(d.action, d.missing) for d in decisions] == [("hold", ("frontend_metrics",))]
     assert connector.calls == []
-    server = HealthServer(p.health)
+    server = HealthServer(p.health, metrics=p.metrics)
     port = await server.start()
     try:
         status, body = await asyncio.to_thread(get, port)
+        kind, samples = await asyncio.to_thread(planner_metrics, port)
     finally:
         await server.close()
+    assert kind.startswith("text/plain; version=0.0.4")
+    state = "dynamo_planner_signal_state"
+    assert samples[(state, (("signal", "frontend_metrics"), ("state", "missing")))] == 1.0
+    assert samples[(state, (("signal", "frontend_metrics"), ("state", "ok")))] == 0.0
+    assert samples[(state, (("signal", "connector"), ("state", "ok")))] == 1.0
+    assert samples[("dynamo_planner_replicas", (("role", "agg"), ("state", "ready")))] == 2.0
+    assert samples[("dynamo_planner_decisions_total", (("action", "hold"), ("loop", "load"), ("role", "agg")))] == 1.0
     assert status == 503 and body["status"] == "degraded"
     assert body["signals"]["frontend_metrics"]["state"] == "missing"
     assert "Connection refused" in body["signals"]["frontend_metrics"]["detail"]
@@ -93,6 +104,31 @@ async def test_advisory_mode_decides_but_never_acts() -> None:
     acting, connector = planner(advisory=False, min_replicas=3)
     await acting.load_pass()
     assert connector.calls == [("agg", 3)] and acting.decisions[-1]["done"] is True
+
+
+class RefusingConnector(RecordingConnector):
+    """Reads the fleet, refuses every change."""
+
+    async def scale(self, role: str, target: int, reason: str) -> None:
+        raise ConnectorError(ConnectorErrorKind.UNREACHABLE, "the cluster is away")
+
+
+async def test_metrics_count_decisions_and_the_changes_that_failed() -> None:
+    p, connector = planner(advisory=False, min_replicas=3)
+    await p.load_pass()  # 2 -> 3, made
+    p.connector = refusing = RefusingConnector(ready=1)
+    await p.load_pass()  # 1 -> 3, refused
+    assert connector.calls == [("agg", 3)] and refusing.calls == []
+    server = HealthServer(p.health, metrics=p.metrics)
+    port = await server.start()
+    try:
+        _, samples = await asyncio.to_thread(planner_metrics, port)
+    finally:
+        await server.close()
+    assert samples[("dynamo_planner_decisions_total", (("action", "up"), ("loop", "load"), ("role", "agg")))] == 2.0
+    assert samples[("dynamo_planner_scale_failures_total", (("role", "agg"),))] == 1.0
+    assert samples[("dynamo_planner_signal_state", (("signal", "connector"), ("state", "missing")))] == 1.0
+    assert samples[("dynamo_planner_advisory", ())] == 0.0
 
 
 async def test_the_urgent_pass_acts_on_a_queue_the_load_reports_show_building() -> None:

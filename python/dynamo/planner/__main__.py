@@ -137,10 +137,10 @@ async def run(config: PlannerConfig) -> int:
     try:
         planner = build_planner(config, runtime)
         followers = await _follow_reports(runtime, config, planner)
-        health = HealthServer(planner.health, port=config.port)
+        health = HealthServer(planner.health, port=config.port, metrics=planner.metrics)
         port = await health.start()
         log.info(
-            "planner for model '%s': roles %s, connector %s%s; /health on http://127.0.0.1:%d/health",
+            "planner for model '%s': roles %s, connector %s%s; /health and /metrics on http://127.0.0.1:%d",
             config.model, ", ".join(config.roles), config.connector.kind,
             " (advisory)" if config.advisory else "", port,
         )

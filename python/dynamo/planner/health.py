@@ -1,6 +1,7 @@
-"""The planner's own ``/health``: its signals (``ok``, ``missing`` or ``stale``), its fleet
-and its last decisions, as JSON; 200 while every signal is ``ok``, else 503. A plain
-asyncio HTTP server: one route, no framework."""
+"""The planner's own HTTP port: ``/health``, its signals (``ok``, ``missing`` or ``stale``),
+its fleet and its last decisions, as JSON, 200 while every signal is ``ok``, else 503; and
+``/metrics``, the same state in the Prometheus text format (``dynamo.planner.metrics``).
+A plain asyncio HTTP server: two routes, no framework."""
 
 from __future__ import annotations
 
@@ -10,15 +11,25 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from dynamo.planner.metrics import CONTENT_TYPE
+
 #: Bound on reading one request's head.
 READ_TIMEOUT = 5.0
 
 
 class HealthServer:
-    """Serves ``report()`` on ``GET /health`` at ``127.0.0.1:port`` (0: a free port)."""
+    """Serves ``report()`` on ``GET /health`` and ``metrics()`` (if given) on ``GET /metrics``
+    at ``127.0.0.1:port`` (0: a free port)."""
 
-    def __init__(self, report: Callable[[], dict[str, Any]], host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        report: Callable[[], dict[str, Any]],
+        host: str = "127.0.0.1",
+        port: int = 0,
+        metrics: Callable[[], bytes] | None = None,
+    ) -> None:
         self.report = report
+        self.metrics = metrics
         self.host = host
         self.port = port
         self.server: asyncio.base_events.Server | None = None
@@ -33,15 +44,18 @@ class HealthServer:
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), READ_TIMEOUT)
             parts = head.split(b" ", 2)
-            path = parts[1].decode() if len(parts) > 1 else ""
-            if path.split("?")[0] == "/health":
+            path = (parts[1].decode() if len(parts) > 1 else "").split("?")[0]
+            kind = "application/json"
+            if path == "/health":
                 report = self.report()
                 status = "200 OK" if report.get("status") == "ok" else "503 Service Unavailable"
                 body = json.dumps(report, indent=1).encode()
+            elif path == "/metrics" and self.metrics is not None:
+                status, body, kind = "200 OK", self.metrics(), CONTENT_TYPE
             else:
                 status, body = "404 Not Found", b'{"error": "not found"}'
             writer.write(
-                f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+                f"HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {len(body)}\r\n"
                 f"Connection: close\r\n\r\n".encode() + body
             )
             await writer.drain()

@@ -6,7 +6,8 @@ pass at or after each ``intervals.throughput_s``; ``Planner.urgent_pass`` every
 ``intervals.urgent_s`` between them (the workers' waiting requests, scale-ups only).
 The steps themselves, with no I/O, are ``dynamo.planner.step`` (the planner lab runs the
 same ones on simulated time).
-Each decision is logged; in ``advisory`` mode it is only logged and shown on ``/health``.
+Each decision is logged and counted (``/metrics``); in ``advisory`` mode it is only logged
+and shown on ``/health``.
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import deque
+from collections import Counter, deque
 from typing import Any
 
 from dynamo.planner.config import PlannerConfig
 from dynamo.planner.connector import Connector, ConnectorError
 from dynamo.planner.decide import Decider, Decision, RoleState
+from dynamo.planner.metrics import render
 from dynamo.planner.observe import FrontendObserver, LoadReports, SignalState
 from dynamo.planner.step import PlanningState
 
@@ -49,6 +51,9 @@ class Planner:
         self.state = PlanningState(config, decider)
         self.signals: dict[str, SignalState] = {"connector": SignalState("missing", "not read yet")}
         self.decisions: deque[dict[str, Any]] = deque(maxlen=HISTORY)
+        #: Decisions made per (role, loop, action), and changes that failed per role (``/metrics``).
+        self.decision_counts: Counter[tuple[str, str, str]] = Counter()
+        self.scale_failures: Counter[str] = Counter()
         self.started = time.monotonic()
 
     @property
@@ -146,6 +151,7 @@ class Planner:
             "missing": list(decision.missing), "done": False,
         }
         self.decisions.append(entry)
+        self.decision_counts[(decision.role, decision.loop, decision.action)] += 1
         if decision.change == 0 or self.config.advisory:
             return
         try:
@@ -153,6 +159,7 @@ class Planner:
             entry["done"] = True
         except ConnectorError as e:
             entry["error"] = str(e)
+            self.scale_failures[decision.role] += 1
             self._set_signal("connector", "missing", f"{e.kind.value}: {e}")
             log.error("%s: scaling to %d failed: %s", decision.role, decision.target, e)
 
@@ -186,6 +193,10 @@ class Planner:
             for task in loops:
                 task.cancel()
             await asyncio.gather(*loops, return_exceptions=True)
+
+    def metrics(self) -> bytes:
+        """What ``/metrics`` shows (``dynamo.planner.metrics``)."""
+        return render(self)
 
     def health(self) -> dict[str, Any]:
         """What ``/health`` shows."""
