@@ -76,6 +76,11 @@ async def test_scales_up_under_a_load_step_and_back_down_losing_nothing(
     assert metrics[down] >= len(downs)
     assert metrics[("dynamo_planner_replicas", (("role", "agg"), ("state", "ready")))] == 1.0
     assert metrics[("dynamo_planner_signal_state", (("signal", "frontend_metrics"), ("state", "ok")))] == 1.0
+    # The workers report their KV caches through the event plane; a drained worker's last
+    # report counts until it is `stale_after_s` old, then only the one left does.
+    assert metrics[("dynamo_planner_worker_kv_blocks", (("role", "agg"), ("state", "total")))] > 0
+    reporting = ("dynamo_planner_workers_reporting", (("role", "agg"),))
+    await wait_until(lambda: planner.metrics()[reporting] == 1.0, 15, describe, ignore=(OSError,))
 
     # SIGTERM: the planner drains its workers and exits 0.
     await planner.stop()

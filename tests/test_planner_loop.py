@@ -131,6 +131,32 @@ async def test_metrics_count_decisions_and_the_changes_that_failed() -> None:
     assert samples[("dynamo_planner_advisory", ())] == 0.0
 
 
+async def test_health_and_metrics_show_the_workers_load_reports() -> None:
+    p, _ = planner(advisory=False)
+    p.reports = {"agg": LoadReports(stale_after_s=60.0)}
+    for worker, hit in ((1, 0.25), (2, 0.75)):
+        p.reports["agg"].add({
+            "worker_id": worker, "num_requests_waiting": worker, "request_active_slots": 4,
+            "kv_active_blocks": 10, "kv_total_blocks": 40, "gpu_prefix_cache_hit_rate": hit,
+        })
+    server = HealthServer(p.health, metrics=p.metrics)
+    port = await server.start()
+    try:
+        _, body = await asyncio.to_thread(get, port)
+        _, samples = await asyncio.to_thread(planner_metrics, port)
+    finally:
+        await server.close()
+    assert body["load"] == {"agg": {
+        "reporting": 2, "waiting": 3, "running": 8, "kv_active_blocks": 20, "kv_total_blocks": 80,
+        "kv_usage": 0.25, "prefix_hit_rate": 0.5,
+    }}
+    assert samples[("dynamo_planner_workers_reporting", (("role", "agg"),))] == 2.0
+    assert samples[("dynamo_planner_worker_requests", (("role", "agg"), ("state", "waiting")))] == 3.0
+    assert samples[("dynamo_planner_worker_requests", (("role", "agg"), ("state", "running")))] == 8.0
+    assert samples[("dynamo_planner_worker_kv_blocks", (("role", "agg"), ("state", "total")))] == 80.0
+    assert samples[("dynamo_planner_worker_prefix_cache_hit_rate", (("role", "agg"),))] == 0.5
+
+
 async def test_the_urgent_pass_acts_on_a_queue_the_load_reports_show_building() -> None:
     p, connector = planner(advisory=False)
     points = [

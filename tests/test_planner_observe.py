@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from dynamo.planner.observe import (
+    FleetLoad,
     FrontendObserver,
     FrontendWindow,
     Histogram,
@@ -169,6 +170,27 @@ def test_load_reports_go_stale() -> None:
     assert reports.stale(now=106.0) == [1] and reports.waiting(now=106.0) == 3
     reports.forget([1])
     assert reports.stale(now=106.0) == []
+
+
+def test_the_fresh_reports_sum_to_the_role_s_load() -> None:
+    reports = LoadReports(stale_after_s=5.0)
+    assert reports.load(now=0.0) == FleetLoad() and FleetLoad().kv_usage is None
+    full = {"request_active_slots": 3, "kv_active_blocks": 30, "kv_total_blocks": 100}
+    reports.add({"worker_id": 1, "num_requests_waiting": 1, "gpu_prefix_cache_hit_rate": 0.5, **full}, now=100.0)
+    reports.add({"worker_id": 2, "num_requests_waiting": 2, "gpu_prefix_cache_hit_rate": 0.1, **full}, now=104.0)
+    reports.add({"worker_id": 3, "request_active_slots": "?", "kv_total_blocks": 100}, now=104.0)  # no rate
+    load = reports.load(now=104.5)
+    assert (load.reporting, load.waiting, load.running) == (3, 3, 6)
+    assert (load.kv_active_blocks, load.kv_total_blocks, load.kv_usage) == (60, 300, 0.2)
+    assert load.prefix_hit_rate == pytest.approx(0.3)  # the two that report one
+    # Worker 1 goes stale: its queue, its blocks and its rate leave the sums.
+    later = reports.load(now=106.0)
+    assert (later.reporting, later.waiting, later.kv_total_blocks) == (2, 2, 200)
+    assert later.prefix_hit_rate == pytest.approx(0.1)
+    assert later.as_dict() == {
+        "reporting": 2, "waiting": 2, "running": 3, "kv_active_blocks": 30, "kv_total_blocks": 200,
+        "kv_usage": 0.15, "prefix_hit_rate": 0.1,
+    }
 
 
 async def test_load_reports_follow_the_event_plane(runtime: Any, namespace: str) -> None:

@@ -208,6 +208,7 @@ class Planner:
             "advisory": self.config.advisory,
             "signals": {name: s.as_dict(now) for name, s in self.signals.items()},
             "fleet": {role: {"ready": s.ready, "pending": s.pending} for role, s in self.fleet.items()},
+            "load": {role: reports.load(now).as_dict() for role, reports in self.reports.items()},
             "floors": dict(self.decider.floors),
             "correction": None if model is None else {
                 "ttft_factor": model.correction.ttft_factor, "itl_factor": model.correction.itl_factor,

@@ -55,6 +55,32 @@ class PlannerCollector(Collector):
             replicas.add_metric([role, "pending"], fleet.pending)
         yield replicas
 
+        reporting = GaugeMetricFamily(
+            "dynamo_planner_workers_reporting", "Workers with a fresh load report", labels=["role"]
+        )
+        requests = GaugeMetricFamily(
+            "dynamo_planner_worker_requests", "Requests in the workers' engines, by their load reports",
+            labels=["role", "state"],
+        )
+        blocks = GaugeMetricFamily(
+            "dynamo_planner_worker_kv_blocks", "KV cache blocks of the workers, by their load reports",
+            labels=["role", "state"],
+        )
+        hits = GaugeMetricFamily(
+            "dynamo_planner_worker_prefix_cache_hit_rate", "The mean of the workers' prefix-cache hit rates",
+            labels=["role"],
+        )
+        for role, reports in sorted(p.reports.items()):
+            load = reports.load(now)
+            reporting.add_metric([role], load.reporting)
+            requests.add_metric([role, "waiting"], load.waiting)
+            requests.add_metric([role, "running"], load.running)
+            blocks.add_metric([role, "active"], load.kv_active_blocks)
+            blocks.add_metric([role, "total"], load.kv_total_blocks)
+            if load.prefix_hit_rate is not None:
+                hits.add_metric([role], load.prefix_hit_rate)
+        yield from (reporting, requests, blocks, hits)
+
         decider = p.decider
         floors = GaugeMetricFamily(
             "dynamo_planner_floor_replicas", "The floor of the last throughput pass", labels=["role"]

@@ -1,6 +1,7 @@
 """Observe the fleet without a metrics server: the frontend's own ``/metrics`` (Prometheus
 text) and the workers' load reports on the event plane (``load_metrics`` subject of their
-component, docs/mocker.md "Events").
+component, docs/mocker.md "Events": queued and running requests, KV blocks, prefix-cache
+hit rate).
 
 Histograms and counters are cumulative, so a *window* is the difference of two scrapes:
 the request rate, the mean input/output lengths and the TTFT/ITL quantiles over the last
@@ -174,6 +175,44 @@ class SignalState:
         return {"state": self.state, "detail": self.detail, "for_s": round(now - self.since, 1)}
 
 
+@dataclass(frozen=True)
+class FleetLoad:
+    """One role's workers as their fresh load reports show them (``LoadReports.load``)."""
+
+    #: Workers with a fresh report.
+    reporting: int = 0
+    #: Requests queued in their engines, and running in them.
+    waiting: int = 0
+    running: int = 0
+    #: KV cache blocks in use, and in all.
+    kv_active_blocks: int = 0
+    kv_total_blocks: int = 0
+    #: The mean of the workers' prefix-cache hit rates, each as its engine counts it (the
+    #: mocker since its start, vLLM since its last report); ``None`` without a report.
+    prefix_hit_rate: float | None = None
+
+    @property
+    def kv_usage(self) -> float | None:
+        """Blocks in use over blocks in all; ``None`` without a reported total."""
+        return self.kv_active_blocks / self.kv_total_blocks if self.kv_total_blocks else None
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-able, as ``/health`` shows it."""
+        usage, hit = self.kv_usage, self.prefix_hit_rate
+        return {
+            "reporting": self.reporting, "waiting": self.waiting, "running": self.running,
+            "kv_active_blocks": self.kv_active_blocks, "kv_total_blocks": self.kv_total_blocks,
+            "kv_usage": None if usage is None else round(usage, 4),
+            "prefix_hit_rate": None if hit is None else round(hit, 4),
+        }
+
+
+def _count(report: dict[str, Any], key: str) -> int:
+    """A report's count, 0 when absent or not a number."""
+    value = report.get(key)
+    return int(value) if isinstance(value, (int, float)) else 0
+
+
 class LoadReports:
     """The latest load report of each worker of one role, with when it arrived."""
 
@@ -202,7 +241,24 @@ class LoadReports:
 
     def waiting(self, now: float) -> int:
         """Requests waiting in the workers' queues (fresh reports only)."""
-        return sum(int(r.get("num_requests_waiting") or 0) for r in self.fresh(now).values())
+        return self.load(now).waiting
+
+    def load(self, now: float) -> FleetLoad:
+        """The role's queues, running requests, KV blocks and prefix-cache hit rate, summed
+        (the rate averaged) over the fresh reports."""
+        reports = list(self.fresh(now).values())
+        if not reports:
+            return FleetLoad()
+        rates = [float(r["gpu_prefix_cache_hit_rate"]) for r in reports
+                 if isinstance(r.get("gpu_prefix_cache_hit_rate"), (int, float))]
+        return FleetLoad(
+            reporting=len(reports),
+            waiting=sum(_count(r, "num_requests_waiting") for r in reports),
+            running=sum(_count(r, "request_active_slots") for r in reports),
+            kv_active_blocks=sum(_count(r, "kv_active_blocks") for r in reports),
+            kv_total_blocks=sum(_count(r, "kv_total_blocks") for r in reports),
+            prefix_hit_rate=sum(rates) / len(rates) if rates else None,
+        )
 
     async def follow(self, subscription: AsyncIterator[Any]) -> None:
         """Record every report of ``subscription`` until it ends or the task is cancelled."""
