@@ -258,6 +258,62 @@ def test_without_the_margin_constant_load_flaps() -> None:
     assert count_reversals([b - a for a, b in zip([1, *counts], counts, strict=False)]) > 10
 
 
+def saturating_profile() -> Profile:
+    """A replica whose engine runs 4 requests at a time: 8 req/s from concurrency 4 on,
+    and a closed-loop TTFT that grows only by the requests queued behind those 4."""
+    points = [
+        {"isl": ISL, "concurrency": c, "ttft_ms": 50.0 + 125.0 * max(0, c - 4), "itl_ms": 20.0,
+         "throughput_rps": 2.0 * min(c, 4)}
+        for c in (1, 2, 4, 8, 16)
+    ]
+    return Profile.model_validate({"points": points})
+
+
+def open_loop(decider: Decider, rates: list[float], start: int, carries: float) -> list[int]:
+    """The load loop against replicas that each carry ``carries`` req/s under open-loop
+    arrivals, whatever the profile says: over it, requests queue (a backlog, TTFT 2 s).
+    A replica asked for is ready one interval later. The replica count after each pass."""
+    ready, pending, counts = start, 0, []
+    for rate in rates:
+        ready, pending = ready + pending, 0
+        short = rate > carries * ready
+        obs = Observation(request_rate=rate, isl=ISL, ttft_ms=2000.0 if short else 100.0, itl_ms=20.0,
+                          waiting=4 * ready if short else 0)
+        decision = decider.load("agg", {"agg": RoleState(ready, pending)}, obs)
+        if decision.change > 0:
+            pending = decision.change
+        elif decision.change < 0:
+            ready += decision.change
+        counts.append(ready + pending)
+    return counts
+
+
+def test_a_scale_down_undone_by_a_backlog_is_not_made_again_at_that_load() -> None:
+    # The closed-loop profile says a replica serves 8 req/s within the targets (and within
+    # 80 % of them: its throughput curve is flat, so the latency margin gives no rate
+    # band); open-loop, a replica carries 6. At 20 req/s, 3 replicas look enough and are not.
+    decider = Decider(config(scale_down_windows=1), PerformanceModel(saturating_profile()))
+    counts = open_loop(decider, [20.0] * 60, 4, carries=6.0)
+    changes = [b - a for a, b in zip([4, *counts], counts, strict=False)]
+    # One try (4 -> 3 -> 4), then it holds: 20 / 3 per replica failed, 0.83 of the profile's 8.
+    assert count_reversals(changes) == 1 and counts[-40:] == [4] * 40, counts
+    fraction, at = decider.ceilings["agg"]
+    assert fraction == pytest.approx(20.0 / 3 / 8.0) and at == 20.0
+    hold = decider.load("agg", {"agg": RoleState(4)}, Observation(20.0, ISL, 100.0, 20.0))
+    assert hold.action == "hold" and "could not carry" in hold.reason, hold
+    # What was learned at 20 req/s holds near it only: at 12 the profile judges again.
+    down = decider.load("agg", {"agg": RoleState(4)}, Observation(12.0, ISL, 100.0, 20.0))
+    assert down.action == "down" and "agg" not in decider.ceilings, down
+
+
+def test_a_backlog_far_under_the_profile_is_a_burst_not_a_capacity_to_learn() -> None:
+    # Replicas that carry 3 req/s where the profile says 8: more than the margin off, as
+    # a burst of long prompts makes it. Nothing is learned; the profile keeps judging.
+    decider = Decider(config(scale_down_windows=1), PerformanceModel(saturating_profile()))
+    open_loop(decider, [10.0] * 30, 4, carries=3.0)
+    assert decider.ceilings == {}
+
+
 def test_back_to_the_minimum_when_load_stops() -> None:
     decider = Decider(config())
     counts = simulate(decider, [9.0] * 30 + [0.0] * 10, 1, noise=0.0, seed=0)

@@ -32,6 +32,10 @@
   it in GPU time, and a fall does not flap). The floor and that forecast then follow the forecast's trend from the
   throughput pass to each load pass (up to one throughput interval on): a fall goes on
   between the throughput passes, and a floor held at the last pass's forecast lags it.
+  A scale-down that a backlog undoes teaches the role a ceiling (``_learn``): the
+  per-replica load the smaller fleet could not carry, under which later scale-downs
+  keep a replica's load by the margin near that demand (a closed-loop profile overstates
+  a saturated engine, where the latency margin gives no rate band).
 * The **urgent check** (every ``intervals.urgent_s``, between load passes; ``step.py``
   decides when it looks) acts on a queue that builds in the workers faster than a load
   interval: more waiting requests than ready replicas, rising at each check. It takes the
@@ -161,6 +165,13 @@ class Decider:
         #: trend (req/s per throughput interval), the capacity a replica (req/s) and the
         #: load pass it followed.
         self.last_pass: dict[str, tuple[float, float, float, int]] = {}
+        #: Each role's last scale-down by the load loop: the replicas it had before, and the
+        #: request rates of the load windows since (at most one throughput interval's).
+        self.shrank_from: dict[str, tuple[int, list[float]]] = {}
+        #: Each role's per-replica load that a fleet the load loop shrank could not carry (it
+        #: grew back on a backlog), as a fraction of the profile's capacity then, and the
+        #: demand (req/s) it failed at (``_learn``).
+        self.ceilings: dict[str, tuple[float, float]] = {}
 
     def _limits(self, role: str) -> tuple[float | None, float | None]:
         """The (TTFT, ITL) targets a role answers for: prefill the first, decode the second."""
@@ -309,6 +320,7 @@ class Decider:
             return None
         self.grew_at[role] = self.passes[role]
         self.fits_in_a_row[role] = 0
+        self._learn(role, target, isl)
         return Decision(
             role, "urgent", state.total, target,
             f"{waiting} request(s) waiting on {state.ready} ready replica(s), growing {growth:.1f}/s, at "
@@ -362,9 +374,53 @@ class Decider:
         if not counted:
             self.passes[role] += 1
         decision = self._load(role, fleet, obs)
+        shrunk = self.shrank_from.get(role)
+        if shrunk is not None and obs.request_rate is not None:
+            # At most one throughput interval of windows: the demand the backlog met.
+            span = math.ceil(self.config.intervals.throughput_s / self.config.intervals.load_s - 1e-9)
+            shrunk[1][:] = [*shrunk[1][1 - span:], obs.request_rate] if span > 1 else [obs.request_rate]
         if decision.change > 0:
             self.grew_at[role] = self.passes[role]
+            if obs.waiting > fleet[role].ready > 0:  # a backlog: the fleet lacked throughput
+                self._learn(role, decision.target, obs.isl)
+        elif decision.change < 0:
+            self.shrank_from[role] = (decision.current, [])
         return decision
+
+    def _demand(self, role: str, rate: float) -> float:
+        """The demand a scale-down is judged at: the higher of one window's ``rate`` and the
+        latest throughput forecast (a window of a few seconds swings by tens of percent)."""
+        forecasts = self.forecasts.get(role)
+        return max(rate, forecasts[-1]) if forecasts else rate
+
+    def _learn(self, role: str, target: int, isl: float | None) -> None:
+        """The fleet grows to ``target`` on a backlog (more requests waiting than ready
+        replicas: a quantile over its target alone may be one long request's own). When
+        that undoes the load loop's last scale-down, the fleet it shrank to could not carry
+        the demand (the mean rate of the load windows since the scale-down, at most one
+        throughput interval's: the window that showed the backlog alone reads high),
+        whatever the profile said. A profile swept in
+        a closed loop overstates a replica whose throughput has saturated: requests that
+        arrive open-loop queue there without bound, and a latency margin gives no rate band
+        on a flat throughput curve, so a constant load flaps. The per-replica load that
+        failed, as a fraction of the profile's capacity, is the role's ceiling
+        (``ceilings``), under which later scale-downs keep a replica's load by the margin
+        while the demand stays within the margin of the one it was learned at (``_load``:
+        what one load showed says little of another, where the engine's batches differ).
+        Only an overstatement within ``scale_down_margin`` is learned: a backlog at a lower
+        load is a burst of long requests (a heavy-tailed mix), not a capacity the profile
+        got wrong."""
+        before, rates = self.shrank_from.pop(role, (0, []))
+        isl = self.isl_forecasts.get(role, isl)
+        if target < before or before < 2 or not rates or self.model is None or isl is None:
+            return
+        demand = sum(rates) / len(rates)
+        capacity = self.model.capacity(isl, *self._limits(role))
+        if capacity <= 0:
+            return
+        fraction = demand / (before - 1) / capacity
+        if 1.0 - self.config.scale_down_margin <= fraction < 1.0:
+            self.ceilings[role] = (fraction, demand)
 
     def _cooling(self, role: str) -> int:
         """Load passes left before ``role`` may shrink after growing: more than one
@@ -454,6 +510,20 @@ class Decider:
             forecast = forecasts[-1] if fall is None else fall[1]
             obs, margin = dataclasses.replace(obs, request_rate=min(obs.request_rate, forecast)), margin / 2
         fits, why = self._fits_with(role, state.ready, serving, obs, margin)
+        learned = self.ceilings.get(role)
+        if fits and why != "no demand" and learned is not None and self.model is not None and obs.isl and serving:
+            rate = obs.request_rate or 0.0
+            # On a fall, the rate the falling rule judges at; else the steadier demand.
+            demand = rate if self._falling(role) else self._demand(role, rate)
+            fraction, at = learned
+            ceiling = fraction * self.model.capacity(self.isl_forecasts.get(role, obs.isl), *self._limits(role))
+            if abs(demand - at) > self.config.scale_down_margin * at:
+                del self.ceilings[role]  # the demand moved away from where it was learned
+            elif demand / serving > (1.0 - margin) * ceiling:
+                fits, why = False, (
+                    f"{demand / serving:.2f} req/s per replica vs {(1.0 - margin) * ceiling:.2f}, {margin:.0%} under "
+                    f"the {ceiling:.2f} that a replica of a fleet shrunk before could not carry"
+                )
         if not fits:
             self.fits_in_a_row[role] = 0
             return Decision(role, "load", current, current, f"hold: {current - 1} replica(s) would not do ({why})")
