@@ -166,7 +166,7 @@ class Decider:
         #: load pass it followed.
         self.last_pass: dict[str, tuple[float, float, float, int]] = {}
         #: Each role's last scale-down by the load loop: the replicas it had before, and the
-        #: request rates of the load windows since (at most one throughput interval's).
+        #: request rates of its load window and those since (at most one throughput interval's).
         self.shrank_from: dict[str, tuple[int, list[float]]] = {}
         #: Each role's per-replica load that a fleet the load loop shrank could not carry (it
         #: grew back on a backlog), as a fraction of the profile's capacity then, and the
@@ -384,7 +384,9 @@ class Decider:
             if obs.waiting > fleet[role].ready > 0:  # a backlog: the fleet lacked throughput
                 self._learn(role, decision.target, obs.isl)
         elif decision.change < 0:
-            self.shrank_from[role] = (decision.current, [])
+            # From the window that allowed it (one that reads low, as the one that shows
+            # the backlog reads high).
+            self.shrank_from[role] = (decision.current, [] if obs.request_rate is None else [obs.request_rate])
         return decision
 
     def _demand(self, role: str, rate: float) -> float:
@@ -397,9 +399,9 @@ class Decider:
         """The fleet grows to ``target`` on a backlog (more requests waiting than ready
         replicas: a quantile over its target alone may be one long request's own). When
         that undoes the load loop's last scale-down, the fleet it shrank to could not carry
-        the demand (the mean rate of the load windows since the scale-down, at most one
-        throughput interval's: the window that showed the backlog alone reads high),
-        whatever the profile said. A profile swept in
+        the demand (the mean rate of the load windows from the scale-down's to the
+        backlog's, at most one throughput interval's: the first reads low, or it would not
+        have allowed the scale-down, and the last high), whatever the profile said. A profile swept in
         a closed loop overstates a replica whose throughput has saturated: requests that
         arrive open-loop queue there without bound, and a latency margin gives no rate band
         on a flat throughput curve, so a constant load flaps. The per-replica load that
