@@ -5,6 +5,7 @@ signal is missing; and the constraints (min/max, GPU budget, zero replicas)."""
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import pytest
 from dynamo.planner.config import build_config
@@ -60,21 +61,27 @@ def test_over_the_target_adds_one_but_not_while_one_is_starting() -> None:
     assert held.action == "hold" and "starting" in held.reason
 
 
-def simulate(decider: Decider, rates: list[float], start: int, noise: float, seed: int) -> list[int]:
-    """Run the load loop against a profiled fleet; a replica asked for is ready one
-    interval later. Returns the replica count after each interval."""
-    rng = random.Random(seed)
+def run_load_loop(
+    decider: Decider, rates: list[float], start: int, fleet_shows: Callable[[float, int], Observation]
+) -> list[int]:
+    """Run the load loop against a fleet that shows ``fleet_shows(rate, ready)``; a
+    replica asked for is ready one interval later. The replica count after each interval."""
     ready, pending, counts = start, 0, []
     for rate in rates:
         ready, pending = ready + pending, 0
-        obs = seen(rate, ready, noise, rng)
-        decision = decider.load("agg", {"agg": RoleState(ready, pending)}, obs)
+        decision = decider.load("agg", {"agg": RoleState(ready, pending)}, fleet_shows(rate, ready))
         if decision.change > 0:
             pending = decision.change
         elif decision.change < 0:
             ready += decision.change
         counts.append(ready + pending)
     return counts
+
+
+def simulate(decider: Decider, rates: list[float], start: int, noise: float, seed: int) -> list[int]:
+    """The load loop against a fleet of profiled replicas (latencies ± ``noise``)."""
+    rng = random.Random(seed)
+    return run_load_loop(decider, rates, start, lambda rate, ready: seen(rate, ready, noise, rng))
 
 
 def test_a_backlog_sizes_the_fleet_in_proportion_counting_starting_replicas() -> None:
@@ -271,21 +278,14 @@ def saturating_profile() -> Profile:
 
 def open_loop(decider: Decider, rates: list[float], start: int, carries: float) -> list[int]:
     """The load loop against replicas that each carry ``carries`` req/s under open-loop
-    arrivals, whatever the profile says: over it, requests queue (a backlog, TTFT 2 s).
-    A replica asked for is ready one interval later. The replica count after each pass."""
-    ready, pending, counts = start, 0, []
-    for rate in rates:
-        ready, pending = ready + pending, 0
+    arrivals, whatever the profile says: over it, requests queue (a backlog, TTFT 2 s)."""
+
+    def shows(rate: float, ready: int) -> Observation:
         short = rate > carries * ready
-        obs = Observation(request_rate=rate, isl=ISL, ttft_ms=2000.0 if short else 100.0, itl_ms=20.0,
-                          waiting=4 * ready if short else 0)
-        decision = decider.load("agg", {"agg": RoleState(ready, pending)}, obs)
-        if decision.change > 0:
-            pending = decision.change
-        elif decision.change < 0:
-            ready += decision.change
-        counts.append(ready + pending)
-    return counts
+        return Observation(request_rate=rate, isl=ISL, ttft_ms=2000.0 if short else 100.0, itl_ms=20.0,
+                           waiting=4 * ready if short else 0)
+
+    return run_load_loop(decider, rates, start, shows)
 
 
 def test_a_scale_down_undone_by_a_backlog_is_not_made_again_at_that_load() -> None:

@@ -64,11 +64,9 @@ def get(port: int) -> tuple[int, dict[str, Any]]:
         return e.code, json.loads(e.read())
 
 
-async def test_a_missing_frontend_is_visible_and_holds() -> None:
-    p, connector = planner(advisory=False)
-    decisions = await p.load_pass()
-    assert [(d.action, d.missing) for d in decisions] == [("hold", ("frontend_metrics",))]
-    assert connector.calls == []
+async def served(p: Planner) -> tuple[int, dict[str, Any], str, dict[Any, float]]:
+    """The planner's ``/health`` (status, body) and ``/metrics`` (content type, samples),
+    from its HTTP server on a free port."""
     server = HealthServer(p.health, metrics=p.metrics)
     port = await server.start()
     try:
@@ -76,6 +74,15 @@ async def test_a_missing_frontend_is_visible_and_holds() -> None:
         kind, samples = await asyncio.to_thread(planner_metrics, port)
     finally:
         await server.close()
+    return status, body, kind, samples
+
+
+async def test_a_missing_frontend_is_visible_and_holds() -> None:
+    p, connector = planner(advisory=False)
+    decisions = await p.load_pass()
+    assert [(d.action, d.missing) for d in decisions] == [("hold", ("frontend_metrics",))]
+    assert connector.calls == []
+    status, body, kind, samples = await served(p)
     assert kind.startswith("text/plain; version=0.0.4")
     state = "dynamo_planner_signal_state"
     assert samples[(state, (("signal", "frontend_metrics"), ("state", "missing")))] == 1.0
@@ -119,12 +126,7 @@ async def test_metrics_count_decisions_and_the_changes_that_failed() -> None:
     p.connector = refusing = RefusingConnector(ready=1)
     await p.load_pass()  # 1 -> 3, refused
     assert connector.calls == [("agg", 3)] and refusing.calls == []
-    server = HealthServer(p.health, metrics=p.metrics)
-    port = await server.start()
-    try:
-        _, samples = await asyncio.to_thread(planner_metrics, port)
-    finally:
-        await server.close()
+    *_, samples = await served(p)
     assert samples[("dynamo_planner_decisions_total", (("action", "up"), ("loop", "load"), ("role", "agg")))] == 2.0
     assert samples[("dynamo_planner_scale_failures_total", (("role", "agg"),))] == 1.0
     assert samples[("dynamo_planner_signal_state", (("signal", "connector"), ("state", "missing")))] == 1.0
@@ -139,13 +141,7 @@ async def test_health_and_metrics_show_the_workers_load_reports() -> None:
             "worker_id": worker, "num_requests_waiting": worker, "request_active_slots": 4,
             "kv_active_blocks": 10, "kv_total_blocks": 40, "gpu_prefix_cache_hit_rate": hit,
         })
-    server = HealthServer(p.health, metrics=p.metrics)
-    port = await server.start()
-    try:
-        _, body = await asyncio.to_thread(get, port)
-        _, samples = await asyncio.to_thread(planner_metrics, port)
-    finally:
-        await server.close()
+    _, body, _, samples = await served(p)
     assert body["load"] == {"agg": {
         "reporting": 2, "waiting": 3, "running": 8, "kv_active_blocks": 20, "kv_total_blocks": 80,
         "kv_usage": 0.25, "prefix_hit_rate": 0.5,

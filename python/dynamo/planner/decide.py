@@ -399,19 +399,20 @@ class Decider:
         """The fleet grows to ``target`` on a backlog (more requests waiting than ready
         replicas: a quantile over its target alone may be one long request's own). When
         that undoes the load loop's last scale-down, the fleet it shrank to could not carry
-        the demand (the mean rate of the load windows from the scale-down's to the
-        backlog's, at most one throughput interval's: the first reads low, or it would not
-        have allowed the scale-down, and the last high), whatever the profile said. A profile swept in
-        a closed loop overstates a replica whose throughput has saturated: requests that
-        arrive open-loop queue there without bound, and a latency margin gives no rate band
-        on a flat throughput curve, so a constant load flaps. The per-replica load that
-        failed, as a fraction of the profile's capacity, is the role's ceiling
-        (``ceilings``), under which later scale-downs keep a replica's load by the margin
-        while the demand stays within the margin of the one it was learned at (``_load``:
-        what one load showed says little of another, where the engine's batches differ).
-        Only an overstatement within ``scale_down_margin`` is learned: a backlog at a lower
-        load is a burst of long requests (a heavy-tailed mix), not a capacity the profile
-        got wrong."""
+        the demand, whatever the profile said: the mean rate of the load windows from the
+        scale-down's to the backlog's, at most one throughput interval's (the first reads
+        low, or it would not have allowed the scale-down, and the last high).
+
+        A profile swept in a closed loop overstates a replica whose throughput has
+        saturated: requests that arrive open-loop queue there without bound, and a latency
+        margin gives no rate band on a flat throughput curve, so a constant load flaps. The
+        per-replica load that failed, as a fraction of the profile's capacity, is the
+        role's ceiling (``ceilings``), under which later scale-downs keep a replica's load
+        by the margin while the demand stays within the margin of the one it was learned
+        at (``_load``: what one load showed says little of another, where the engine's
+        batches differ). Only an overstatement within ``scale_down_margin`` is learned: a
+        backlog at a lower load is a burst of long requests (a heavy-tailed mix), not a
+        capacity the profile got wrong."""
         before, rates = self.shrank_from.pop(role, (0, []))
         isl = self.isl_forecasts.get(role, isl)
         if target < before or before < 2 or not rates or self.model is None or isl is None:
