@@ -56,6 +56,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -165,9 +166,11 @@ class Decider:
         #: trend (req/s per throughput interval), the capacity a replica (req/s) and the
         #: load pass it followed.
         self.last_pass: dict[str, tuple[float, float, float, int]] = {}
+        #: Load passes in one throughput interval, rounded up.
+        self.passes_per_interval = math.ceil(config.intervals.throughput_s / config.intervals.load_s - 1e-9)
         #: Each role's last scale-down by the load loop: the replicas it had before, and the
         #: request rates of its load window and those since (at most one throughput interval's).
-        self.shrank_from: dict[str, tuple[int, list[float]]] = {}
+        self.shrank_from: dict[str, tuple[int, deque[float]]] = {}
         #: Each role's per-replica load that a fleet the load loop shrank could not carry (it
         #: grew back on a backlog), as a fraction of the profile's capacity then, and the
         #: demand (req/s) it failed at (``_learn``).
@@ -376,9 +379,7 @@ class Decider:
         decision = self._load(role, fleet, obs)
         shrunk = self.shrank_from.get(role)
         if shrunk is not None and obs.request_rate is not None:
-            # At most one throughput interval of windows: the demand the backlog met.
-            span = math.ceil(self.config.intervals.throughput_s / self.config.intervals.load_s - 1e-9)
-            shrunk[1][:] = [*shrunk[1][1 - span:], obs.request_rate] if span > 1 else [obs.request_rate]
+            shrunk[1].append(obs.request_rate)
         if decision.change > 0:
             self.grew_at[role] = self.passes[role]
             if obs.waiting > fleet[role].ready > 0:  # a backlog: the fleet lacked throughput
@@ -386,7 +387,8 @@ class Decider:
         elif decision.change < 0:
             # From the window that allowed it (one that reads low, as the one that shows
             # the backlog reads high).
-            self.shrank_from[role] = (decision.current, [] if obs.request_rate is None else [obs.request_rate])
+            rates = deque([] if obs.request_rate is None else [obs.request_rate], maxlen=self.passes_per_interval)
+            self.shrank_from[role] = (decision.current, rates)
         return decision
 
     def _demand(self, role: str, rate: float) -> float:
@@ -413,7 +415,7 @@ class Decider:
         batches differ). Only an overstatement within ``scale_down_margin`` is learned: a
         backlog at a lower load is a burst of long requests (a heavy-tailed mix), not a
         capacity the profile got wrong."""
-        before, rates = self.shrank_from.pop(role, (0, []))
+        before, rates = self.shrank_from.pop(role, (0, deque()))
         isl = self.isl_forecasts.get(role, isl)
         if target < before or before < 2 or not rates or self.model is None or isl is None:
             return
@@ -432,8 +434,7 @@ class Decider:
         grew = self.grew_at.get(role)
         if grew is None:
             return 0
-        span = math.ceil(self.config.intervals.throughput_s / self.config.intervals.load_s - 1e-9)
-        return max(0, grew + span + 1 - self.passes[role])
+        return max(0, grew + self.passes_per_interval + 1 - self.passes[role])
 
     def _load(self, role: str, fleet: Mapping[str, RoleState], obs: Observation) -> Decision:
         state = fleet[role]
