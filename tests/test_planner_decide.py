@@ -4,6 +4,7 @@ signal is missing; and the constraints (min/max, GPU budget, zero replicas)."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable
 
@@ -361,12 +362,37 @@ def test_the_throughput_loop_raises_to_the_floor_and_the_load_loop_respects_it()
     # Capacity at 500 ms / 50 ms is 5 req/s per replica: 18 req/s needs 4.
     decision = decider.throughput("agg", fleet, 18.0, ISL)
     assert (decision.action, decision.target, decider.floors["agg"]) == ("up", 4, 4), decision
-    # At the floor, even an idle fleet is not shrunk below it by the load loop.
-    idle = Observation(request_rate=0.0, isl=ISL, ttft_ms=None, itl_ms=None)
-    assert decider.load("agg", {"agg": RoleState(ready=4)}, idle).action == "hold"
+    # At the floor, even a lightly loaded fleet is not shrunk below it by the load loop.
+    light = Observation(request_rate=0.5, isl=ISL, ttft_ms=100.0, itl_ms=10.0)
+    assert decider.load("agg", {"agg": RoleState(ready=4)}, light).action == "hold"
     # A lower forecast lowers the floor; the throughput loop itself never removes.
     assert decider.throughput("agg", {"agg": RoleState(ready=4)}, 4.0, ISL).action == "hold"
-    assert decider.load("agg", {"agg": RoleState(ready=4)}, idle).target == 3
+    # (once the growth's cooling is over).
+    targets = [decider.load("agg", {"agg": RoleState(ready=4)}, light).target for _ in range(8)]
+    assert targets[-1] == min(targets) == 3, targets
+
+
+def test_a_load_that_stopped_takes_the_fleet_down_to_what_is_in_flight_past_the_floor() -> None:
+    decider = Decider(config(), PerformanceModel(profile()))
+    fleet = {"agg": RoleState(ready=6)}
+    decider.throughput("agg", {"agg": RoleState(ready=1)}, 28.0, ISL)  # a floor of 6, grown just now
+    quiet = Observation(request_rate=0.0, isl=None, ttft_ms=9000.0, itl_ms=None, inflight=2)
+    # One quiet window is a lull as often: the floor holds, and a quantile over its target
+    # (a long request that ended) adds nothing where nothing arrived.
+    first = decider.load("agg", fleet, quiet)
+    assert first.action == "hold" and "nothing arrived" in first.reason, first
+    # The second: one replica for each request in flight, whatever the floor and the cooling.
+    second = decider.load("agg", fleet, quiet)
+    assert (second.action, second.target) == ("down", 2), second
+    # A throughput pass after a quiet window sets its floor but does not raise to it.
+    again = decider.throughput("agg", {"agg": RoleState(ready=2)}, 28.0, ISL, quiet=True)
+    assert (again.action, decider.floors["agg"]) == ("hold", 6), again
+    assert decider.throughput("agg", {"agg": RoleState(ready=2)}, 28.0, ISL).target == 6
+    # Nothing in flight: down to min_replicas; an arrival between resets the count.
+    decider = Decider(config(), PerformanceModel(profile()))
+    idle = dataclasses.replace(quiet, inflight=0, ttft_ms=None)
+    busy = Observation(request_rate=0.1, isl=ISL, ttft_ms=100.0, itl_ms=10.0)
+    assert [decider.load("agg", fleet, o).target for o in (idle, busy, idle, idle)] == [5, 5, 5, 1]
 
 
 def test_max_replicas_and_the_gpu_budget_cap_the_fleet() -> None:

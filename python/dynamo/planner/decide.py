@@ -32,6 +32,11 @@
   it in GPU time, and a fall does not flap). The floor and that forecast then follow the forecast's trend from the
   throughput pass to each load pass (up to one throughput interval on): a fall goes on
   between the throughput passes, and a floor held at the last pass's forecast lags it.
+  When nothing arrived or waited over ``QUIET_WINDOWS`` load windows in a row, the load
+  stopped: the fleet goes at once to one replica for each request still in flight (or
+  ``min_replicas``), whatever the floor or a recent growth, and a quantile over a target
+  in a window in which nothing arrived (a long request that ended) adds nothing; a
+  throughput pass after such a window sets its floor but does not raise to it.
   A scale-down that a backlog undoes teaches the role a ceiling (``_learn``): the
   per-replica load the smaller fleet could not carry, under which later scale-downs
   keep a replica's load by the margin near that demand (a closed-loop profile overstates
@@ -94,8 +99,21 @@ class Observation:
     #: Requests the frontend saw find no worker (waiting for one now, or arrived at zero
     #: workers during the interval; ``--keep-models``): the demand signal at zero replicas.
     waiting_for_workers: int = 0
+    #: Requests the frontend held in flight at the window's end.
+    inflight: float = 0.0
     #: Names of the signals that are missing or stale.
     missing: tuple[str, ...] = ()
+
+    @property
+    def demand(self) -> bool:
+        """Whether anything arrived over the window or waits now."""
+        return (self.request_rate or 0.0) > 0 or self.waiting > 0 or self.waiting_for_workers > 0
+
+    @property
+    def quiet(self) -> bool:
+        """Whether nothing arrived over the window and nothing waits (a signal missing is
+        not quiet)."""
+        return not self.missing and self.request_rate is not None and not self.demand
 
 
 @dataclass(frozen=True)
@@ -134,6 +152,9 @@ def count_reversals(changes: Iterable[int]) -> int:
     return reversals
 
 
+#: Load windows in a row in which nothing arrives or waits for the load to count as
+#: stopped: one is a lull of a bursty load as often.
+QUIET_WINDOWS = 2
 #: Demand forecasts that must each fall for a scale-down to count the demand as falling.
 FALLING_FORECASTS = 3
 #: Standard deviations of one throughput window's arrival rate (Poisson, at the first of
@@ -153,6 +174,8 @@ class Decider:
         self.fits_in_a_row: dict[str, int] = {name: 0 for name in config.roles}
         #: Each role's consecutive load passes with a quantile over its target.
         self.over_in_a_row: dict[str, int] = {name: 0 for name in config.roles}
+        #: Each role's consecutive load windows in which nothing arrived or waited.
+        self.quiet_in_a_row: dict[str, int] = {name: 0 for name in config.roles}
         #: Each role's waiting requests at its last load pass (whether a backlog shrinks).
         self.last_waiting: dict[str, int] = {}
         #: Each role's last ``FALLING_FORECASTS`` demand forecasts (req/s), the latest last.
@@ -206,10 +229,14 @@ class Decider:
         predicted_isl: float | None,
         missing: tuple[str, ...] = (),
         trend: float = 0.0,
+        quiet: bool = False,
     ) -> Decision:
         """The throughput loop's pass for ``role``: set its floor, raise the fleet to it.
         ``trend``: how much the forecast moves in one throughput interval (req/s; 0 for a
-        predictor without a trend), which the load passes until the next one follow on a fall."""
+        predictor without a trend), which the load passes until the next one follow on a fall.
+        ``quiet``: nothing arrived or waited over the role's last load window
+        (``Observation.quiet``): the floor is set, not raised to (a forecast lags a load
+        that stopped, and a raise in a lull is as likely undone)."""
         current = fleet[role].total
         if predicted_rate is None or predicted_isl is None:
             pairs = (("request_rate", predicted_rate), ("isl", predicted_isl))
@@ -236,6 +263,11 @@ class Decider:
             return Decision(
                 role, "throughput", current, current,
                 f"hold: floor {floor} ({why}{capped}), but the demand falls and {current} replica(s) carry it",
+            )
+        if floor > current and quiet:
+            return Decision(
+                role, "throughput", current, current,
+                f"hold: floor {floor} ({why}{capped}), but nothing arrived or waited over the last window",
             )
         target = max(current, floor)
         if target > current:
@@ -445,12 +477,24 @@ class Decider:
             return Decision(role, "load", current, target, f"below min_replicas {least}{capped}")
         if obs.missing:
             return Decision(role, "load", current, current, "hold: signals missing or stale", obs.missing)
-        demand = (obs.request_rate or 0.0) > 0 or obs.waiting > 0 or obs.waiting_for_workers > 0
         if current == 0:
-            if not demand:
+            if not obs.demand:
                 return Decision(role, "load", 0, 0, "hold: no replicas and no demand")
             target, capped = self._constrain(role, 1, fleet)
             return Decision(role, "load", 0, target, f"demand at zero replicas: start one{capped}")
+        self.quiet_in_a_row[role] = self.quiet_in_a_row[role] + 1 if obs.quiet else 0
+        busy = max(least, math.ceil(obs.inflight - 1e-9))
+        if self.quiet_in_a_row[role] >= QUIET_WINDOWS and busy < current:
+            # The load stopped: whatever the floor or a recent growth, no replica is needed
+            # beyond one for each request still in flight (the connector drains the least
+            # busy first), and the next arrival is the load loop's to size.
+            self.fits_in_a_row[role] = self.over_in_a_row[role] = 0
+            target, capped = self._constrain(role, busy, fleet)
+            return Decision(
+                role, "load", current, target,
+                f"nothing arrived or waited for {self.quiet_in_a_row[role]} windows: down to "
+                f"{target} ({obs.inflight:.0f} request(s) in flight, min_replicas {least}){capped}",
+            )
         t = self.config.targets
         ttft, itl = self._limits(role)
         over = [
@@ -476,6 +520,12 @@ class Decider:
         self.over_in_a_row[role] = self.over_in_a_row[role] + 1 if over else 0
         if over:
             self.fits_in_a_row[role] = 0
+            if not obs.demand:
+                # The quantiles are of requests that arrived before: with nothing arriving
+                # or waiting, a replica added would have nothing to serve.
+                return Decision(
+                    role, "load", current, current, f"hold: {over[0]}, but nothing arrived or waits"
+                )
             if self.over_in_a_row[role] < self.config.scale_up_windows:
                 return Decision(
                     role, "load", current, current,

@@ -337,6 +337,11 @@ def _waiting(window: dict[str, Any], roles: Sequence[str]) -> dict[str, int]:
     return {"agg": window["frontend_queue"] + waiting.get("agg", 0)}
 
 
+#: Load intervals a planner's replay runs on after its last request for the fleet to get
+#: back to its minimum (``to_min_s``: none if it does not).
+TAIL_LOAD_INTERVALS = 30
+
+
 def _replay(
     workload: Workload, settings: Settings, replicas: Fleet, state: PlanningState | None, name: str,
 ) -> Run:
@@ -350,15 +355,25 @@ def _replay(
     lab = workload.lab(replicas, settings)
     run = Run(name, last_arrival_s=lab.last_arrival_s)
     t, next_throughput = 0.0, throughput_s
+    # A planner's replay goes on after the last request (the tail) until its fleet is back
+    # at the minimum (its replicas cost until then; ``to_min_s``), for at most
+    # TAIL_LOAD_INTERVALS. The tail's changes count in the GPU time, not in the scale events.
+    minimum = sum(config.roles[role].min_replicas for role in settings.roles)
+    ended: float | None = None
 
     def act(decisions: list[Decision]) -> None:
         for d in decisions:
             if d.change and not config.advisory:
                 lab.set_replicas(d.target, role=d.role)
-                run.changes.setdefault(d.role, []).append(d.change)
+                if ended is None:  # the tail's are not the workload's scale events
+                    run.changes.setdefault(d.role, []).append(d.change)
 
     urgent_s = config.intervals.urgent_s if state is not None else None
-    while not lab.done or t < lab.last_arrival_s:
+    while True:
+        if lab.done and t >= lab.last_arrival_s:
+            ended = t if ended is None else ended
+            if state is None or run.timeline[-1][1] <= minimum or t >= ended + TAIL_LOAD_INTERVALS * load_s:
+                break
         start, t = t, t + load_s
         w = _load_window(lab, start, t, urgent_s, state, act)
         run.rejected += w["rejected"]

@@ -317,5 +317,5 @@ def observation(window: FrontendWindow | None, waiting: int, missing: tuple[str,
         return Observation(None, None, None, None, waiting=waiting, missing=missing or ("frontend_metrics",))
     return Observation(
         window.request_rate, window.isl, window.ttft_ms, window.itl_ms, waiting=waiting,
-        waiting_for_workers=window.waiting_for_workers, missing=missing,
+        waiting_for_workers=window.waiting_for_workers, inflight=window.inflight, missing=missing,
     )

@@ -158,18 +158,18 @@ class PlanningState:
                 self.last_isl = window.isl
             self._correct(window, fleet, sum(waiting.values()), now)
         self.decider.count_pass()
+        observed = {role: observation(window, waiting.get(role, 0), missing) for role in self.config.roles}
         first: list[Decision] = []
         if throughput:
-            first = self.throughput_step(fleet)
+            first = self.throughput_step(fleet, quiet=frozenset(r for r, obs in observed.items() if obs.quiet))
             raised = {d.role: d.change for d in first if d.change > 0}
             fleet = {
                 role: dataclasses.replace(state, pending=state.pending + raised.get(role, 0))
                 for role, state in fleet.items()
             }
-        return first + self._asked([
-            self.decider.load(role, fleet, observation(window, waiting.get(role, 0), missing), counted=True)
-            for role in self.config.roles
-        ], now)
+        return first + self._asked(
+            [self.decider.load(role, fleet, obs, counted=True) for role, obs in observed.items()], now
+        )
 
     def backlog(self, waiting: Mapping[str, int]) -> bool:
         """Whether any role holds more waiting requests than ready replicas by the fleet
@@ -204,8 +204,10 @@ class PlanningState:
                 decisions.append(decision)
         return self._asked(decisions, now)
 
-    def throughput_step(self, fleet: Mapping[str, RoleState]) -> list[Decision]:
-        """The throughput loop's decisions (one per role) from the windows since the last one."""
+    def throughput_step(self, fleet: Mapping[str, RoleState], quiet: frozenset[str] = frozenset()) -> list[Decision]:
+        """The throughput loop's decisions (one per role) from the windows since the last
+        one; the ``quiet`` roles' floors (nothing arrived or waited over the last load
+        window) are set but not raised to."""
         windows, self.windows = self.windows, []
         seconds = sum(w.seconds for w in windows)
         missing: tuple[str, ...] = ()
@@ -230,5 +232,8 @@ class PlanningState:
         isl = self.isl_predictor.predict()
         if rate is not None and isl is None and rate == 0:
             isl = 1.0  # no traffic yet: no input length, and none needed
-        decisions = [self.decider.throughput(role, fleet, rate, isl, missing, trend) for role in self.config.roles]
+        decisions = [
+            self.decider.throughput(role, fleet, rate, isl, missing, trend, role in quiet)
+            for role in self.config.roles
+        ]
         return self._asked(decisions, self.noted_at)
