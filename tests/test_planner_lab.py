@@ -70,6 +70,21 @@ def constant(rate: float, seconds: float) -> list[tuple[float, int, int]]:
     return [(i * 1000.0 / rate, 3072, 256) for i in range(int(rate * seconds))]
 
 
+def test_the_fleet_is_back_at_its_minimum_two_load_windows_after_the_load_stops(tmp_path: Path) -> None:
+    workload = Workload("stops", requests=constant(20.0, 301.0))
+    lab = settings(tmp_path)
+    lab.initial_replicas = 7
+    [row], runs = compare(workload, lab, ("planner",), log=quiet)
+    # At the end of the second load window in which nothing arrived: 2-3 load intervals
+    # after the last arrival, by where it fell in its window (one replica a pass: 79 s).
+    load_s = lab.config.intervals.load_s
+    assert row["to_min_s"] is not None and row["to_min_s"] <= 3 * load_s, row
+    # Not before: the fleet the load needed ran until it stopped.
+    last = runs["planner"].last_arrival_s
+    assert all(n > 1 for end, n, *_ in runs["planner"].timeline if end <= last), runs["planner"].timeline
+    assert row["failed_at_scale_down"] == 0 and row["sla_attainment"] > 0.9, row
+
+
 def test_constant_load_gives_no_reversals(tmp_path: Path) -> None:
     workload = Workload("constant", requests=constant(8.0, 600.0))
     lab = settings(tmp_path)

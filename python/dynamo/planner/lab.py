@@ -506,7 +506,9 @@ def _row(run: Run, settings: Settings) -> dict[str, Any]:
         seconds * settings.config.roles[role].gpus_per_replica for role, seconds in run.role_seconds.items()
     ) / 3600.0
     minimum = sum(settings.config.roles[role].min_replicas for role in settings.roles)
-    back = next((end for end, n, *_ in run.timeline if end >= run.last_arrival_s and n <= minimum), None)
+    # A timeline entry's fleet is the one over the load window that ends at its time.
+    load_s = settings.config.intervals.load_s
+    back = next((end - load_s for end, n, *_ in run.timeline if end >= run.last_arrival_s and n <= minimum), None)
     changes = [c for role in settings.roles for c in run.changes.get(role, [])]
     row: dict[str, Any] = {
         "config": run.config,
@@ -734,7 +736,7 @@ def plot(runs: dict[str, Run], settings: Settings, path: Path, title: str) -> bo
     fig, axes = plt.subplots(3, 1, figsize=(9, 8), sharex=True)
     for name, run in runs.items():
         ts = [p[0] / 60 for p in run.timeline]
-        axes[0].step(ts, [p[1] for p in run.timeline], where="post", label=name)
+        axes[0].step(ts, [p[1] for p in run.timeline], where="pre", label=name)  # over the window to each t
         if run.pools and len(run.pools[0]) > 1:  # disaggregated: each pool too, dotted
             for role in run.pools[0]:
                 axes[0].step(ts, [p[role] for p in run.pools], where="post", ls=":", lw=0.8, label=f"{name} {role}")
