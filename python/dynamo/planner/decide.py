@@ -475,6 +475,7 @@ class Decider:
         if current < least:
             target, capped = self._constrain(role, least, fleet)
             return Decision(role, "load", current, target, f"below min_replicas {least}{capped}")
+        self.quiet_in_a_row[role] = self.quiet_in_a_row[role] + 1 if obs.quiet else 0
         if obs.missing:
             return Decision(role, "load", current, current, "hold: signals missing or stale", obs.missing)
         if current == 0:
@@ -482,7 +483,6 @@ class Decider:
                 return Decision(role, "load", 0, 0, "hold: no replicas and no demand")
             target, capped = self._constrain(role, 1, fleet)
             return Decision(role, "load", 0, target, f"demand at zero replicas: start one{capped}")
-        self.quiet_in_a_row[role] = self.quiet_in_a_row[role] + 1 if obs.quiet else 0
         busy = max(least, math.ceil(obs.inflight - 1e-9))
         if self.quiet_in_a_row[role] >= QUIET_WINDOWS and busy < current:
             # The load stopped: whatever the floor or a recent growth, no replica is needed

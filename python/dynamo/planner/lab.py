@@ -739,7 +739,7 @@ def plot(runs: dict[str, Run], settings: Settings, path: Path, title: str) -> bo
         axes[0].step(ts, [p[1] for p in run.timeline], where="pre", label=name)  # over the window to each t
         if run.pools and len(run.pools[0]) > 1:  # disaggregated: each pool too, dotted
             for role in run.pools[0]:
-                axes[0].step(ts, [p[role] for p in run.pools], where="post", ls=":", lw=0.8, label=f"{name} {role}")
+                axes[0].step(ts, [p[role] for p in run.pools], where="pre", ls=":", lw=0.8, label=f"{name} {role}")
         axes[1].plot(ts, [p[3] if p[3] is not None else float("nan") for p in run.timeline], label=name, lw=0.8)
         axes[2].plot(ts, [p[4] if p[4] is not None else float("nan") for p in run.timeline], label=name, lw=0.8)
     first = next(iter(runs.values()), None)
