@@ -22,18 +22,13 @@ pub(super) async fn subscribe(client: &async_nats::Client, subject: &str) -> Res
         .subscribe(subject.to_string())
         .await
         .map_err(|e| Error::with_source(ErrorKind::Nats, format!("subscribe to {subject} failed"), e))?;
-    // The subscription is acknowledged once the server answered a PING sent after the SUB:
-    // it then delivers every message published after this returns.
-    match tokio::time::timeout(SUBSCRIBE_CONFIRM_TIMEOUT, client.flush()).await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => return Err(Error::with_source(ErrorKind::Nats, format!("subscribe to {subject}: the server did not confirm"), e)),
-        Err(_) => {
-            return Err(Error::new(
-                ErrorKind::Nats,
-                format!("subscribe to {subject}: the server did not confirm within {SUBSCRIBE_CONFIRM_TIMEOUT:?}"),
-            ))
-        }
-    }
+    // `subscribe` returned once the SUB was written to the socket, not once the server
+    // read it: until then, events published by other connections are not delivered to it.
+    // A round trip to the server makes the promise hold (every event published after this
+    // returns is delivered).
+    crate::transport::nats_connection::round_trip(client, SUBSCRIBE_CONFIRM_TIMEOUT)
+        .await
+        .map_err(|e| Error::with_source(ErrorKind::Nats, format!("subscribe to {subject}: the server did not confirm"), e))?;
     let (tx, rx) = mpsc::channel(SUBSCRIPTION_BUFFER);
     // The forwarding task ends when the subscription's receiver is dropped. A NATS outage
     // does not end it: the client reconnects by itself and re-sends every subscription,

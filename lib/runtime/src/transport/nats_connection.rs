@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use tokio::sync::mpsc;
 
 use super::Transport;
@@ -34,6 +35,7 @@ pub(crate) async fn connect(config: &RuntimeConfig) -> Result<(async_nats::Clien
         .reconnect_delay_callback(|attempts| {
             Duration::from_millis(100u64.saturating_mul(1 << attempts.min(5))).min(RECONNECT_BACKOFF_MAX)
         })
+        // Not `no_echo`: [`round_trip`] needs this client's own messages back.
         .event_callback(move |event| {
             let _ = tx.send(event);
             async {}
@@ -53,6 +55,43 @@ pub(crate) async fn connect(config: &RuntimeConfig) -> Result<(async_nats::Clien
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     Ok((client, rx))
+}
+
+/// Wait (bounded) until nats-server has handled everything this client sent before the
+/// call, a SUB above all.
+///
+/// `Client::flush` does not do this: in async-nats it only writes the client's buffer to
+/// the socket (no PING/PONG, unlike the Go client's `Flush`). nats-server reads each
+/// connection on its own, so a SUB flushed on this connection may still be unread while
+/// a PUB another connection sent later is routed, and that message misses the new
+/// subscription. The server handles one connection's operations in order, so a message
+/// this client publishes to a fresh inbox of its own and receives back shows that every
+/// SUB sent before it is in place: a PUB from any connection routed after that reaches it.
+pub(crate) async fn round_trip(client: &async_nats::Client, bound: Duration) -> Result<()> {
+    let inbox = client.new_inbox();
+    let probe = async {
+        let mut probe = client
+            .subscribe(inbox.clone())
+            .await
+            .map_err(|e| Error::with_source(ErrorKind::Nats, "subscribing to the round-trip inbox failed", e))?;
+        client
+            .publish(inbox, bytes::Bytes::new())
+            .await
+            .map_err(|e| Error::with_source(ErrorKind::Nats, "publishing the round-trip probe failed", e))?;
+        client
+            .flush()
+            .await
+            .map_err(|e| Error::with_source(ErrorKind::Nats, "flushing the round-trip probe failed", e))?;
+        match probe.next().await {
+            // Dropping `probe` unsubscribes.
+            Some(_) => Ok(()),
+            None => Err(Error::new(ErrorKind::Nats, "the NATS connection closed during a round trip to the server")),
+        }
+    };
+    match tokio::time::timeout(bound, probe).await {
+        Ok(result) => result,
+        Err(_) => Err(Error::new(ErrorKind::Nats, format!("the NATS server did not answer a round trip within {bound:?}"))),
+    }
 }
 
 /// Whether the NATS request plane can take a request now; `Unavailable` at once if not.
