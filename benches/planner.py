@@ -21,7 +21,11 @@ writes them as a list of rows):
   it, from the load step to the targets met again): from the step up to the end of the
   stretch of broken bins that starts at or after it (0: no bin after the step broke);
 * ``first_up_s`` (step): from the step to the first sample of a fleet larger than at the
-  step; ``urgent_ups``: scale-ups the planner's urgent check asked for (its log).
+  step; ``urgent_ups``: scale-ups the planner's urgent check asked for (its log);
+* ``to_min_s`` (planner): from the last send to the first sample of the fleet back at its
+  minimum (one replica); the bench samples the fleet for up to ``--tail-seconds`` after
+  the last answer for it (``-``: not within them). The GPU hours, the scale events and
+  the reversals stop at the last answer.
 
 Run: ``python benches/planner.py [--minutes 5] [--json out.json]`` (needs only the wheel;
 embedded backend, mocker workers with the built-in byte-level card; ``--backend etcd``
@@ -100,6 +104,10 @@ class Run:
     began: float = 0.0
     #: Scale-ups the planner's urgent check asked for (its log).
     urgent_ups: int = 0
+    #: The planner's min replicas (``to_min_s``), and how long the fleet is sampled after
+    #: the last answer for it to get back there.
+    least: int = 1
+    tail_s: float = 0.0
 
 
 def ramp_rate(t: float, seconds: float, base: float, peak: float) -> float:
@@ -212,6 +220,9 @@ async def drive(frontend_port: int, planner_port: int, offsets: list[float], run
     try:
         run.began = time.monotonic()
         run.records = await send_all(frontend_port, offsets, run.began)
+        bound = time.monotonic() + run.tail_s
+        while time.monotonic() < bound and (not run.fleet or run.fleet[-1][1] > run.least):
+            await asyncio.sleep(SAMPLE_S)
     finally:
         stop.set()
         await sampler
@@ -250,7 +261,7 @@ def run_config(name: str, args: argparse.Namespace, log_dir: Path, least: int, m
     config = log_dir / "planner.json"
     config.write_text(json.dumps(planner_config(args, frontend_port, settings, least, most)))
     processes = Processes(log_dir)
-    run = Run(name)
+    run = Run(name, least=least, tail_s=args.tail_seconds if least < most else 0.0)
     try:
         if args.backend == "etcd":
             # etcd discovery, NATS request and event planes, on servers of this run alone.
@@ -278,6 +289,7 @@ def figures(run: Run, args: argparse.Namespace) -> dict[str, Any]:
     ttft_s, gap_s = args.ttft_ms / 1000.0, args.itl_ms / 1000.0
     within = [r for r in records if r.ok and r.ttft <= ttft_s and r.gap <= gap_s]
     start, end = min(r.sent for r in records), max(r.ended for r in records)
+    last_sent = max(r.sent for r in records)
     replica_seconds, previous = 0.0, None
     for t, replicas in run.fleet:
         if previous is not None:
@@ -288,9 +300,12 @@ def figures(run: Run, args: argparse.Namespace) -> dict[str, Any]:
     if previous is not None and end > previous[0]:
         replica_seconds += previous[1] * (end - max(previous[0], start))
     gpu_hours = replica_seconds / 3600.0  # one GPU per replica
-    sizes = [n for _, n in run.fleet]
+    # The changes while requests ran: those of the tail after the last answer are not the
+    # workload's (as in the planner lab).
+    during = [(t, n) for t, n in run.fleet if t <= end]
+    sizes = [n for _, n in during]
     changes = [b - a for a, b in itertools.pairwise(sizes) if b != a]
-    downs = [t for (_, a), (t, b) in itertools.pairwise(run.fleet) if b < a]
+    downs = [t for (_, a), (t, b) in itertools.pairwise(during) if b < a]
     failed = [r for r in records if not r.ok]
     failed_at_down = [r for r in failed if any(r.sent <= t <= r.ended for t in downs)]
 
@@ -319,6 +334,7 @@ def figures(run: Run, args: argparse.Namespace) -> dict[str, Any]:
         at_step = [n for t, n in run.fleet if t <= run.began + step]
         grown = [t for t, n in run.fleet if t > run.began + step and at_step and n > at_step[-1]]
         first_up_s = grown[0] - (run.began + step) if grown else None
+    back = next((t for t, n in run.fleet if t >= last_sent and n <= run.least), None)
     return {
         "config": run.config,
         "requests": len(records),
@@ -332,6 +348,7 @@ def figures(run: Run, args: argparse.Namespace) -> dict[str, Any]:
         "recovery_s": recovery_s,
         "first_up_s": first_up_s,
         "urgent_ups": run.urgent_ups,
+        "to_min_s": None if back is None or not run.tail_s else back - last_sent,
         "peak_replicas": max(sizes, default=0),
         "ttft_p90_ms": percentile([r.ttft for r in records if r.ok], 90) * 1000,
         "itl_p90_ms": percentile([r.gap for r in records if r.ok], 90) * 1000,
@@ -341,7 +358,7 @@ def figures(run: Run, args: argparse.Namespace) -> dict[str, Any]:
 COLUMNS = [("config", "{}"), ("requests", "{}"), ("failed", "{}"), ("sla_attainment", "{:.3f}"),
            ("gpu_hours", "{:.4f}"), ("goodput_per_gpu", "{:.0f}"), ("scale_events", "{}"), ("reversals", "{}"),
            ("failed_at_scale_down", "{}"), ("recovery_s", "{:.0f}"), ("first_up_s", "{:.1f}"), ("urgent_ups", "{}"),
-           ("peak_replicas", "{}"),
+           ("to_min_s", "{:.1f}"), ("peak_replicas", "{}"),
            ("ttft_p90_ms", "{:.0f}"), ("itl_p90_ms", "{:.0f}")]
 
 
@@ -378,6 +395,9 @@ def main() -> int:
     parser.add_argument("--profile", type=Path,
                         help="a profile of one mocker worker (python -m dynamo.planner.profile); default none: "
                         "the load loop sizes alone")
+    parser.add_argument("--tail-seconds", type=float, default=60.0,
+                        help="after the last answer, how long the planner's fleet is watched for it to get back to "
+                        "its minimum (to_min_s; default 60)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--only", choices=["planner", "static-peak"], help="run one configuration")
     parser.add_argument("--json", type=Path, help="write the rows here")
