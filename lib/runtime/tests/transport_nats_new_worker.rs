@@ -8,24 +8,14 @@ mod poll;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use dynamo_runtime::config::{DiscoveryBackend, EventPlane, RequestPlane, RuntimeConfig};
+use dynamo_runtime::config::RuntimeConfig;
 use dynamo_runtime::discovery::MemStore;
 use dynamo_runtime::typed::stream_handler;
 use dynamo_runtime::{DistributedRuntime, RequestContext};
-use futures::StreamExt;
-use nats_support::{free_port, Nats};
+use nats_support::{count_items, free_port, nats_planes, Nats};
 
 fn config(port: u16) -> RuntimeConfig {
-    RuntimeConfig {
-        discovery: DiscoveryBackend::Mem,
-        request_plane: RequestPlane::Nats,
-        event_plane: EventPlane::Nats,
-        nats_server: format!("nats://127.0.0.1:{port}"),
-        response_timeout: Duration::from_secs(10),
-        shutdown_timeout: Duration::from_secs(2),
-        ..Default::default()
-    }
+    RuntimeConfig { response_timeout: Duration::from_secs(10), ..nats_planes(port) }
 }
 
 /// Each round starts a worker runtime (a fresh instance each round: a refusal takes an
@@ -47,17 +37,7 @@ async fn the_first_request_to_a_new_endpoint_is_taken() {
         worker.namespace("t").unwrap().component("w").unwrap().endpoint(name.clone()).unwrap().start(handler).await.unwrap();
         let client = caller.namespace("t").unwrap().component("w").unwrap().endpoint(name).unwrap().client().await.unwrap();
         client.wait_for_instances(Some(Duration::from_secs(5))).await.unwrap();
-        let result: dynamo_runtime::Result<usize> = async {
-            let mut stream = client.round_robin(Bytes::from_static(b"2")).await?;
-            let mut n = 0;
-            while let Some(item) = stream.next().await {
-                item?;
-                n += 1;
-            }
-            Ok(n)
-        }
-        .await;
-        match result {
+        match count_items(&client, b"2").await {
             Ok(n) => assert_eq!(n, 2),
             Err(e) => refused.push(format!("{round}: {e}")),
         }

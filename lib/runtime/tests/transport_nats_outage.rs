@@ -10,28 +10,23 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use dynamo_runtime::config::{DiscoveryBackend, EventPlane, RequestPlane, RuntimeConfig};
+use dynamo_runtime::config::RuntimeConfig;
 use dynamo_runtime::discovery::MemStore;
 use dynamo_runtime::typed::stream_handler;
 use dynamo_runtime::{Client, DistributedRuntime, ErrorKind, RequestContext};
 use futures::StreamExt;
-use nats_support::{free_port, Nats};
+use nats_support::{count_items, free_port, nats_planes, Nats};
 use poll::eventually;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn config(port: u16) -> RuntimeConfig {
     RuntimeConfig {
-        discovery: DiscoveryBackend::Mem,
-        request_plane: RequestPlane::Nats,
-        event_plane: EventPlane::Nats,
-        nats_server: format!("nats://127.0.0.1:{port}"),
         // Far above the bound the test waits: a request that waited for it would fail the test.
         response_timeout: Duration::from_secs(60),
-        shutdown_timeout: Duration::from_secs(2),
         system_enabled: true,
         system_host: "127.0.0.1".into(),
         system_port: 0,
-        ..Default::default()
+        ..nats_planes(port)
     }
 }
 
@@ -46,13 +41,7 @@ async fn health_status(rt: &DistributedRuntime) -> (u16, String) {
 }
 
 async fn request(client: &Client) -> dynamo_runtime::Result<usize> {
-    let mut stream = client.round_robin(Bytes::from_static(b"3")).await?;
-    let mut n = 0;
-    while let Some(item) = stream.next().await {
-        item?;
-        n += 1;
-    }
-    Ok(n)
+    count_items(client, b"3").await
 }
 
 

@@ -53,3 +53,29 @@ pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
+/// Send `body` round-robin through `client` and count the items of the answer (the first
+/// error ends it).
+pub async fn count_items(client: &dynamo_runtime::Client, body: &'static [u8]) -> dynamo_runtime::Result<usize> {
+    use futures::StreamExt;
+    let mut stream = client.round_robin(bytes::Bytes::from_static(body)).await?;
+    let mut n = 0;
+    while let Some(item) = stream.next().await {
+        item?;
+        n += 1;
+    }
+    Ok(n)
+}
+
+/// A runtime on the NATS request and event planes of the nats-server at `port`, with
+/// in-memory discovery and a short shutdown; tests set what else they need over it.
+pub fn nats_planes(port: u16) -> dynamo_runtime::config::RuntimeConfig {
+    use dynamo_runtime::config::{DiscoveryBackend, EventPlane, RequestPlane, RuntimeConfig};
+    RuntimeConfig {
+        discovery: DiscoveryBackend::Mem,
+        request_plane: RequestPlane::Nats,
+        event_plane: EventPlane::Nats,
+        nats_server: format!("nats://127.0.0.1:{port}"),
+        shutdown_timeout: Duration::from_secs(2),
+        ..Default::default()
+    }
+}
