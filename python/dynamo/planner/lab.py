@@ -226,6 +226,11 @@ class Settings:
         """``("agg",)`` or ``("prefill", "decode")``."""
         return ROLES_DISAGG if self.disagg else ROLES_AGG
 
+    @property
+    def min_fleet(self) -> int:
+        """The replicas of every role at its ``min_replicas``."""
+        return sum(self.config.roles[role].min_replicas for role in self.roles)
+
     def gpus(self, fleet: Mapping[str, int]) -> float:
         """GPUs a fleet of ``fleet`` replicas per role holds."""
         return sum(n * self.config.roles[role].gpus_per_replica for role, n in fleet.items())
@@ -358,7 +363,6 @@ def _replay(
     # A planner's replay goes on after the last request (the tail) until its fleet is back
     # at the minimum (its replicas cost until then; ``to_min_s``), for at most
     # TAIL_LOAD_INTERVALS. The tail's changes count in the GPU time, not in the scale events.
-    minimum = sum(config.roles[role].min_replicas for role in settings.roles)
     ended: float | None = None
 
     def act(decisions: list[Decision]) -> None:
@@ -372,7 +376,7 @@ def _replay(
     while True:
         if lab.done and t >= lab.last_arrival_s:
             ended = t if ended is None else ended
-            if state is None or run.timeline[-1][1] <= minimum or t >= ended + TAIL_LOAD_INTERVALS * load_s:
+            if state is None or run.timeline[-1][1] <= settings.min_fleet or t >= ended + TAIL_LOAD_INTERVALS * load_s:
                 break
         start, t = t, t + load_s
         w = _load_window(lab, start, t, urgent_s, state, act)
@@ -505,10 +509,11 @@ def _row(run: Run, settings: Settings) -> dict[str, Any]:
     gpu_hours = sum(
         seconds * settings.config.roles[role].gpus_per_replica for role, seconds in run.role_seconds.items()
     ) / 3600.0
-    minimum = sum(settings.config.roles[role].min_replicas for role in settings.roles)
     # A timeline entry's fleet is the one over the load window that ends at its time.
     load_s = settings.config.intervals.load_s
-    back = next((end - load_s for end, n, *_ in run.timeline if end >= run.last_arrival_s and n <= minimum), None)
+    back = next(
+        (end - load_s for end, n, *_ in run.timeline if end >= run.last_arrival_s and n <= settings.min_fleet), None
+    )
     changes = [c for role in settings.roles for c in run.changes.get(role, [])]
     row: dict[str, Any] = {
         "config": run.config,

@@ -7,9 +7,6 @@ use tokio::sync::mpsc;
 use super::{Event, Subscription, SUBSCRIPTION_BUFFER};
 use crate::error::{Error, ErrorKind, Result};
 
-/// Bound on the server confirming a new subscription.
-const SUBSCRIBE_CONFIRM_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
-
 pub(super) async fn publish(client: &async_nats::Client, subject: &str, payload: Bytes) -> Result<()> {
     client
         .publish(subject.to_string(), payload)
@@ -18,17 +15,9 @@ pub(super) async fn publish(client: &async_nats::Client, subject: &str, payload:
 }
 
 pub(super) async fn subscribe(client: &async_nats::Client, subject: &str) -> Result<Subscription> {
-    let mut sub = client
-        .subscribe(subject.to_string())
-        .await
-        .map_err(|e| Error::with_source(ErrorKind::Nats, format!("subscribe to {subject} failed"), e))?;
-    // `subscribe` returned once the SUB was written to the socket, not once the server
-    // read it: until then, events published by other connections are not delivered to it.
-    // A round trip to the server makes the promise hold (every event published after this
-    // returns is delivered).
-    crate::transport::nats_connection::round_trip(client, SUBSCRIBE_CONFIRM_TIMEOUT)
-        .await
-        .map_err(|e| Error::with_source(ErrorKind::Nats, format!("subscribe to {subject}: the server did not confirm"), e))?;
+    // Confirmed by the server, so every event published after this returns is delivered
+    // (async-nats's own `subscribe` returns once the SUB is written, not read).
+    let mut sub = crate::transport::nats_connection::subscribe_confirmed(client, subject).await?;
     let (tx, rx) = mpsc::channel(SUBSCRIPTION_BUFFER);
     // The forwarding task ends when the subscription's receiver is dropped. A NATS outage
     // does not end it: the client reconnects by itself and re-sends every subscription,

@@ -13,8 +13,6 @@ use super::{RequestHeader, Transport};
 use crate::error::{Error, ErrorKind, Result};
 use super::response_stream::ResponseStream;
 
-/// Bound on the server confirming an endpoint's subscription.
-const SUBSCRIBE_CONFIRM_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 /// How often streams whose worker never answered are checked against their deadline.
 const SWEEP_INTERVAL: std::time::Duration = std::time::Duration::from_millis(250);
 
@@ -30,15 +28,9 @@ pub(crate) fn instance_subject(namespace: &str, component: &str, endpoint: &str,
 
 /// Serve requests arriving on `subject` until `cancel` fires.
 pub(crate) async fn serve(client: async_nats::Client, transport: Arc<Transport>, subject: String, cancel: CancellationToken) -> Result<()> {
-    let mut sub = client
-        .subscribe(subject.clone())
-        .await
-        .map_err(|e| Error::with_source(ErrorKind::Nats, format!("cannot subscribe to {subject}"), e))?;
-    // The instance is registered in discovery once this returns: wait until the server has
-    // read the SUB, or a caller's first request could find no responder.
-    super::nats_connection::round_trip(&client, SUBSCRIBE_CONFIRM_TIMEOUT)
-        .await
-        .map_err(|e| Error::with_source(ErrorKind::Nats, format!("subscribe to {subject}: the server did not confirm"), e))?;
+    // The instance is registered in discovery once this returns: the server must have the
+    // SUB by then, or a caller's first request could find no responder.
+    let mut sub = super::nats_connection::subscribe_confirmed(&client, &subject).await?;
     let tracker = transport.tracker.clone();
     tracker.spawn(async move {
         loop {

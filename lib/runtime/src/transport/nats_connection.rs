@@ -57,6 +57,24 @@ pub(crate) async fn connect(config: &RuntimeConfig) -> Result<(async_nats::Clien
     Ok((client, rx))
 }
 
+/// Bound on the server confirming a new subscription ([`subscribe_confirmed`]).
+const SUBSCRIBE_CONFIRM_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Subscribe to `subject` and return once nats-server has the SUB (bounded by
+/// [`SUBSCRIBE_CONFIRM_TIMEOUT`]): every message published after this returns, from any
+/// connection, reaches the subscription. What the event plane's `subscribe` and the
+/// request plane's `serve` (before the instance is registered) both need.
+pub(crate) async fn subscribe_confirmed(client: &async_nats::Client, subject: &str) -> Result<async_nats::Subscriber> {
+    let sub = client
+        .subscribe(subject.to_string())
+        .await
+        .map_err(|e| Error::with_source(ErrorKind::Nats, format!("subscribe to {subject} failed"), e))?;
+    round_trip(client, SUBSCRIBE_CONFIRM_TIMEOUT)
+        .await
+        .map_err(|e| Error::with_source(ErrorKind::Nats, format!("subscribe to {subject}: the server did not confirm"), e))?;
+    Ok(sub)
+}
+
 /// Wait (bounded) until nats-server has handled everything this client sent before the
 /// call, a SUB above all.
 ///
@@ -67,7 +85,7 @@ pub(crate) async fn connect(config: &RuntimeConfig) -> Result<(async_nats::Clien
 /// subscription. The server handles one connection's operations in order, so a message
 /// this client publishes to a fresh inbox of its own and receives back shows that every
 /// SUB sent before it is in place: a PUB from any connection routed after that reaches it.
-pub(crate) async fn round_trip(client: &async_nats::Client, bound: Duration) -> Result<()> {
+async fn round_trip(client: &async_nats::Client, bound: Duration) -> Result<()> {
     let inbox = client.new_inbox();
     let probe = async {
         let mut probe = client
