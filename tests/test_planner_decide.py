@@ -266,12 +266,14 @@ def test_without_the_margin_constant_load_flaps() -> None:
     assert count_reversals([b - a for a, b in zip([1, *counts], counts, strict=False)]) > 10
 
 
-def saturating_profile() -> Profile:
+def saturating_profile(last_rps: float = 8.0) -> Profile:
     """A replica whose engine runs 4 requests at a time: 8 req/s from concurrency 4 on,
-    and a closed-loop TTFT that grows only by the requests queued behind those 4."""
+    and a closed-loop TTFT that grows only by the requests queued behind those 4.
+    ``last_rps``: the throughput measured at 16 in flight (over 8 · 1.05, the sweep shows
+    no saturation: it seems to have stopped short of it)."""
     points = [
         {"isl": ISL, "concurrency": c, "ttft_ms": 50.0 + 125.0 * max(0, c - 4), "itl_ms": 20.0,
-         "throughput_rps": 2.0 * min(c, 4)}
+         "throughput_rps": last_rps if c == 16 else 2.0 * min(c, 4)}
         for c in (1, 2, 4, 8, 16)
     ]
     return Profile.model_validate({"points": points})
@@ -289,11 +291,48 @@ def open_loop(decider: Decider, rates: list[float], start: int, carries: float) 
     return run_load_loop(decider, rates, start, shows)
 
 
-def test_a_scale_down_undone_by_a_backlog_is_not_made_again_at_that_load() -> None:
-    # The closed-loop profile says a replica serves 8 req/s within the targets (and within
-    # 80 % of them: its throughput curve is flat, so the latency margin gives no rate
-    # band); open-loop, a replica carries 6. At 20 req/s, 3 replicas look enough and are not.
+def test_a_saturated_engine_keeps_the_replica_its_slots_need_under_constant_load() -> None:
+    # The closed-loop profile says a replica serves 8 req/s within the targets, and within
+    # 80 % of them (its throughput is flat from 4 in flight on, so the latency margin gives
+    # no rate band); open-loop, 3 replicas at 20 req/s queue. The queue at the slots
+    # (12 of them at 2 req/s each: p90 wait 0.38 s, TTFT 426 ms over 400) says so first.
     decider = Decider(config(scale_down_windows=1), PerformanceModel(saturating_profile()))
+    counts = open_loop(decider, [20.0] * 60, 4, carries=6.0)
+    assert counts == [4] * 60, counts
+    hold = decider.load("agg", {"agg": RoleState(4)}, Observation(20.0, ISL, 100.0, 20.0))
+    assert hold.action == "hold" and "slots queue" in hold.reason, hold
+    # At 12 req/s 3 replicas' slots run at half their throughput, and one goes.
+    down = decider.load("agg", {"agg": RoleState(4)}, Observation(12.0, ISL, 100.0, 20.0))
+    assert down.action == "down", down
+
+
+def test_the_slots_are_judged_at_the_forecast_unless_it_fell_past_the_noise() -> None:
+    fleet = {"agg": RoleState(ready=4)}
+
+    def after(forecasts: list[float], rate: float) -> str:
+        decider = Decider(config(scale_down_windows=1), PerformanceModel(saturating_profile()))
+        for forecast in forecasts:
+            decider.throughput("agg", fleet, forecast, ISL)
+        decision = decider.load("agg", fleet, Observation(rate, ISL, 100.0, 20.0))
+        assert decision.action == "down" or "slots queue" in decision.reason, decision
+        return decision.action
+
+    # A window that reads 12 req/s under a forecast of 20.6: the slots of 3 replicas are
+    # judged at 20.6 (p90 wait 0.45 s), however low one window reads...
+    assert after([21.0, 20.6], 12.0) == "hold"
+    # ... unless the forecast fell by more than two standard deviations of a throughput
+    # window's rate (1.2 req/s at 21 req/s over 60 s): it lags a fall, and the window
+    # rate is judged (12 req/s: no wait at the quantile).
+    assert after([21.0, 17.0], 12.0) == "down"
+    # Judged at the window, 20 req/s on 3 replicas still queue.
+    assert after([21.0, 17.0], 20.0) == "hold"
+
+
+def test_a_scale_down_undone_by_a_backlog_is_not_made_again_at_that_load() -> None:
+    # As above, but the sweep stopped short of the engine's saturation (its throughput
+    # still grew at 16 in flight), so the profile knows no slot limit and 3 replicas at
+    # 20 req/s look enough. A backlog teaches it otherwise.
+    decider = Decider(config(scale_down_windows=1), PerformanceModel(saturating_profile(last_rps=8.8)))
     counts = open_loop(decider, [20.0] * 60, 4, carries=6.0)
     changes = [b - a for a, b in zip([4, *counts], counts, strict=False)]
     # One try (4 -> 3 -> 4), then it holds: 20 / 3 per replica failed, 0.83 of the profile's 8.
@@ -310,7 +349,7 @@ def test_a_scale_down_undone_by_a_backlog_is_not_made_again_at_that_load() -> No
 def test_a_backlog_far_under_the_profile_is_a_burst_not_a_capacity_to_learn() -> None:
     # Replicas that carry 3 req/s where the profile says 8: more than the margin off, as
     # a burst of long prompts makes it. Nothing is learned; the profile keeps judging.
-    decider = Decider(config(scale_down_windows=1), PerformanceModel(saturating_profile()))
+    decider = Decider(config(scale_down_windows=1), PerformanceModel(saturating_profile(last_rps=8.8)))
     open_loop(decider, [10.0] * 30, 4, carries=3.0)
     assert decider.ceilings == {}
 

@@ -4,6 +4,7 @@ and the live correction that leaves warm-up samples out."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from dynamo.planner.profile import (
     ProfileError,
     ProfilePoint,
     Sample,
+    erlang_c,
     load_profile,
 )
 
@@ -69,6 +71,42 @@ def test_between_lengths_a_quadratic_prefill_is_followed_not_overstated() -> Non
     assert want == pytest.approx(4.5 / 64)
     assert model.capacity(8000, None, 22.5) == pytest.approx(want)
     assert model.latency(8000, 2) == pytest.approx(PerformanceModel(measured).latency(8000, 2))
+
+
+def test_erlang_c_against_its_textbook_values() -> None:
+    # Two servers at one erlang: B = 1/5, C = B / (1 - 0.5 + 0.5 B) = 1/3.
+    assert erlang_c(2, 1.0) == pytest.approx(1 / 3)
+    assert erlang_c(1, 0.7) == pytest.approx(0.7)  # one server: the utilisation
+    assert erlang_c(4, 4.0) == 1.0 and erlang_c(4, 5.0) == 1.0  # cannot keep up
+    # Large fleets stay finite (the recurrence never forms c!).
+    assert 0.0 < erlang_c(2000, 1800.0) < 1.0
+
+
+def four_slots(last_rps: float = 8.0) -> Profile:
+    """An engine that runs 4 requests at a time (8 req/s from 4 in flight on)."""
+    points = [
+        {"isl": 128, "concurrency": c, "ttft_ms": 50.0 + 125.0 * max(0, c - 4), "itl_ms": 20.0,
+         "throughput_rps": last_rps if c == 16 else 2.0 * min(c, 4)}
+        for c in (1, 2, 4, 8, 16)
+    ]
+    return Profile.model_validate({"points": points})
+
+
+def test_a_saturated_engine_queues_open_loop_arrivals_at_its_slots() -> None:
+    model = PerformanceModel(four_slots())
+    # 3 replicas: 12 slots of 2 req/s. At 20 req/s C(12, 10) = 0.449 and the p90 wait is
+    # ln(4.49) / (24 - 20) = 0.376 s, beside the 50 ms of a replica with its slots full.
+    full, wait = model.slot_wait(128, 20.0, 3, 0.9)
+    assert full == pytest.approx(50.0)
+    assert wait == pytest.approx(1000 * math.log(erlang_c(12, 10.0) / 0.1) / 4) and wait == pytest.approx(376, abs=1)
+    # Fewer than one arrival in ten waits: no wait at the quantile.
+    assert model.slot_wait(128, 10.0, 4, 0.9) == (pytest.approx(50.0), 0.0)
+    assert model.slot_wait(128, 0.0, 3, 0.9) == (pytest.approx(50.0), 0.0)
+    assert model.slot_wait(128, 24.0, 3, 0.9)[1] == math.inf
+    # A sweep whose throughput still grows at its last point (or a curve of one point)
+    # says nothing of slots.
+    assert PerformanceModel(four_slots(last_rps=8.8)).slot_wait(128, 20.0, 3, 0.9) is None
+    assert PerformanceModel(grid()).slot_wait(128, 20.0, 3, 0.9) is None
 
 
 def test_latency_between_points() -> None:

@@ -17,7 +17,10 @@
   shrinking: the late requests of a backlog keep the quantiles over the target while it
   drains, and more replicas would not drain the queues the old ones hold.
 * It removes one only when the fleet with one replica fewer is predicted to stay under
-  ``(1 - scale_down_margin)`` times each target at the observed rate. Never while more
+  ``(1 - scale_down_margin)`` times each target at the observed rate: by the profile's
+  capacity, and, where the profile shows the engine saturate, by the wait for a slot
+  that open-loop arrivals meet there (``PerformanceModel.slot_wait``, at the steadier
+  ``_demand``), which the profile's closed loop never shows. Never while more
   requests wait in the workers' queues than replicas would remain or the observed
   latencies are already over that line (one replica fewer cannot do better), nor while
   the throughput loop's forecast rises (unless the observed rate fell under the earlier
@@ -40,7 +43,8 @@
   A scale-down that a backlog undoes teaches the role a ceiling (``_learn``): the
   per-replica load the smaller fleet could not carry, under which later scale-downs
   keep a replica's load by the margin near that demand (a closed-loop profile overstates
-  a saturated engine, where the latency margin gives no rate band).
+  a saturated engine, where the latency margin gives no rate band; the slot wait
+  answers that when the sweep reached the saturation, the ceiling when it did not).
 * The **urgent check** (every ``intervals.urgent_s``, between load passes; ``step.py``
   decides when it looks) acts on a queue that builds in the workers faster than a load
   interval: more waiting requests than ready replicas, rising at each check. It takes the
@@ -295,8 +299,21 @@ class Decider:
             capacity = self.model.capacity(
                 obs.isl, None if ttft is None else ttft * keep, None if itl is None else itl * keep
             )
-            ok = rate / serving <= capacity
-            return ok, f"{rate / serving:.2f} req/s per replica vs {capacity:.2f} within {keep:.0%} of the targets"
+            why = f"{rate / serving:.2f} req/s per replica vs {capacity:.2f} within {keep:.0%} of the targets"
+            if rate / serving > capacity:
+                return False, why
+            if ttft is not None:
+                # The profile's closed loop never queues: open-loop arrivals at an engine
+                # that saturates wait for a slot, which its flat curve gives no band against.
+                demand = self._demand(role, rate)
+                q = self.config.targets.ttft.quantile
+                queue = self.model.slot_wait(obs.isl, demand, serving, q)
+                if queue is not None and queue[1] > 0 and sum(queue) > ttft * keep:
+                    return False, (
+                        f"at {demand:.2f} req/s, {serving} replica(s)' slots queue: p{q * 100:g} wait "
+                        f"{queue[1]:.0f} ms, TTFT {sum(queue):.0f} ms over {keep:.0%} of {ttft:g} ms"
+                    )
+            return True, why
         # No profile: latency taken to grow in proportion to the load per replica.
         scale = ready / serving
         for name, observed, limit in (("TTFT", obs.ttft_ms, ttft), ("ITL", obs.itl_ms, itl)):
@@ -375,10 +392,14 @@ class Decider:
         forecasts = self.forecasts.get(role, [])
         if len(forecasts) < FALLING_FORECASTS:
             return False
-        noise = FALL_NOISE_SIGMAS * math.sqrt(forecasts[0] / self.config.intervals.throughput_s)
-        return forecasts[0] - forecasts[-1] > noise and all(
+        return forecasts[0] - forecasts[-1] > self._noise(forecasts[0]) and all(
             later < earlier for earlier, later in itertools.pairwise(forecasts)
         )
+
+    def _noise(self, rate: float) -> float:
+        """``FALL_NOISE_SIGMAS`` standard deviations of one throughput window's arrival
+        rate (Poisson) at ``rate`` req/s: a fall by less is a level load's noise."""
+        return FALL_NOISE_SIGMAS * math.sqrt(max(rate, 0.0) / self.config.intervals.throughput_s)
 
     def _fall_since_pass(self, role: str) -> tuple[int, float] | None:
         """On a falling demand (``_falling``) whose forecast has a falling trend: the floor
@@ -424,10 +445,18 @@ class Decider:
         return decision
 
     def _demand(self, role: str, rate: float) -> float:
-        """The demand a scale-down is judged at: the higher of one window's ``rate`` and the
-        latest throughput forecast (a window of a few seconds swings by tens of percent)."""
+        """The demand a scale-down is judged at beyond the profile's capacity (the queue at
+        the slots, a learned ceiling): on a fall, ``rate`` (the rate the falling rule
+        judges at), and so when the latest throughput forecast fell from the one before by
+        more than the noise (the forecast is as old as its pass, and a fall goes on
+        between passes); else the higher of one window's ``rate`` and the latest forecast
+        (a window of a few seconds swings by tens of percent)."""
         forecasts = self.forecasts.get(role)
-        return max(rate, forecasts[-1]) if forecasts else rate
+        if self._falling(role) or not forecasts:
+            return rate
+        if len(forecasts) >= 2 and forecasts[-2] - forecasts[-1] > self._noise(forecasts[-2]):
+            return rate  # the last forecast fell past the noise: it lags the fall it shows
+        return max(rate, forecasts[-1])
 
     def _learn(self, role: str, target: int, isl: float | None) -> None:
         """The fleet grows to ``target`` on a backlog (more requests waiting than ready
@@ -566,9 +595,7 @@ class Decider:
         fits, why = self._fits_with(role, state.ready, serving, obs, margin)
         learned = self.ceilings.get(role)
         if fits and why != "no demand" and learned is not None and self.model is not None and obs.isl and serving:
-            rate = obs.request_rate or 0.0
-            # On a fall, the rate the falling rule judges at; else the steadier demand.
-            demand = rate if self._falling(role) else self._demand(role, rate)
+            demand = self._demand(role, obs.request_rate or 0.0)
             fraction, at = learned
             ceiling = fraction * self.model.capacity(self.isl_forecasts.get(role, obs.isl), *self._limits(role))
             if abs(demand - at) > self.config.scale_down_margin * at:

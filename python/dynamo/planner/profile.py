@@ -15,7 +15,10 @@ profile's ``quantile``) and the request throughput:
 ``PerformanceModel.capacity`` interpolates it: along concurrency, linearly between the two
 points around the largest concurrency whose latencies meet the targets; along input
 length, along a power law between the two profiled lengths around the one asked (clamped
-to the profiled range). ``DisaggModel`` answers a disaggregated fleet from a prefill
+to the profiled range). ``PerformanceModel.slot_wait`` adds what a closed loop never
+shows: where a curve's throughput stops growing (the engine runs a fixed number of
+requests at a time), requests that arrive open-loop wait for a slot, and the wait is that
+of an M/M/c queue over the fleet's slots (Erlang C). ``DisaggModel`` answers a disaggregated fleet from a prefill
 worker's profile and a decode worker's. ``LiveCorrection`` scales the profile's latencies by what the running
 fleet shows (observed ÷ predicted, smoothed), leaving out samples taken while a worker
 was in its warm-up window: a new worker's first, slow passes describe its start, not
@@ -141,6 +144,42 @@ def _capacity_of_curve(curve: list[ProfilePoint], ttft_ms: float | None, itl_ms:
     return curve[-1].throughput_rps
 
 
+#: A curve has saturated when its last doubling of concurrency (or more) added less than
+#: this share of throughput; its slots are then the least concurrency within this share
+#: of its most throughput.
+SATURATION_GAIN = 0.05
+
+
+def _saturation(curve: list[ProfilePoint]) -> tuple[float, float] | None:
+    """(slots, requests/s) of a replica whose throughput stopped growing along ``curve``:
+    the least concurrency within ``SATURATION_GAIN`` of the curve's most throughput, and
+    that throughput. ``None``: the curve still grows at its last point (or has one point),
+    so it says nothing of a slot limit."""
+    last = curve[-1]
+    below = [p for p in curve if p.concurrency <= last.concurrency / 2]
+    if not below or last.throughput_rps >= (1 + SATURATION_GAIN) * below[-1].throughput_rps:
+        return None
+    most = max(p.throughput_rps for p in curve)
+    if most <= 0:
+        return None
+    slots = next(p.concurrency for p in curve if p.throughput_rps >= (1 - SATURATION_GAIN) * most)
+    return slots, most
+
+
+def erlang_c(servers: int, offered: float) -> float:
+    """The probability that an arrival waits in an M/M/c queue of ``servers`` servers
+    under ``offered`` erlangs (arrival rate x mean service time; 1.0 at or over
+    ``servers``). Erlang B by its recurrence (stable for any size), then C from B; written
+    here because it is these few lines and no well-kept library of ours carries it."""
+    if offered >= servers:
+        return 1.0
+    b = 1.0
+    for k in range(1, servers + 1):
+        b = offered * b / (k + offered * b)
+    load = offered / servers
+    return b / (1 - load + load * b)
+
+
 def _on_curve(curve: list[ProfilePoint], concurrency: float) -> tuple[float, float]:
     """(TTFT, ITL) of one curve at ``concurrency``, clamped to its profiled range."""
     c = min(max(concurrency, curve[0].concurrency), curve[-1].concurrency)
@@ -238,6 +277,33 @@ class PerformanceModel:
         ttft = _along_length(isl, lo, hi, values[0][0], values[1][0])
         itl = _along_length(isl, lo, hi, values[0][1], values[1][1])
         return ttft * self.correction.ttft_factor, itl * self.correction.itl_factor
+
+    def slot_wait(self, isl: float, rate: float, replicas: int, quantile: float) -> tuple[float, float] | None:
+        """Where the profile shows the engine saturate (``_saturation``), what ``replicas``
+        replicas sharing ``rate`` req/s of open-loop arrivals add to a request's TTFT: (the
+        TTFT of a replica with its slots full, ms; the wait for a slot at ``quantile``, ms).
+        The wait is an M/M/c queue's over all the fleet's slots, each serving the saturated
+        throughput ÷ slots (``inf``: the slots cannot keep up; 0: fewer than ``1 -
+        quantile`` of the arrivals wait at all). Exponential service overstates the wait
+        of an engine whose requests take alike, which leaves margin where a closed-loop
+        sweep left none. ``None``: a profiled length around ``isl`` never saturated, so
+        the profile knows no slot limit."""
+        lo, hi = self._around(isl)
+        ends = [_saturation(self._curves[length]) for length in (lo, hi)]
+        if ends[0] is None or ends[1] is None or replicas <= 0:
+            return None
+        slots = _lerp(isl, lo, hi, ends[0][0], ends[1][0])
+        per_server = _along_length(isl, lo, hi, ends[0][1], ends[1][1]) / slots
+        servers = max(1, round(slots * replicas))
+        full, _ = self.latency(isl, slots)
+        waits = erlang_c(servers, rate / per_server)
+        spare = servers * per_server - rate
+        if waits >= 1.0 or spare <= 0:
+            return full, math.inf
+        if waits <= 1.0 - quantile:
+            return full, 0.0
+        # P(wait > t) = C * exp(-spare * t), solved for the quantile.
+        return full, 1000.0 * math.log(waits / (1.0 - quantile)) / spare
 
     def capacity(self, isl: float, ttft_ms: float | None, itl_ms: float | None) -> float:
         """Requests/s one replica serves with its TTFT ≤ ``ttft_ms`` and ITL ≤ ``itl_ms``
