@@ -12,6 +12,7 @@ import pytest
 from dynamo.planner.config import build_config
 from dynamo.planner.decide import Decider, Observation, RoleState, count_reversals
 from dynamo.planner.profile import PerformanceModel, Profile
+from planner_helpers import saturating_profile
 
 ISL = 128
 
@@ -264,19 +265,6 @@ def test_without_the_margin_constant_load_flaps() -> None:
     decider = Decider(config(scale_down_margin=0.0), PerformanceModel(profile()))
     counts = simulate(decider, [9.8] * 300, 1, noise=0.1, seed=1)
     assert count_reversals([b - a for a, b in zip([1, *counts], counts, strict=False)]) > 10
-
-
-def saturating_profile(last_rps: float = 8.0) -> Profile:
-    """A replica whose engine runs 4 requests at a time: 8 req/s from concurrency 4 on,
-    and a closed-loop TTFT that grows only by the requests queued behind those 4.
-    ``last_rps``: the throughput measured at 16 in flight (over 8 · 1.05, the sweep shows
-    no saturation: it seems to have stopped short of it)."""
-    points = [
-        {"isl": ISL, "concurrency": c, "ttft_ms": 50.0 + 125.0 * max(0, c - 4), "itl_ms": 20.0,
-         "throughput_rps": last_rps if c == 16 else 2.0 * min(c, 4)}
-        for c in (1, 2, 4, 8, 16)
-    ]
-    return Profile.model_validate({"points": points})
 
 
 def open_loop(decider: Decider, rates: list[float], start: int, carries: float) -> list[int]:

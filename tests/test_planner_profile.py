@@ -19,6 +19,7 @@ from dynamo.planner.profile import (
     erlang_c,
     load_profile,
 )
+from planner_helpers import saturating_profile
 
 
 def grid() -> Profile:
@@ -82,18 +83,8 @@ def test_erlang_c_against_its_textbook_values() -> None:
     assert 0.0 < erlang_c(2000, 1800.0) < 1.0
 
 
-def four_slots(last_rps: float = 8.0) -> Profile:
-    """An engine that runs 4 requests at a time (8 req/s from 4 in flight on)."""
-    points = [
-        {"isl": 128, "concurrency": c, "ttft_ms": 50.0 + 125.0 * max(0, c - 4), "itl_ms": 20.0,
-         "throughput_rps": last_rps if c == 16 else 2.0 * min(c, 4)}
-        for c in (1, 2, 4, 8, 16)
-    ]
-    return Profile.model_validate({"points": points})
-
-
 def test_a_saturated_engine_queues_open_loop_arrivals_at_its_slots() -> None:
-    model = PerformanceModel(four_slots())
+    model = PerformanceModel(saturating_profile())
     # 3 replicas: 12 slots of 2 req/s. At 20 req/s C(12, 10) = 0.449 and the p90 wait is
     # ln(4.49) / (24 - 20) = 0.376 s, beside the 50 ms of a replica with its slots full.
     full, wait = model.slot_wait(128, 20.0, 3, 0.9)
@@ -103,9 +94,8 @@ def test_a_saturated_engine_queues_open_loop_arrivals_at_its_slots() -> None:
     assert model.slot_wait(128, 10.0, 4, 0.9) == (pytest.approx(50.0), 0.0)
     assert model.slot_wait(128, 0.0, 3, 0.9) == (pytest.approx(50.0), 0.0)
     assert model.slot_wait(128, 24.0, 3, 0.9)[1] == math.inf
-    # A sweep whose throughput still grows at its last point (or a curve of one point)
-    # says nothing of slots.
-    assert PerformanceModel(four_slots(last_rps=8.8)).slot_wait(128, 20.0, 3, 0.9) is None
+    # A sweep whose throughput still grows at its last point says nothing of slots.
+    assert PerformanceModel(saturating_profile(last_rps=8.8)).slot_wait(128, 20.0, 3, 0.9) is None
     assert PerformanceModel(grid()).slot_wait(128, 20.0, 3, 0.9) is None
 
 

@@ -18,11 +18,12 @@ length, along a power law between the two profiled lengths around the one asked 
 to the profiled range). ``PerformanceModel.slot_wait`` adds what a closed loop never
 shows: where a curve's throughput stops growing (the engine runs a fixed number of
 requests at a time), requests that arrive open-loop wait for a slot, and the wait is that
-of an M/M/c queue over the fleet's slots (Erlang C). ``DisaggModel`` answers a disaggregated fleet from a prefill
-worker's profile and a decode worker's. ``LiveCorrection`` scales the profile's latencies by what the running
-fleet shows (observed ÷ predicted, smoothed), leaving out samples taken while a worker
-was in its warm-up window: a new worker's first, slow passes describe its start, not
-its steady state.
+of an M/M/c queue over the fleet's slots (Erlang C). ``DisaggModel`` answers a
+disaggregated fleet from a prefill worker's profile and a decode worker's.
+``LiveCorrection`` scales the profile's latencies by what the running fleet shows
+(observed ÷ predicted, smoothed), leaving out samples taken while a worker was in its
+warm-up window: a new worker's first, slow passes describe its start, not its steady
+state.
 """
 
 from __future__ import annotations
