@@ -294,7 +294,7 @@ def test_a_saturated_engine_keeps_the_replica_its_slots_need_under_constant_load
     assert down.action == "down", down
 
 
-def test_the_slots_are_judged_at_the_forecast_unless_it_fell_past_the_noise() -> None:
+def test_the_slots_are_judged_at_the_forecast_unless_the_demand_falls() -> None:
     fleet = {"agg": RoleState(ready=4)}
 
     def after(forecasts: list[float], rate: float) -> str:
@@ -306,14 +306,16 @@ def test_the_slots_are_judged_at_the_forecast_unless_it_fell_past_the_noise() ->
         return decision.action
 
     # A window that reads 12 req/s under a forecast of 20.6: the slots of 3 replicas are
-    # judged at 20.6 (p90 wait 0.45 s), however low one window reads...
+    # judged at 20.6 (p90 wait 0.45 s), however low one window reads, and so after one
+    # forecast's fall (a trend model's forecast swings as a window does)...
     assert after([21.0, 20.6], 12.0) == "hold"
-    # ... unless the forecast fell by more than two standard deviations of a throughput
-    # window's rate (1.2 req/s at 21 req/s over 60 s): it lags a fall, and the window
-    # rate is judged (12 req/s: no wait at the quantile).
-    assert after([21.0, 17.0], 12.0) == "down"
-    # Judged at the window, 20 req/s on 3 replicas still queue.
-    assert after([21.0, 17.0], 20.0) == "hold"
+    assert after([24.0, 20.6], 12.0) == "hold"
+    # ... but on a fall (three falling forecasts, past the noise) at the window's rate,
+    # as the falling rule judges (12 req/s: no wait at the quantile).
+    assert after([26.0, 23.0, 20.6], 12.0) == "down"
+    # At 21 req/s (the lower of the window and the forecast, with half the margin: 450 ms)
+    # 3 replicas' slots still queue.
+    assert after([26.0, 23.0, 21.0], 21.5) == "hold"
 
 
 def test_a_scale_down_undone_by_a_backlog_is_not_made_again_at_that_load() -> None:

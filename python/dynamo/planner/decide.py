@@ -392,14 +392,10 @@ class Decider:
         forecasts = self.forecasts.get(role, [])
         if len(forecasts) < FALLING_FORECASTS:
             return False
-        return forecasts[0] - forecasts[-1] > self._noise(forecasts[0]) and all(
+        noise = FALL_NOISE_SIGMAS * math.sqrt(forecasts[0] / self.config.intervals.throughput_s)
+        return forecasts[0] - forecasts[-1] > noise and all(
             later < earlier for earlier, later in itertools.pairwise(forecasts)
         )
-
-    def _noise(self, rate: float) -> float:
-        """``FALL_NOISE_SIGMAS`` standard deviations of one throughput window's arrival
-        rate (Poisson) at ``rate`` req/s: a fall by less is a level load's noise."""
-        return FALL_NOISE_SIGMAS * math.sqrt(max(rate, 0.0) / self.config.intervals.throughput_s)
 
     def _fall_since_pass(self, role: str) -> tuple[int, float] | None:
         """On a falling demand (``_falling``) whose forecast has a falling trend: the floor
@@ -447,15 +443,12 @@ class Decider:
     def _demand(self, role: str, rate: float) -> float:
         """The demand a scale-down is judged at beyond the profile's capacity (the queue at
         the slots, a learned ceiling): on a fall, ``rate`` (the rate the falling rule
-        judges at), and so when the latest throughput forecast fell from the one before by
-        more than the noise (the forecast is as old as its pass, and a fall goes on
-        between passes); else the higher of one window's ``rate`` and the latest forecast
-        (a window of a few seconds swings by tens of percent)."""
+        judges at); else the higher of one window's ``rate`` and the latest throughput
+        forecast (a window of a few seconds swings by tens of percent, and so does one
+        forecast's fall from the one before: a trend model amplifies a window's noise)."""
         forecasts = self.forecasts.get(role)
         if self._falling(role) or not forecasts:
             return rate
-        if len(forecasts) >= 2 and forecasts[-2] - forecasts[-1] > self._noise(forecasts[-2]):
-            return rate  # the last forecast fell past the noise: it lags the fall it shows
         return max(rate, forecasts[-1])
 
     def _learn(self, role: str, target: int, isl: float | None) -> None:
