@@ -59,7 +59,8 @@ async fn nats_outage_fails_fast_and_recovers_without_restarts() {
     client.wait_for_instances(Some(Duration::from_secs(5))).await.unwrap();
     assert_eq!(request(&client).await.unwrap(), 3);
     let mut events = caller.events().subscribe("t.load").await.unwrap();
-    // Until the server has the subscription, events are (correctly) dropped: retry.
+    // `subscribe` returns once the server has the subscription (tests/events_nats.rs):
+    // the retry only bounds the wait.
     let payload = eventually("the subscription receives events", Duration::from_secs(10), async || {
         worker.events().publish("t.load", Bytes::from_static(b"before")).await.ok()?;
         let event = tokio::time::timeout(Duration::from_millis(500), events.next_event()).await.ok()??;
