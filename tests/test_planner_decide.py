@@ -12,9 +12,7 @@ import pytest
 from dynamo.planner.config import build_config
 from dynamo.planner.decide import Decider, Observation, RoleState, count_reversals
 from dynamo.planner.profile import PerformanceModel, Profile
-from planner_helpers import saturating_profile
-
-ISL = 128
+from planner_helpers import ISL, saturating_profile
 
 
 def profile() -> Profile:
