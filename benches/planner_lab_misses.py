@@ -46,7 +46,7 @@ def main() -> int:
     workload = lab.workload_from(args.trace, args.time_scale, args.seed, args.limit, args.shape)
     _, runs = lab.compare(workload, settings, ["planner"], log=lambda m: print(m, file=sys.stderr))
     for n in (int(x) for x in mine.fleets.split(",") if x.strip()):
-        runs[f"{n} fixed"] = lab._replay(workload, settings, n, None, f"{n} fixed")
+        runs[f"{n} fixed"] = lab.replay(workload, settings, n, None, f"{n} fixed")
     lengths = {}
     if workload.trace is not None:
         with open(workload.trace) as lines:
@@ -58,7 +58,7 @@ def main() -> int:
     targets = settings.config.targets
     print(f"phases end at {ends} s; misses as TTFT long / short, ITL long / short")
     for name, run in runs.items():
-        row = lab._row(run, settings)
+        row = lab.row(run, settings)
         misses: Counter[tuple[int, str]] = Counter()
         for i, sent in run.sent.items():
             phase = next(k for k, end in enumerate(ends) if sent < end)

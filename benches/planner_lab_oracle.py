@@ -41,7 +41,7 @@ LOOK_STEP_S = 1.0
 
 
 class Oracle:
-    """The planning state ``lab._replay`` drives, sizing the fleet from the known rate."""
+    """The planning state ``lab.replay`` drives, sizing the fleet from the known rate."""
 
     def __init__(self, phases: Sequence[tuple[float, float, float]], per_replica: float, horizon_s: float,
                  most: int, least: int = 1) -> None:
@@ -55,7 +55,7 @@ class Oracle:
     def size(self, now: float) -> int:
         """Replicas for the highest rate from ``now`` to ``now + horizon_s``."""
         steps = int(self.horizon_s / LOOK_STEP_S) + 1
-        top = max(lab._rate_at(self.phases, now + k * LOOK_STEP_S) for k in range(steps))
+        top = max(lab.rate_at(self.phases, now + k * LOOK_STEP_S) for k in range(steps))
         return min(self.most, max(self.least, math.ceil(top / self.per_replica - 1e-9)))
 
     def load_step(self, window: Any, fleet: Mapping[str, RoleState], waiting: Any, missing: Any,
@@ -89,7 +89,7 @@ def one(argv: list[str], seed: int, per_replica: list[float], floor: int) -> lis
         phases = [(seconds, r0 * k, r1 * k) for seconds, r0, r1 in phases]
     x = workload.time_scale
     phases = [(sec / x, r0 * x, r1 * x) for sec, r0, r1 in phases]
-    peak = lab._row(lab.static_peak(workload, settings, log=lambda m: None), settings)
+    peak = lab.row(lab.static_peak(workload, settings, log=lambda m: None), settings)
     config = settings.config
     horizon = settings.startup_s + config.intervals.load_s
     # No urgent checks: the oracle has nothing to catch up with.
@@ -100,8 +100,8 @@ def one(argv: list[str], seed: int, per_replica: list[float], floor: int) -> lis
     for c in per_replica:
         oracle = Oracle(phases, c, horizon, settings.max_replicas, floor)
         first = oracle.size(0.0)
-        run = lab._replay(workload, oracle_settings, first, oracle, f"oracle {c:g}")  # type: ignore[arg-type]
-        rows.append(dict(lab._row(run, settings), seed=seed, per_replica=c))
+        run = lab.replay(workload, oracle_settings, first, oracle, f"oracle {c:g}")  # type: ignore[arg-type]
+        rows.append(dict(lab.row(run, settings), seed=seed, per_replica=c))
     return rows
 
 

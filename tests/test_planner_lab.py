@@ -20,15 +20,18 @@ from dynamo.planner.lab import (
     RAMP_ISL,
     RAMP_PHASES,
     STEP_PHASES,
+    Run,
     Settings,
     Workload,
     best_ratio,
+    broken_after_s,
     compare,
     main,
     parse_args,
     profile_for,
     ramp,
     settings_from,
+    simulated_fleet,
     warp,
     workload_from,
 )
@@ -187,8 +190,6 @@ def test_the_busy_threshold_is_checked_and_reaches_the_fleet(tmp_path: Path, cap
 
 
 def test_recovery_counts_the_requests_sent_after_the_step_not_a_backlog_served_late(tmp_path: Path) -> None:
-    from dynamo.planner.lab import Run, _broken_after_s
-
     targets = settings(tmp_path).config.targets  # p90 TTFT <= 1000 ms, ITL <= 60 ms
     run = Run("planner")
 
@@ -205,14 +206,14 @@ def test_recovery_counts_the_requests_sent_after_the_step_not_a_backlog_served_l
         sent(200 + i, 111.0 + i, 2_000.0)
         sent(300 + i, 121.0 + i, 300.0)
         sent(400 + i, 131.0 + i, None if i == 0 else 300.0)
-    assert _broken_after_s(run, 100.0, 10.0, targets) == 20.0
+    assert broken_after_s(run, 100.0, 10.0, targets) == 20.0
     # An inter-token gap over its target breaks a bin as well.
     for i in range(10):
         run.itl[300 + i] = 90.0
-    assert _broken_after_s(run, 100.0, 10.0, targets) == 30.0
+    assert broken_after_s(run, 100.0, 10.0, targets) == 30.0
     # Nothing after the step breaks a target (the one bin from 131 s holds ten requests,
     # one never answered: its p90 is in time): recovered at once.
-    assert _broken_after_s(run, 131.0, 10.0, targets) == 0.0
+    assert broken_after_s(run, 131.0, 10.0, targets) == 0.0
 
 
 def test_warp_puts_a_flat_trace_on_the_ramp_keeping_order_count_and_bursts() -> None:
@@ -353,7 +354,7 @@ def test_short_prompts_bypass_the_prefill_pool(tmp_path: Path, monkeypatch) -> N
     workload = Workload("mixed", requests=requests)
 
     def prefilled_remotely(lab_settings: Settings) -> dict[int, bool]:
-        lab = workload.lab({"prefill": 1, "decode": 1}, lab_settings)
+        lab = simulated_fleet(workload, {"prefill": 1, "decode": 1}, lab_settings)
         remote: dict[int, bool] = {}
         counted = 0
         while not lab.done:
