@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import WorkerPool, alive, started_pids
+from helpers import WorkerPool, alive, started_pids, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -183,3 +183,70 @@ def test_the_mocker_supervisor_reads_its_ready_bound_from_the_environment(tmp_pa
     assert seconds_from_env(READY_TIMEOUT_ENV, 120.0) == 2.5
     monkeypatch.delenv(READY_TIMEOUT_ENV)
     assert seconds_from_env(READY_TIMEOUT_ENV, 120.0) == 120.0
+
+
+#: A child that starts a grandchild in its process group (as a worker starts its engine's
+#: core process) and writes the grandchild's pid to a file. On SIGTERM each notes it in
+#: the file; the child then stops the grandchild itself and exits 0. With ``deaf``, both
+#: ignore SIGTERM.
+FAMILY = """
+import os, signal, subprocess, sys, time
+log, deaf = sys.argv[1], sys.argv[2] == "deaf"
+def note(line):
+    with open(log, "a") as f:
+        f.write(line + "\\n")
+grandchild = subprocess.Popen([sys.executable, "-c", sys.argv[3], log, sys.argv[2]])
+note(f"grandchild {grandchild.pid}")
+def on_term(*_):
+    time.sleep(0.5)  # a SIGTERM sent to the whole group would have reached the grandchild by now
+    note("child SIGTERM")
+    grandchild.kill()
+    grandchild.wait()
+    sys.exit(0)
+signal.signal(signal.SIGTERM, signal.SIG_IGN if deaf else on_term)
+while True:
+    time.sleep(1)
+"""
+GRANDCHILD = """
+import signal, sys, time
+log, deaf = sys.argv[1], sys.argv[2] == "deaf"
+def on_term(*_):
+    with open(log, "a") as f:
+        f.write("grandchild SIGTERM\\n")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, signal.SIG_IGN if deaf else on_term)
+while True:
+    time.sleep(1)
+"""
+#: A supervisor of one such family that drains, and one that ignores SIGTERM.
+FAMILIES = """
+import asyncio, sys
+from dynamo.supervisor import ChildSpec, Supervisor
+family, grandchild, folder = sys.argv[1], sys.argv[2], sys.argv[3]
+specs = [ChildSpec(kind, [sys.executable, "-c", family, f"{folder}/{kind}.log", kind, grandchild])
+         for kind in ("drains", "deaf")]
+sys.exit(asyncio.run(Supervisor(specs, name="sup", stop_timeout=2).run()))
+"""
+
+
+async def test_sigterm_reaches_the_child_alone_and_sigkill_its_whole_group(workers_local: WorkerPool, tmp_path: Path):
+    """A worker drains on SIGTERM and then stops its engine: the engine's processes must not
+    get SIGTERM from the supervisor too (vLLM's engine core aborts its requests on it). A
+    child that ignores SIGTERM is killed after the bound with everything in its group."""
+    sup = workers_local.command([sys.executable, "-u", "-c", FAMILIES, FAMILY, GRANDCHILD, str(tmp_path)], name="sup")
+
+    def grandchild(kind: str) -> int | None:
+        log = tmp_path / f"{kind}.log"
+        lines = log.read_text().splitlines() if log.exists() else []
+        found = [line for line in lines if line.startswith("grandchild ")]
+        return int(found[0].split()[1]) if found else None
+
+    await wait_until(lambda: grandchild("drains") is not None and grandchild("deaf") is not None, 20, sup.describe)
+    deaf = grandchild("deaf")
+    assert deaf is not None
+    sup.send_signal(signal.SIGTERM)
+    assert await sup.wait_exit(20) == 0, sup.describe()
+    lines = (tmp_path / "drains.log").read_text().splitlines()
+    assert lines[1:] == ["child SIGTERM"], lines  # the grandchild never got a SIGTERM
+    assert sup.find_lines("[sup] processes still running after 2s: killing them"), sup.describe()
+    await wait_until(lambda: not alive(deaf), 10, "the deaf child's grandchild to be killed with its group")

@@ -7,6 +7,13 @@ this session, see ``child_setup``), prefixes each output line with the child's l
 bound), reaps them all, reports a child that exits with its status, restarts it when its
 spec says so, and otherwise stops the others and exits non-zero.
 
+SIGTERM goes to the child's own process, SIGKILL to its whole process group. A worker
+drains on SIGTERM and then stops what it started; an engine process under it given
+SIGTERM directly would stop at once (vLLM's engine core aborts its requests on it), so
+the streams the worker was draining would fail. The group is what the bound's SIGKILL
+takes, so nothing a child started outlives it. A child that is a wrapper script must
+``exec`` the worker (as in a container, where SIGTERM reaches PID 1 only).
+
 Readiness and rolling restart (the local twin of a Kubernetes rolling update, see
 docs/reliability.md): a child whose spec sets ``probe`` is started with its runtime's
 system server on a free loopback port that the child binds itself at each start
@@ -85,8 +92,9 @@ def seconds_from_env(name: str, default: float) -> float:
 def child_setup() -> None:
     """Runs in each child before exec.
 
-    * Its own process group, so that stopping it stops what it started (an engine's
-      core processes), but not its own *session*: Linux schedules each session as one
+    * Its own process group, so that killing it kills what it started (an engine's
+      core processes; SIGTERM goes to the child alone, which stops them itself), but
+      not its own *session*: Linux schedules each session as one
       group when ``kernel.sched_autogroup_enabled`` is on (most distributions' default),
       and a frontend alone in its session gets a sliver of a core that a CPU engine's
       session keeps busy. Its threads then wait 100+ ms for a core, and whole token
@@ -200,17 +208,27 @@ async def pump_output(label: str, proc: asyncio.subprocess.Process) -> None:
         out.flush()
 
 
-async def stop_group(proc: asyncio.subprocess.Process, timeout: float, say: Callable[[str], None]) -> int:
-    """SIGTERM ``proc``'s process group (it drains), SIGKILL it after ``timeout``
-    seconds (said through ``say``); returns its exit status."""
+def send(proc: asyncio.subprocess.Process, sig: signal.Signals) -> None:
+    """``sig`` to a running child: SIGKILL to its whole process group, any other signal
+    to its own process (it stops what it started; see the module's docstring)."""
+    if proc.returncode is not None:
+        return
     with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGTERM)
+        if sig == signal.SIGKILL:
+            os.killpg(proc.pid, sig)
+        else:
+            os.kill(proc.pid, sig)
+
+
+async def stop_process(proc: asyncio.subprocess.Process, timeout: float, say: Callable[[str], None]) -> int:
+    """SIGTERM ``proc`` (it drains), SIGKILL its process group after ``timeout``
+    seconds (said through ``say``); returns its exit status."""
+    send(proc, signal.SIGTERM)
     try:
         return await asyncio.wait_for(proc.wait(), timeout)
     except asyncio.TimeoutError:
         say(f"pid {proc.pid} still running after {timeout:g}s: killing it")
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        send(proc, signal.SIGKILL)
         return await proc.wait()
 
 
@@ -364,14 +382,12 @@ class Supervisor:
 
     def _signal_all(self, sig: signal.Signals) -> None:
         for child in self.children:
-            proc = child.proc
-            if proc is not None and proc.returncode is None:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(proc.pid, sig)
+            if child.proc is not None:
+                send(child.proc, sig)
 
     async def _stop_one(self, proc: asyncio.subprocess.Process) -> int:
-        """SIGTERM one child's process group, SIGKILL after ``stop_timeout``; its status."""
-        return await stop_group(proc, self.stop_timeout, self._say)
+        """SIGTERM one child, SIGKILL its process group after ``stop_timeout``; its status."""
+        return await stop_process(proc, self.stop_timeout, self._say)
 
     async def _wait_ready(self, child: Child) -> bool:
         """Whether ``child``'s current process answers ``/ready`` with 200 within ``ready_timeout``."""
@@ -446,8 +462,8 @@ class Supervisor:
         return child
 
     async def stop_child(self, child: Child) -> int | None:
-        """Drain one child while the others run: SIGTERM its process group, wait up to
-        ``stop_timeout``, then SIGKILL. It is not restarted and its exit is no failure;
+        """Drain one child while the others run: SIGTERM it, wait up to ``stop_timeout``,
+        then SIGKILL its process group. It is not restarted and its exit is no failure;
         one still in its start delay is never started. Returns its exit status (``None``
         when it never started)."""
         child.removing = True
