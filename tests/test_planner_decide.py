@@ -450,6 +450,15 @@ def test_scale_to_zero_and_back() -> None:
     decision = decider.load("agg", {"agg": RoleState(ready=0)}, at_frontend)
     assert decision.target == 1 and "demand at zero replicas" in decision.reason
     assert decider.load("agg", {"agg": RoleState(ready=1)}, at_frontend).target == 1, "demand remains: no scale-down"
+    # The worker started for it registers, and the frontend hands it the request, before
+    # its `/ready` says 200: still pending to the planner, it serves a request in flight.
+    decider = Decider(config(scale_to_zero=True, roles={"agg": {"min_replicas": 0, "max_replicas": 4}}))
+    serving = Observation(request_rate=0.0, isl=None, ttft_ms=None, itl_ms=None, inflight=1.0)
+    for fleet in ({"agg": RoleState(ready=0, pending=1)}, {"agg": RoleState(ready=1)}):
+        for _ in range(3):  # quiet windows too: one replica is kept for the request in flight
+            decision = decider.load("agg", fleet, serving)
+            assert decision.target == 1, decision
+    assert decider.load("agg", {"agg": RoleState(ready=1)}, idle).target == 0, "it ended: back to zero"
 
 
 def test_below_the_minimum_starts_replicas_even_without_signals() -> None:
