@@ -7,6 +7,7 @@ process and its stderr.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import signal
@@ -19,7 +20,7 @@ from typing import Any
 
 import pytest
 from helpers import WorkerPool, WorkerProcess, backend_overrides, free_port, wait_until_blocking
-from llm_helpers import DYNAMO_RUN, Frontend, http_request, local_env
+from llm_helpers import DYNAMO_RUN, Frontend, http_request, local_env, sse_data
 
 #: Why the tier cannot run here, or None.
 VLLM_MISSING = None if importlib.util.find_spec("vllm") else (
@@ -151,6 +152,19 @@ def wait_log(proc: WorkerProcess, text: str, timeout: float = ENGINE_START_TIMEO
         return False
 
     wait_until_blocking(logged, timeout, lambda: f"{proc.name} to log {text!r}\n{start_report(proc)}", interval=0.25)
+
+
+def whole_completion_stream(body: bytes, max_tokens: int) -> list[dict[str, Any]]:
+    """The chunks of a streamed completion that must have ended whole: ``[DONE]`` last, no
+    error event, finish reason ``length`` and every one of ``max_tokens`` tokens counted
+    (``stream_options.include_usage``)."""
+    payloads = sse_data(body)
+    assert payloads and payloads[-1] == "[DONE]", payloads[-3:]
+    chunks = [json.loads(p) for p in payloads[:-1]]
+    assert not [c for c in chunks if "error" in c], [c for c in chunks if "error" in c]
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c.get("choices")][-1] == "length"
+    assert chunks[-1]["usage"]["completion_tokens"] == max_tokens, chunks[-1]
+    return chunks
 
 
 def models_of(resp: Any) -> list[str]:

@@ -24,9 +24,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from engine_fleet import ENGINE_FLAGS, ENGINE_START_TIMEOUT, MODEL, Fleet, engine_env, fleet_env, stop_all
+from engine_fleet import (
+    ENGINE_FLAGS,
+    ENGINE_START_TIMEOUT,
+    MODEL,
+    Fleet,
+    engine_env,
+    fleet_env,
+    stop_all,
+    whole_completion_stream,
+)
 from helpers import WorkerPool, wait_until
-from llm_helpers import Planner, post_json, sse_data
+from llm_helpers import Planner, post_json
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -132,12 +141,7 @@ async def test_the_planner_starts_a_vllm_worker_for_a_request_at_zero_and_drains
         await asyncio.to_thread(client.join, 180)
         assert not client.is_alive(), "the stream never ended"
         assert result.get("status") == 200, result
-        payloads = sse_data(result["body"])
-        assert payloads[-1] == "[DONE]", payloads[-3:]
-        chunks = [json.loads(p) for p in payloads[:-1]]
-        assert not [c for c in chunks if "error" in c], [c for c in chunks if "error" in c]
-        assert [c["choices"][0]["finish_reason"] for c in chunks if c.get("choices")][-1] == "length"
-        assert chunks[-1]["usage"]["completion_tokens"] == max_tokens
+        chunks = whole_completion_stream(result["body"], max_tokens)
         text = "".join(c["choices"][0]["text"] for c in chunks if c.get("choices"))
         assert text.startswith(expected), (text[:200], expected)
         assert await planner.process.wait_exit(90) == 0, planner.process.describe()

@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from engine_fleet import MODEL, Fleet, engine_core_of, fleet_env, stop_all
+from engine_fleet import MODEL, Fleet, engine_core_of, fleet_env, stop_all, whole_completion_stream
 from helpers import WorkerPool, WorkerProcess, wait_until
-from llm_helpers import first_load_report, post_json, sse_data, wait_for_metrics_from
+from llm_helpers import first_load_report, post_json, wait_for_metrics_from
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -255,12 +255,7 @@ async def test_a_killed_engine_moves_its_stream_and_its_worker_leaves(
 
     # The stream moved to the survivor and ended whole: every token, a real finish.
     assert result["status"] == 200, result
-    payloads = sse_data(result["body"])
-    assert payloads[-1] == "[DONE]", payloads[-3:]
-    chunks = [json.loads(p) for p in payloads[:-1]]
-    assert not [c for c in chunks if "error" in c], [c for c in chunks if "error" in c]
-    assert [c["choices"][0]["finish_reason"] for c in chunks if c.get("choices")][-1] == "length"
-    assert chunks[-1]["usage"]["completion_tokens"] == max_tokens
+    whole_completion_stream(result["body"], max_tokens)
 
     # The broken worker shut down (it left discovery); new requests go to the survivor.
     await victim.wait_exit(60)
