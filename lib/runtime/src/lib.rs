@@ -25,6 +25,7 @@ mod instance;
 pub mod instances;
 pub mod logging;
 pub mod metrics;
+mod nats;
 pub mod planes;
 pub mod readiness;
 pub mod runtime;

@@ -21,7 +21,7 @@ use crate::instance::EndpointId;
 use crate::instances::InstanceWatcher;
 use crate::metrics::MetricsRegistry;
 use crate::readiness::{NotReady, Readiness};
-use crate::transport::{nats_connection, ServedEndpoint, Transport};
+use crate::transport::{ServedEndpoint, Transport};
 
 /// An endpoint this process serves, as shutdown and drain need it.
 #[derive(Clone)]
@@ -241,7 +241,7 @@ impl Planes {
     /// itself; requests over NATS fail with `Unavailable` meanwhile).
     pub fn planes_health(&self) -> std::result::Result<(), String> {
         match &self.inner.nats {
-            Some(client) => nats_connection::check_connected(client, &self.inner.config.nats_server).map_err(|e| e.message().to_string()),
+            Some(client) => crate::nats::check_connected(client, &self.inner.config.nats_server).map_err(|e| e.message().to_string()),
             None => Ok(()),
         }
     }
@@ -273,7 +273,7 @@ impl Planes {
     pub(crate) fn connected_nats(&self, instance: u64) -> Result<&async_nats::Client> {
         self.check_plane(RequestPlane::Nats, instance)?;
         let client = self.inner.nats.as_ref().ok_or_else(|| Error::new(ErrorKind::Config, "no NATS client"))?;
-        nats_connection::check_connected(client, &self.inner.config.nats_server)?;
+        crate::nats::check_connected(client, &self.inner.config.nats_server)?;
         Ok(client)
     }
 

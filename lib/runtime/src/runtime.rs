@@ -73,7 +73,7 @@ impl DistributedRuntime {
         let discovery = discovery::connect(&config, cancel.clone(), Some(store)).await?;
         let (nats, nats_events) = match config.needs_nats() {
             true => {
-                let (client, events) = nats_connection::connect(&config).await?;
+                let (client, events) = crate::nats::connect(&config).await?;
                 (Some(client), Some(events))
             }
             false => (None, None),

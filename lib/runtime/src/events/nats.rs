@@ -17,7 +17,7 @@ pub(super) async fn publish(client: &async_nats::Client, subject: &str, payload:
 pub(super) async fn subscribe(client: &async_nats::Client, subject: &str) -> Result<Subscription> {
     // Confirmed by the server, so every event published after this returns is delivered
     // (async-nats's own `subscribe` returns once the SUB is written, not read).
-    let mut sub = crate::transport::nats_connection::subscribe_confirmed(client, subject).await?;
+    let mut sub = crate::nats::subscribe_confirmed(client, subject).await?;
     let (tx, rx) = mpsc::channel(SUBSCRIPTION_BUFFER);
     // The forwarding task ends when the subscription's receiver is dropped. A NATS outage
     // does not end it: the client reconnects by itself and re-sends every subscription,

@@ -30,7 +30,7 @@ pub(crate) fn instance_subject(namespace: &str, component: &str, endpoint: &str,
 pub(crate) async fn serve(client: async_nats::Client, transport: Arc<Transport>, subject: String, cancel: CancellationToken) -> Result<()> {
     // The instance is registered in discovery once this returns: the server must have the
     // SUB by then, or a caller's first request could find no responder.
-    let mut sub = super::nats_connection::subscribe_confirmed(&client, &subject).await?;
+    let mut sub = crate::nats::subscribe_confirmed(&client, &subject).await?;
     let tracker = transport.tracker.clone();
     tracker.spawn(async move {
         loop {
