@@ -282,12 +282,13 @@ class Decider:
         """Whether ``serving`` replicas keep the role under the targets less ``margin``
         (``obs`` was seen with ``ready`` replicas serving)."""
         rate = obs.request_rate or 0.0
-        if rate == 0 and obs.waiting == 0 and obs.waiting_for_workers == 0 and obs.inflight <= 0:
+        idle = rate == 0 and obs.waiting == 0 and obs.waiting_for_workers == 0
+        # With no replica left, requests in flight are demand too: the last one serves them,
+        # pending to us or not (the frontend hands a worker started for a request at zero
+        # that request once it registers, before its `/ready` says so).
+        if idle and (serving > 0 or obs.inflight <= 0):
             return True, "no demand"
         if serving == 0:
-            # Requests in flight count too: a replica started for a request at zero may
-            # already serve it while it is still pending to us (the frontend routes to a
-            # worker once it registers, before its `/ready` says so).
             return False, "demand remains"
         keep = 1.0 - margin
         ttft, itl = self._limits(role)
