@@ -6,12 +6,14 @@ process and its stderr.
 
 from __future__ import annotations
 
+import http.client
 import importlib.util
 import json
 import os
 import re
 import signal
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -152,6 +154,40 @@ def wait_log(proc: WorkerProcess, text: str, timeout: float = ENGINE_START_TIMEO
         return False
 
     wait_until_blocking(logged, timeout, lambda: f"{proc.name} to log {text!r}\n{start_report(proc)}", interval=0.25)
+
+
+class StreamInFlight:
+    """A streamed ``POST /v1/completions`` to ``port``, read on a thread: ``started`` is
+    set at its first data event (or when it ends without one); ``status`` and ``body``
+    are there once ``wait_end`` returned."""
+
+    def __init__(self, port: int, body: dict[str, Any], timeout: float) -> None:
+        self.started = threading.Event()
+        self.status: int | None = None
+        self.body = b""
+        self._thread = threading.Thread(target=self._read, args=(port, body, timeout), daemon=True)
+        self._thread.start()
+
+    def _read(self, port: int, body: dict[str, Any], timeout: float) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+        lines = []
+        try:
+            conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            self.status = resp.status
+            while line := resp.readline():
+                lines.append(line)
+                if line.startswith(b"data: {"):
+                    self.started.set()
+        finally:
+            self.body = b"".join(lines)
+            self.started.set()
+            conn.close()
+
+    def wait_end(self, timeout: float) -> None:
+        """Wait (bounded) for the stream to end; fails if it does not."""
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), f"the stream never ended within {timeout:g} s"
 
 
 def whole_completion_stream(body: bytes, max_tokens: int) -> list[dict[str, Any]]:

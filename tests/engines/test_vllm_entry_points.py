@@ -18,7 +18,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from engine_fleet import ENGINE_FLAGS, MODEL, engine_core_of, engine_env, fleet_env, models_of, stop_all, wait_http
+from engine_fleet import (
+    ENGINE_FLAGS,
+    MODEL,
+    StreamInFlight,
+    engine_core_of,
+    engine_env,
+    fleet_env,
+    models_of,
+    stop_all,
+    wait_http,
+    whole_completion_stream,
+)
 from helpers import EXAMPLES_DIR, WorkerPool, WorkerProcess, free_port, wait_until_blocking
 from llm_helpers import DYNAMO_RUN, local_env, post_json, sse_data
 
@@ -123,3 +134,22 @@ def test_the_llm_graph_serves_the_model_with_engine_vllm(graph: Served) -> None:
             assert sse_data(resp.body)[-1] == "[DONE]"
         else:
             assert resp.json()["choices"][0]["finish_reason"] == "length"
+
+
+def test_sigterm_to_dynamo_serve_lets_the_stream_in_flight_end_whole(graph: Served) -> None:
+    """Last in the module: it stops the graph. `dynamo serve` forwards SIGTERM to the
+    vLLM worker's own process (not its process group): the worker drains, the stream in
+    flight ends whole, the worker stops its engine, and `dynamo serve` exits 0. With the
+    SIGTERM sent to the group (before `6739bad`), vLLM's engine core aborted the stream,
+    which ended with an error event ("the vLLM engine died")."""
+    max_tokens = 600
+    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": max_tokens, "temperature": 0,
+            "stream": True, "stream_options": {"include_usage": True}}
+    stream = StreamInFlight(graph.port, body, 120)
+    assert stream.started.wait(60) and stream.status == 200, (stream.status, stream.body[-500:])
+    graph.process.send_signal(signal.SIGTERM)
+    stream.wait_end(120)
+    whole_completion_stream(stream.body, max_tokens)
+    wait_until_blocking(lambda: graph.process.proc.poll() is not None, 120,
+                        lambda: f"dynamo serve to exit\n{graph.process.describe()}", interval=0.2)
+    assert graph.process.proc.returncode == 0, graph.process.describe()

@@ -14,11 +14,9 @@ of seconds rather than one.
 from __future__ import annotations
 
 import asyncio
-import http.client
 import json
 import signal
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -29,6 +27,7 @@ from engine_fleet import (
     ENGINE_START_TIMEOUT,
     MODEL,
     Fleet,
+    StreamInFlight,
     engine_env,
     fleet_env,
     stop_all,
@@ -104,30 +103,11 @@ async def test_the_planner_starts_a_vllm_worker_for_a_request_at_zero_and_drains
         # At zero, a stream waits; the planner starts a vLLM worker, and the stream is
         # served by it: the same tokens the first worker gave, first.
         max_tokens = 600
-        first_token = threading.Event()
-        result: dict[str, Any] = {}
-
-        def stream() -> None:
-            body = {"model": MODEL, "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0,
-                    "stream": True, "stream_options": {"include_usage": True}}
-            conn = http.client.HTTPConnection("127.0.0.1", frontend.port, timeout=ENGINE_START_TIMEOUT + 60)
-            try:
-                conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
-                resp = conn.getresponse()
-                result["status"], lines = resp.status, []
-                while line := resp.readline():
-                    lines.append(line)
-                    if line.startswith(b"data: {"):
-                        first_token.set()
-                result["body"] = b"".join(lines)
-            finally:
-                first_token.set()
-                conn.close()
-
+        body = {"model": MODEL, "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+                "stream_options": {"include_usage": True}}
         start = time.monotonic()
-        client = threading.Thread(target=stream)
-        client.start()
-        assert await asyncio.to_thread(first_token.wait, ENGINE_START_TIMEOUT + 30), describe()
+        stream = StreamInFlight(frontend.port, body, ENGINE_START_TIMEOUT + 60)
+        assert await asyncio.to_thread(stream.started.wait, ENGINE_START_TIMEOUT + 30), describe()
         waited = time.monotonic() - start
         assert "demand at zero replicas: start one" in planner.process.describe(), describe()
         assert fleet_of()["ready"] + fleet_of()["pending"] == 1, describe()
@@ -138,10 +118,9 @@ async def test_the_planner_starts_a_vllm_worker_for_a_request_at_zero_and_drains
         # stream), the stream ends whole, the planner exits 0 and no engine process is left
         # (the module's fixture checks that).
         planner.process.send_signal(signal.SIGTERM)
-        await asyncio.to_thread(client.join, 180)
-        assert not client.is_alive(), "the stream never ended"
-        assert result.get("status") == 200, result
-        chunks = whole_completion_stream(result["body"], max_tokens)
+        await asyncio.to_thread(stream.wait_end, 180)
+        assert stream.status == 200, (stream.status, stream.body[-500:])
+        chunks = whole_completion_stream(stream.body, max_tokens)
         text = "".join(c["choices"][0]["text"] for c in chunks if c.get("choices"))
         assert text.startswith(expected), (text[:200], expected)
         assert await planner.process.wait_exit(90) == 0, planner.process.describe()
