@@ -2,7 +2,9 @@
 as the frontend's child process) and the ``examples/llm`` graph with ``engine: vllm``
 under ``dynamo serve`` (``configs/agg_vllm_cpu.yaml``), each serving the tiny model.
 A killed engine under ``dynamo-run`` (its only worker: no other to continue on) ends the stream with an error,
-never as if it had finished, and the run stops naming its child.
+never as if it had finished, and the run stops naming its child. SIGTERM to ``dynamo serve``
+with a stream in flight lets the stream end whole (the vLLM worker drains before it stops
+its engine).
 """
 
 from __future__ import annotations
