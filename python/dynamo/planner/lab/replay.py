@@ -21,6 +21,9 @@ from dynamo.planner.step import PlanningState
 
 
 def quantile(values: list[float], q: float) -> float | None:
+    """The ``q`` quantile of ``values`` by nearest rank (a value that occurred: a p90 that
+    meets a target means 90 % of the requests did; ``sweep.quantile`` interpolates, for
+    a profile's smooth curve); ``None`` for no values."""
     if not values:
         return None
     ordered = sorted(values)
