@@ -316,6 +316,26 @@ def test_the_slots_are_judged_at_the_forecast_unless_the_demand_falls() -> None:
     assert after([26.0, 23.0, 21.0], 21.5) == "hold"
 
 
+def test_the_slots_are_judged_at_the_level_of_a_demand_that_does_not_fall() -> None:
+    # Four passes at 20 req/s, where 3 replicas' slots queue; then a window that reads 12
+    # and a forecast that dipped to 14 (two forecasts: not a fall). At 14 req/s 3
+    # replicas' slots would not queue, but the demand's level over the span the falling
+    # rule watches is still 20 (+ one standard deviation): the fourth replica stays.
+    fleet = {"agg": RoleState(ready=4)}
+    decider = Decider(config(scale_down_windows=1), PerformanceModel(saturating_profile()))
+    decider.throughput("agg", fleet, 20.0, ISL)
+    for _ in range(4):
+        assert decider.load("agg", fleet, Observation(20.0, ISL, 100.0, 20.0)).action == "hold"
+    decider.throughput("agg", fleet, 14.0, ISL)
+    hold = decider.load("agg", fleet, Observation(12.0, ISL, 100.0, 20.0))
+    assert hold.action == "hold" and "at 20.71 req/s" in hold.reason, hold
+    # With no history of 20 req/s the same window and forecast let one go.
+    fresh = Decider(config(scale_down_windows=1), PerformanceModel(saturating_profile()))
+    fresh.throughput("agg", fleet, 20.0, ISL)
+    fresh.throughput("agg", fleet, 14.0, ISL)
+    assert fresh.load("agg", fleet, Observation(12.0, ISL, 100.0, 20.0)).action == "down"
+
+
 def test_a_scale_down_undone_by_a_backlog_is_not_made_again_at_that_load() -> None:
     # As above, but the sweep stopped short of the engine's saturation (its throughput
     # still grew at 16 in flight), so the profile knows no slot limit and 3 replicas at

@@ -123,6 +123,23 @@ def test_a_saturating_engine_under_constant_load_gives_no_reversals(tmp_path: Pa
         assert row["reversals"] == 0 and row["sla_attainment"] > 0.95, (seed, row)
 
 
+def test_a_saturating_engine_climbing_into_constant_load_comes_down_once_and_holds(tmp_path: Path) -> None:
+    """The same engine from one replica into 6 req/s: the climb overshoots (a backlog queued
+    on the first replica, which no replica added can take), comes down once and holds.
+    Before the scale-down's slot wait was judged at the demand's level over the last
+    minute, a window or a forecast that read low by chance let the fleet down to a size
+    whose slots queue, and it flapped (5, 3 and 3 reversals at these seeds)."""
+    lab = settings(tmp_path)
+    lab.engine_args = json.dumps({"max_num_seqs": 4})
+    for seed in (0, 1, 2):
+        workload = Workload("constant", requests=ramp(seed, [(600.0, 6.0, 6.0)]))
+        [row], runs = compare(workload, lab, ("planner",), log=quiet)
+        counts = [n for end, n, *_ in runs["planner"].timeline if end <= runs["planner"].last_arrival_s]
+        top = counts.index(max(counts))
+        assert counts[top:] == sorted(counts[top:], reverse=True), (seed, counts)
+        assert row["reversals"] <= 1 and row["sla_attainment"] > 0.95, (seed, row)
+
+
 def test_json_rows_carry_every_key_and_a_seed_repeats_the_replay(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     out = [tmp_path / "a.json", tmp_path / "b.json"]

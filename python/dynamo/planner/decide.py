@@ -202,6 +202,11 @@ class Decider:
         #: grew back on a backlog), as a fraction of the profile's capacity then, and the
         #: demand (req/s) it failed at (``_learn``).
         self.ceilings: dict[str, tuple[float, float]] = {}
+        #: Each role's load-window request rates over its last ``FALLING_FORECASTS``
+        #: throughput intervals, the latest last: the level of a demand that does not fall.
+        self.recent_rates: dict[str, deque[float]] = {
+            name: deque(maxlen=FALLING_FORECASTS * self.passes_per_interval) for name in config.roles
+        }
 
     def _limits(self, role: str) -> tuple[float | None, float | None]:
         """The (TTFT, ITL) targets a role answers for: prefill the first, decode the second."""
@@ -430,6 +435,8 @@ class Decider:
         if not counted:
             self.passes[role] += 1
         decision = self._load(role, fleet, obs)
+        if obs.request_rate is not None:
+            self.recent_rates[role].append(obs.request_rate)
         shrunk = self.shrank_from.get(role)
         if shrunk is not None and obs.request_rate is not None:
             shrunk[1].append(obs.request_rate)
@@ -447,13 +454,23 @@ class Decider:
     def _demand(self, role: str, rate: float) -> float:
         """The demand a scale-down is judged at beyond the profile's capacity (the queue at
         the slots, a learned ceiling): on a fall, ``rate`` (the rate the falling rule
-        judges at); else the higher of one window's ``rate`` and the latest throughput
-        forecast (a window of a few seconds swings by tens of percent, and so does one
-        forecast's fall from the one before: a trend model amplifies a window's noise)."""
+        judges at); else the highest of one window's ``rate``, the latest throughput
+        forecast, and the mean rate of the load windows over the span the falling rule
+        watches (``FALLING_FORECASTS`` throughput intervals) plus one standard deviation
+        of Poisson arrivals over it. A window of a few seconds swings by tens of percent,
+        and so does one forecast's fall from the one before (a trend model amplifies a
+        window's noise); a demand that is not falling is at its level over that span, and
+        a window and a forecast that both read low by chance once let a saturated fleet
+        shrink to a size whose slots queue."""
         forecasts = self.forecasts.get(role)
         if self._falling(role) or not forecasts:
             return rate
-        return max(rate, forecasts[-1])
+        recent = self.recent_rates[role]
+        level = sum(recent) / len(recent) if recent else 0.0
+        # A demand that does not fall is judged at its level over the span the falling
+        # rule watches, one standard deviation of Poisson arrivals over that span up.
+        level += math.sqrt(level / (len(recent) * self.config.intervals.load_s)) if recent else 0.0
+        return max(rate, forecasts[-1], level)
 
     def _learn(self, role: str, target: int, isl: float | None) -> None:
         """The fleet grows to ``target`` on a backlog (more requests waiting than ready
