@@ -219,6 +219,17 @@ def test_a_draining_backlog_adds_nothing_but_a_growing_one_does() -> None:
     assert (grows.action, grows.target) == ("up", 5), grows
 
 
+def test_the_late_first_tokens_of_a_backlog_that_just_emptied_add_nothing() -> None:
+    decider = Decider(config(), PerformanceModel(profile()))
+    fleet = {"agg": RoleState(ready=4)}
+    for waiting in (6, 0):  # the last of the queue started: its first tokens end 40 s late
+        decision = decider.load("agg", fleet, Observation(16.0, ISL, 40_000.0, 20.0, waiting=waiting))
+    assert decision.action == "hold" and "(6 -> 0 waiting)" in decision.reason, decision
+    # With no backlog before, a quantile over the target is the fleet's own: one is added.
+    again = decider.load("agg", fleet, Observation(16.0, ISL, 40_000.0, 20.0))
+    assert (again.action, again.target) == ("up", 5), again
+
+
 @pytest.mark.parametrize("with_profile", [True, False])
 def test_no_scale_down_right_after_growing_or_while_the_forecast_rises(with_profile: bool) -> None:
     model = PerformanceModel(profile()) if with_profile else None

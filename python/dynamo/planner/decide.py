@@ -14,8 +14,9 @@
   over its target, unless one is starting, or (with a profile) the fleet is already twice
   what the rate needs (the latency is a long request's own: more replicas do not shorten
   it), or the profile says the fleet carries the rate and the backlog is already
-  shrinking: the late requests of a backlog keep the quantiles over the target while it
-  drains, and more replicas would not drain the queues the old ones hold.
+  shrinking or has just emptied: the late requests of a backlog keep the quantiles over
+  the target while it drains, and for the window after its last request started, and
+  more replicas would not drain the queues the old ones hold.
 * It removes one only when the fleet with one replica fewer is predicted to stay under
   ``(1 - scale_down_margin)`` times each target at the observed rate: by the profile's
   capacity, and, where the profile shows the engine saturate, by the wait for a slot
@@ -582,7 +583,7 @@ class Decider:
                     f"hold: {over[0]}, but {current} replica(s) are twice or more what {obs.request_rate:.2f} req/s "
                     f"needs by the profile ({needed}): more would not shorten a request",
                 )
-            if needed is not None and waited is not None and 0 < obs.waiting < waited:
+            if needed is not None and waited is not None and obs.waiting < waited:
                 return Decision(
                     role, "load", current, current,
                     f"hold: {over[0]}; the backlog drains ({waited} -> {obs.waiting} waiting) "
