@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -33,13 +34,16 @@ MAX_TOKENS = 30
 LONG_TOKENS = 120
 
 
-def start_worker(workers: WorkerPool, model_dir: Path, endpoint: str, settings: Path, name: str) -> int:
-    """A mocker worker with its system server; returns the system port."""
+def start_worker(workers: WorkerPool, model_dir: Path, endpoint: str, settings: Path, name: str,
+                 env: dict[str, str] | None = None) -> int:
+    """A mocker worker with its system server (and ``env`` on top of the pool's); returns
+    the system port."""
     port = free_port()
     argv = [*MOCKER, "--model-path", str(model_dir), "--model-name", "m", "--endpoint", endpoint,
             "--extra-engine-args", str(settings)]
     workers.command(argv, name=name, env={
         **workers.env, "DYN_SYSTEM_ENABLED": "true", "DYN_SYSTEM_HOST": "127.0.0.1", "DYN_SYSTEM_PORT": str(port),
+        **(env or {}),
     })
     return port
 
@@ -67,12 +71,15 @@ def send(frontend: Frontend, count: int) -> list[Any]:
 
 
 async def two_slow_workers_and_a_frontend(workers: WorkerPool, namespace: str, model_dir: Path, tmp_path: Path,
-                                          runtime: Any) -> tuple[int, Any, Frontend]:
+                                          runtime: Any, a_env: dict[str, str] | None = None,
+                                          ) -> tuple[int, Any, Frontend]:
     """Two slow mocker workers, both registered and ready, and a frontend listing their
-    model: the first worker's system port, a client of their endpoint, the frontend."""
+    model: the first worker's system port, a client of their endpoint, the frontend
+    (``a_env``: environment for the first worker on top of the pool's; it is
+    ``workers.started[0]``)."""
     settings = write_json(tmp_path / "slow.json", SLOW_MOCKER)
     endpoint = f"{namespace}.mocker.generate"
-    a = start_worker(workers, model_dir, endpoint, settings, "worker-a")
+    a = start_worker(workers, model_dir, endpoint, settings, "worker-a", a_env)
     b = start_worker(workers, model_dir, endpoint, settings, "worker-b")
     client = await runtime.namespace(namespace).component("mocker").endpoint("generate").client()
     await wait_for_instances(client, 2)
@@ -174,3 +181,31 @@ async def test_drain_deadline_migrates_the_streams_still_running(workers: Worker
     assert again["state"] == "drained" and 29 < again["deadline_in_s"] <= 30, again
     resumed = cli("resume", a)
     assert resumed["state"] == "serving" and resumed["deadline_in_s"] is None, resumed
+
+
+async def test_sigterm_past_the_shutdown_bound_migrates_the_streams_still_running(
+        workers: WorkerPool, namespace: str, model_dir: Path, tmp_path: Path, runtime: Any) -> None:
+    """The scale-down path (the planner's connectors, `dynamo serve`, Kubernetes): SIGTERM,
+    in-flight streams finish within `DYN_SHUTDOWN_TIMEOUT`, and the worker exits 0 at the
+    bound with the rest still running: their connections close mid-stream, and the
+    frontend's migration continues them on the other worker, so the client sees one
+    whole stream (with migration off it would get the error "lost mid-stream")."""
+    a, _, frontend = await two_slow_workers_and_a_frontend(workers, namespace, model_dir, tmp_path, runtime,
+                                                           a_env={"DYN_SHUTDOWN_TIMEOUT": "0.5"})
+    victim = workers.started[0]
+    body = completion(LONG_TOKENS)
+    reference = completion_text((await asyncio.to_thread(post_json, frontend.port, "/v1/completions", body, 90)).body)
+    load = [asyncio.ensure_future(asyncio.to_thread(post_json, frontend.port, "/v1/completions", body, 90))
+            for _ in range(4)]
+    await wait_until(lambda: admin.call(f"127.0.0.1:{a}", "state")["inflight"] >= 1, 20, "a stream in flight on A")
+    victim.send_signal(signal.SIGTERM)
+    assert await victim.wait_exit(15) == 0, victim.describe()
+    answers = await asyncio.gather(*load)
+    assert [r.status for r in answers] == [200] * 4, [r.body[:200] for r in answers if r.status != 200]
+    for answer in answers:
+        assert completion_text(answer.body) == reference, "a migrated stream differs from the uninterrupted run"
+    assert "drain bound reached" in victim.stderr_path.read_text(errors="replace"), victim.describe()
+    metrics = frontend.get("/metrics").body.decode()
+    migrated = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                   if line.startswith("dynamo_frontend_migrations_total"))
+    assert migrated >= 1, "the streams A still ran at its bound were continued on B"
