@@ -186,26 +186,39 @@ async def test_drain_deadline_migrates_the_streams_still_running(workers: Worker
 async def test_sigterm_past_the_shutdown_bound_migrates_the_streams_still_running(
         workers: WorkerPool, namespace: str, model_dir: Path, tmp_path: Path, runtime: Any) -> None:
     """The scale-down path (the planner's connectors, `dynamo serve`, Kubernetes): SIGTERM,
-    in-flight streams finish within `DYN_SHUTDOWN_TIMEOUT`, and the worker exits 0 at the
-    bound with the rest still running: their connections close mid-stream, and the
-    frontend's migration continues them on the other worker, so the client sees one
-    whole stream (with migration off it would get the error "lost mid-stream")."""
+    in-flight streams finish within `DYN_SHUTDOWN_TIMEOUT`, and those still running at the
+    bound are ended as unavailable, as a drain deadline ends them. The frontend's
+    migration continues them on the other worker, so its client sees one whole stream; a
+    frontend without migration passes the error on, naming the bound, and never ends such
+    a stream as if it were whole."""
     a, _, frontend = await two_slow_workers_and_a_frontend(workers, namespace, model_dir, tmp_path, runtime,
                                                            a_env={"DYN_SHUTDOWN_TIMEOUT": "0.5"})
+    no_migration = await start_frontend(workers, "dyn", "--migration-limit", "0")
+    await no_migration.wait_models(["m"])
     victim = workers.started[0]
     body = completion(LONG_TOKENS)
     reference = completion_text((await asyncio.to_thread(post_json, frontend.port, "/v1/completions", body, 90)).body)
-    load = [asyncio.ensure_future(asyncio.to_thread(post_json, frontend.port, "/v1/completions", body, 90))
-            for _ in range(4)]
-    await wait_until(lambda: admin.call(f"127.0.0.1:{a}", "state")["inflight"] >= 1, 20, "a stream in flight on A")
+
+    def send_to(port: int, count: int) -> list[Any]:
+        return [asyncio.ensure_future(asyncio.to_thread(post_json, port, "/v1/completions", body, 90))
+                for _ in range(count)]
+
+    # Round-robin from each frontend: one of each pair on A.
+    load, unmigrated = send_to(frontend.port, 2), send_to(no_migration.port, 2)
+    await wait_until(lambda: admin.call(f"127.0.0.1:{a}", "state")["inflight"] >= 2, 20, "two streams in flight on A")
     victim.send_signal(signal.SIGTERM)
     assert await victim.wait_exit(15) == 0, victim.describe()
     answers = await asyncio.gather(*load)
-    assert [r.status for r in answers] == [200] * 4, [r.body[:200] for r in answers if r.status != 200]
+    assert [r.status for r in answers] == [200] * 2, [r.body[:200] for r in answers if r.status != 200]
     for answer in answers:
         assert completion_text(answer.body) == reference, "a migrated stream differs from the uninterrupted run"
     assert "drain bound reached" in victim.stderr_path.read_text(errors="replace"), victim.describe()
     metrics = frontend.get("/metrics").body.decode()
     migrated = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
                    if line.startswith("dynamo_frontend_migrations_total"))
-    assert migrated >= 1, "the streams A still ran at its bound were continued on B"
+    assert migrated >= 1, "the stream A still ran at its bound was continued on B"
+    # Without migration: B's stream whole, A's ended by the error that names the bound.
+    ends = [sse_data(r.body)[-1] for r in await asyncio.gather(*unmigrated)]
+    assert ends.count("[DONE]") == 1, ends
+    [cut] = [json.loads(end) for end in ends if end != "[DONE]"]
+    assert "drain bound" in cut["error"]["message"], cut

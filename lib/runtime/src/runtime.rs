@@ -171,7 +171,10 @@ impl DistributedRuntime {
                 break;
             }
             if Instant::now() >= deadline {
-                tracing::warn!(inflight, timeout = ?shutdown_timeout, "drain bound reached; dropping in-flight streams");
+                // Ended as a drain deadline ends them: `Unavailable`, which a caller's
+                // migration continues elsewhere, and which says why to one without it.
+                let ended = drain::cut(&registrations, "the instance shut down: its drain bound (DYN_SHUTDOWN_TIMEOUT) passed");
+                tracing::warn!(inflight, ended, timeout = ?shutdown_timeout, "drain bound reached; ended the streams still in flight");
                 break;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;

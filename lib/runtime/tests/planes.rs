@@ -221,6 +221,39 @@ async fn a_drain_deadline_ends_the_streams_still_in_flight_as_unavailable() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_past_its_bound_ends_the_streams_still_in_flight_as_unavailable() {
+    let store = Arc::new(MemStore::default());
+    let config = RuntimeConfig { shutdown_timeout: Duration::from_millis(300), ..mem_config() };
+    let worker = DistributedRuntime::with_mem_store(config, store.clone()).await.unwrap();
+    serve_counter(&worker).await;
+    let caller = runtime(&store).await;
+    let client = counter_client(&caller).await;
+    client.wait_for_instances(Some(Duration::from_secs(5))).await.unwrap();
+
+    // 20,000 items at 1 ms or more each: far past the bound.
+    let mut stream = client.round_robin(Bytes::from_static(b"20000")).await.unwrap();
+    stream.next().await.unwrap().unwrap();
+    let stopping = tokio::spawn(async move { worker.shutdown().await });
+    let mut items = 1;
+    let error = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match stream.next().await {
+                Some(Ok(_)) => items += 1,
+                Some(Err(e)) => return e,
+                None => panic!("the stream ended as if whole at the shutdown bound"),
+            }
+        }
+    })
+    .await
+    .expect("the bound ended the stream");
+    assert_eq!(error.kind(), ErrorKind::Unavailable, "{error}");
+    assert!(error.to_string().contains("drain bound"), "{error}");
+    assert!(items < 20_000, "cut before its end");
+    tokio::time::timeout(Duration::from_secs(10), stopping).await.expect("the shutdown ends").unwrap();
+    caller.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drain_takes_the_instance_out_of_routing_and_resume_brings_it_back() {
     use dynamo_runtime::{NotReady, ServingState};
     let store = Arc::new(MemStore::default());
