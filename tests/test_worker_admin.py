@@ -6,7 +6,8 @@ says `draining` and `GET /state` goes draining → drained; `POST /resume` bring
 into routing; both calls are idempotent. With a deadline (`--deadline-s`), the streams
 still running at the deadline are ended and the frontend's migration (on by default)
 continues them on the other worker: 0 failed requests, each output byte-identical to an
-uninterrupted run with the same seed."""
+uninterrupted run with the same seed. SIGTERM past `DYN_SHUTDOWN_TIMEOUT` ends the
+streams still running the same way (the scale-down path)."""
 
 from __future__ import annotations
 
