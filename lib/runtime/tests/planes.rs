@@ -34,6 +34,17 @@ async fn counter_client(rt: &DistributedRuntime) -> Client {
     rt.namespace("t").unwrap().component("counter").unwrap().endpoint("generate").unwrap().client().await.unwrap()
 }
 
+/// A worker serving the counter endpoint (with `config`), and a caller with a client that
+/// sees its instance: (worker, caller, client).
+async fn counter_pair(store: &Arc<MemStore>, config: RuntimeConfig) -> (DistributedRuntime, DistributedRuntime, Client) {
+    let worker = DistributedRuntime::with_mem_store(config, store.clone()).await.unwrap();
+    serve_counter(&worker).await;
+    let caller = runtime(store).await;
+    let client = counter_client(&caller).await;
+    client.wait_for_instances(Some(Duration::from_secs(5))).await.unwrap();
+    (worker, caller, client)
+}
+
 fn async_stream(n: i64, ctx: RequestContext) -> impl futures::Stream<Item = Result<i64, String>> + Send {
     futures::stream::unfold(0i64, move |i| {
         let ctx = ctx.clone();
@@ -94,11 +105,7 @@ async fn stream_order_errors_and_direct() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stop_and_drop_reach_the_worker_and_shutdown_unregisters() {
     let store = Arc::new(MemStore::default());
-    let worker = runtime(&store).await;
-    serve_counter(&worker).await;
-    let caller = runtime(&store).await;
-    let client = counter_client(&caller).await;
-    client.wait_for_instances(Some(Duration::from_secs(5))).await.unwrap();
+    let (worker, caller, client) = counter_pair(&store, mem_config()).await;
 
     // A slow, long stream: stop_generating makes the handler end it early.
     let mut stream = client.generate(Bytes::from_static(b"1000000")).await.unwrap();
@@ -195,11 +202,7 @@ async fn until_error(stream: &mut ResponseStream) -> (dynamo_runtime::Error, usi
 async fn a_drain_deadline_ends_the_streams_still_in_flight_as_unavailable() {
     use dynamo_runtime::ServingState;
     let store = Arc::new(MemStore::default());
-    let worker = runtime(&store).await;
-    serve_counter(&worker).await;
-    let caller = runtime(&store).await;
-    let client = counter_client(&caller).await;
-    client.wait_for_instances(Some(Duration::from_secs(5))).await.unwrap();
+    let (worker, caller, client) = counter_pair(&store, mem_config()).await;
 
     // 20,000 items at 1 ms or more each: far past the deadline.
     let mut stream = client.round_robin(Bytes::from_static(b"20000")).await.unwrap();
@@ -231,11 +234,7 @@ async fn a_drain_deadline_ends_the_streams_still_in_flight_as_unavailable() {
 async fn shutdown_past_its_bound_ends_the_streams_still_in_flight_as_unavailable() {
     let store = Arc::new(MemStore::default());
     let config = RuntimeConfig { shutdown_timeout: Duration::from_millis(300), ..mem_config() };
-    let worker = DistributedRuntime::with_mem_store(config, store.clone()).await.unwrap();
-    serve_counter(&worker).await;
-    let caller = runtime(&store).await;
-    let client = counter_client(&caller).await;
-    client.wait_for_instances(Some(Duration::from_secs(5))).await.unwrap();
+    let (worker, caller, client) = counter_pair(&store, config).await;
 
     // 20,000 items at 1 ms or more each: far past the bound.
     let mut stream = client.round_robin(Bytes::from_static(b"20000")).await.unwrap();
@@ -253,11 +252,7 @@ async fn shutdown_past_its_bound_ends_the_streams_still_in_flight_as_unavailable
 async fn drain_takes_the_instance_out_of_routing_and_resume_brings_it_back() {
     use dynamo_runtime::{NotReady, ServingState};
     let store = Arc::new(MemStore::default());
-    let worker = runtime(&store).await;
-    serve_counter(&worker).await;
-    let caller = runtime(&store).await;
-    let client = counter_client(&caller).await;
-    client.wait_for_instances(Some(Duration::from_secs(5))).await.unwrap();
+    let (worker, caller, client) = counter_pair(&store, mem_config()).await;
     assert_eq!(worker.planes().drain_status().state, ServingState::Serving);
 
     // A slow stream (1 ms or more per item past 10,000 items) is in flight when the drain
