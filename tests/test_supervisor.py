@@ -250,3 +250,26 @@ async def test_sigterm_reaches_the_child_alone_and_sigkill_its_whole_group(worke
     assert lines[1:] == ["child SIGTERM"], lines  # the grandchild never got a SIGTERM
     assert sup.find_lines("[sup] processes still running after 2s: killing them"), sup.describe()
     await wait_until(lambda: not alive(deaf), 10, "the deaf child's grandchild to be killed with its group")
+
+
+def test_a_child_is_killed_only_after_its_own_drain_bound_and_a_margin(monkeypatch) -> None:
+    """SIGKILL after SIGTERM comes `KILL_MARGIN_SECONDS` after the child's drain bound (its
+    `DYN_SHUTDOWN_TIMEOUT`, from its spec or this process's environment): at its bound a
+    worker ends the streams still running as unavailable, for migration, and exits by
+    itself. Before, `dynamo serve` and the planner's local connector killed at 30 s, the
+    runtime's default bound itself. An explicit stop timeout still wins."""
+    from dynamo.sdk.deploy.lifecycle import grace_period
+    from dynamo.supervisor import DEFAULT_SHUTDOWN_TIMEOUT, ChildSpec, Supervisor, stop_bound
+
+    monkeypatch.delenv("DYN_SHUTDOWN_TIMEOUT", raising=False)
+    assert stop_bound({}) == grace_period(0, DEFAULT_SHUTDOWN_TIMEOUT) == DEFAULT_SHUTDOWN_TIMEOUT + 10
+    assert stop_bound({"DYN_SHUTDOWN_TIMEOUT": "120"}) == 130
+    for unusable in ("soon", "0", "-1", "nan"):  # the child refuses it at its start
+        assert stop_bound({"DYN_SHUTDOWN_TIMEOUT": unusable}) == DEFAULT_SHUTDOWN_TIMEOUT + 10
+    specs = [ChildSpec("a", ["true"], {"DYN_SHUTDOWN_TIMEOUT": "5"}), ChildSpec("b", ["true"])]
+    sup = Supervisor(specs, name="sup")
+    assert [sup._stop_timeout_of(c) for c in sup.children] == [15, 40]
+    monkeypatch.setenv("DYN_SHUTDOWN_TIMEOUT", "60")
+    assert [sup._stop_timeout_of(c) for c in sup.children] == [15, 70]
+    explicit = Supervisor(specs, name="sup", stop_timeout=2)
+    assert [explicit._stop_timeout_of(c) for c in explicit.children] == [2, 2]

@@ -23,7 +23,8 @@ be probed on 127.0.0.1; a port picked here and bound later could be taken in bet
 another process. A ``DYN_SYSTEM_PORT`` in the spec's own environment is kept instead. On
 SIGHUP the supervisor replaces those children one at a time: SIGTERM one (it drains:
 ``/ready`` turns 503, it leaves discovery, its in-flight streams finish), wait for its
-exit (bounded by ``stop_timeout``), start its replacement, wait for the replacement's
+exit (bounded by its stop timeout: ``stop_bound``, its own drain bound plus a margin,
+unless told otherwise), start its replacement, wait for the replacement's
 ``/ready`` (bounded by ``ready_timeout``), then the next. So with N such children of a
 service, never fewer than N-1 are routable. A ``probe`` child counts as *ready*
 (``Child.ready_at``) once its ``/ready`` answers 200 after a start.
@@ -45,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import math
 import os
 import signal
 import socket
@@ -53,12 +55,17 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-#: Seconds children get to exit after SIGTERM before they are killed, unless told otherwise.
-DEFAULT_STOP_TIMEOUT = 30.0
+#: The runtime's drain bound when a child's environment sets no ``DYN_SHUTDOWN_TIMEOUT``
+#: (seconds; ``lib/runtime``'s own default).
+DEFAULT_SHUTDOWN_TIMEOUT = 30
+#: Slack between a child's drain bound and its SIGKILL (seconds): at its bound a worker
+#: ends the streams still running as unavailable (a frontend's migration continues
+#: them) and exits by itself, which a SIGKILL at the same instant would cut short.
+KILL_MARGIN_SECONDS = 10
 #: Seconds between a child's exit and its restart.
 RESTART_DELAY = 1.0
 #: Seconds a replacement gets to answer ``/ready`` in a rolling restart, unless told otherwise.
@@ -71,7 +78,7 @@ STOP_TIMEOUT_ENV = "DYN_SDK_STOP_TIMEOUT"
 READY_TIMEOUT_ENV = "DYN_SDK_READY_TIMEOUT"
 
 
-def seconds_from_env(name: str, default: float) -> float:
+def seconds_from_env(name: str, default: float | None) -> float | None:
     """A bound in seconds from the environment variable ``name`` (``default`` when unset).
 
     Raises:
@@ -87,6 +94,21 @@ def seconds_from_env(name: str, default: float) -> float:
     if not value >= 0:  # also refuses nan
         raise ValueError(f"{name} must be a number of seconds >= 0, got {raw!r}")
     return value
+
+
+def stop_bound(env: Mapping[str, str]) -> float:
+    """Seconds a child whose environment is ``env`` gets after SIGTERM before SIGKILL,
+    unless told otherwise: its drain bound (``DYN_SHUTDOWN_TIMEOUT``, default
+    ``DEFAULT_SHUTDOWN_TIMEOUT``) plus ``KILL_MARGIN_SECONDS`` (as the manifests' grace
+    period, ``dynamo.sdk.deploy.lifecycle``). A value the runtime would refuse falls
+    back to the default: the child then fails at its start, not here."""
+    try:
+        bound = float(env.get("DYN_SHUTDOWN_TIMEOUT", DEFAULT_SHUTDOWN_TIMEOUT))
+    except ValueError:
+        bound = DEFAULT_SHUTDOWN_TIMEOUT
+    if not (bound > 0 and math.isfinite(bound)):
+        bound = DEFAULT_SHUTDOWN_TIMEOUT
+    return bound + KILL_MARGIN_SECONDS
 
 
 def child_setup() -> None:
@@ -238,8 +260,9 @@ class Supervisor:
     ``name`` prefixes the supervisor's own lines (``[name] ...``) and ``group`` names the
     children in its final report (``the graph failed: ...``); children run in
     ``working_dir`` (default: this process's) and get ``stop_timeout`` seconds after
-    SIGTERM before SIGKILL; a started ``probe`` child gets ``ready_timeout`` seconds to
-    answer ``/ready`` (in a rolling restart, the next child waits for it). With
+    SIGTERM before SIGKILL (``None``: each its own ``stop_bound``); a started ``probe``
+    child gets ``ready_timeout`` seconds to answer ``/ready`` (in a rolling restart, the
+    next child waits for it). With
     ``stop_all_on_failure`` (the default) a child that fails for good stops the others;
     without it the child is reported and dropped from ``children``."""
 
@@ -250,7 +273,7 @@ class Supervisor:
         name: str,
         group: str = "the children",
         working_dir: str | None = None,
-        stop_timeout: float = DEFAULT_STOP_TIMEOUT,
+        stop_timeout: float | None = None,
         ready_timeout: float = DEFAULT_READY_TIMEOUT,
         stop_all_on_failure: bool = True,
     ) -> None:
@@ -385,9 +408,15 @@ class Supervisor:
             if child.proc is not None:
                 send(child.proc, sig)
 
-    async def _stop_one(self, proc: asyncio.subprocess.Process) -> int:
-        """SIGTERM one child, SIGKILL its process group after ``stop_timeout``; its status."""
-        return await stop_process(proc, self.stop_timeout, self._say)
+    def _stop_timeout_of(self, child: Child) -> float:
+        """Seconds ``child`` gets after SIGTERM before SIGKILL."""
+        if self.stop_timeout is not None:
+            return self.stop_timeout
+        return stop_bound({**os.environ, **child.spec.env})
+
+    async def _stop_one(self, child: Child, proc: asyncio.subprocess.Process) -> int:
+        """SIGTERM one child, SIGKILL its process group after its stop timeout; its status."""
+        return await stop_process(proc, self._stop_timeout_of(child), self._say)
 
     async def _wait_ready(self, child: Child) -> bool:
         """Whether ``child``'s current process answers ``/ready`` with 200 within ``ready_timeout``."""
@@ -421,7 +450,7 @@ class Supervisor:
             child.swap = asyncio.Event()
             try:
                 self._say(f"rolling restart: stopping {child.spec.label} (pid {old.pid}); it drains")
-                status = await self._stop_one(old)
+                status = await self._stop_one(child, old)
                 self._say(f"rolling restart: {child.spec.label} exited with status {status}")
                 if self.stopping.is_set():
                     return False
@@ -462,7 +491,7 @@ class Supervisor:
         return child
 
     async def stop_child(self, child: Child) -> int | None:
-        """Drain one child while the others run: SIGTERM it, wait up to ``stop_timeout``,
+        """Drain one child while the others run: SIGTERM it, wait up to its stop timeout,
         then SIGKILL its process group. It is not restarted and its exit is no failure;
         one still in its start delay is never started. Returns its exit status (``None``
         when it never started)."""
@@ -474,7 +503,7 @@ class Supervisor:
                 await task
         status = None
         if child.proc is not None:
-            status = await self._stop_one(child.proc)
+            status = await self._stop_one(child, child.proc)
             self._say(f"stopped {child.spec.label} (status {status})")
         if task is not None and not task.done():
             await task
@@ -483,13 +512,13 @@ class Supervisor:
         return status
 
     async def close(self) -> None:
-        """Stop every child (SIGTERM; SIGKILL after ``stop_timeout``) and reap them; for
+        """Stop every child (SIGTERM; SIGKILL after the stop timeout) and reap them; for
         a supervisor used without ``run``."""
         self.stopping.set()
         await self._stop_all()
 
     async def _stop_all(self) -> None:
-        """SIGTERM every child, SIGKILL those left after ``stop_timeout``, reap them all
+        """SIGTERM every child, SIGKILL those left after the longest stop timeout, reap them all
         (``stopping`` is set: nothing restarts)."""
         tasks = [child.task for child in self.children if child.task is not None]
         for child in self.children:
@@ -497,10 +526,11 @@ class Supervisor:
                 child.task.cancel()  # still in its start delay
         self._signal_all(signal.SIGTERM)
         all_done = asyncio.gather(*tasks, return_exceptions=True)
+        bound = max((self._stop_timeout_of(child) for child in self.children), default=0.0)
         try:
-            await asyncio.wait_for(asyncio.shield(all_done), self.stop_timeout)
+            await asyncio.wait_for(asyncio.shield(all_done), bound)
         except asyncio.TimeoutError:
-            self._say(f"processes still running after {self.stop_timeout:g}s: killing them")
+            self._say(f"processes still running after {bound:g}s: killing them")
             self._signal_all(signal.SIGKILL)
             await all_done
         for child in self.children:

@@ -103,8 +103,10 @@ class LocalConnectorConfig(_Strict):
     kind: Literal["local"] = "local"
     #: Seconds to wait before starting a process (to emulate slow starts in experiments).
     startup_delay_s: float = Field(default=0.0, ge=0.0)
-    #: Seconds a stopped worker gets to drain after SIGTERM before SIGKILL.
-    stop_timeout_s: float = Field(default=30.0, gt=0.0)
+    #: Seconds a stopped worker gets to drain after SIGTERM before SIGKILL (``None``: its
+    #: own drain bound, ``DYN_SHUTDOWN_TIMEOUT`` of its environment, plus 10 s, in which it
+    #: ends the streams still running for migration and exits by itself).
+    stop_timeout_s: float | None = Field(default=None, gt=0.0)
     #: Seconds a started worker gets to answer ``/ready``; one that does not stays pending.
     ready_timeout_s: float = Field(default=600.0, gt=0.0)
     #: Added to every worker's environment.

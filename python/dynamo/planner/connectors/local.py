@@ -9,7 +9,8 @@ its system server on a free port it binds and reports (``DYN_SYSTEM_PORT_FILE``)
 answers ``/ready`` with 200 (bounded by ``ready_timeout_s``; one that never does stays
 pending), then *ready*. Removing a replica takes a pending one first (newest first),
 else the newest ready one, and drains it (``Supervisor.stop_child``: SIGTERM, the worker
-leaves discovery and finishes its streams; SIGKILL only after ``stop_timeout_s``).
+leaves discovery and finishes its streams; SIGKILL only after ``stop_timeout_s``, by
+default the worker's own drain bound plus 10 s: ``dynamo.supervisor.stop_bound``).
 ``startup_delay_s`` holds each start back (the child's ``start_delay``), to emulate slow
 starts in experiments. A worker that exits by itself is reported by the supervisor,
 not restarted, and forgotten here; the planner starts another if it is still needed.

@@ -16,7 +16,6 @@ from dynamo.sdk.lib.config import ServiceConfigError
 from dynamo.sdk.lib.overrides import load_deployment_config
 from dynamo.supervisor import (
     DEFAULT_READY_TIMEOUT,
-    DEFAULT_STOP_TIMEOUT,
     READY_TIMEOUT_ENV,
     STOP_TIMEOUT_ENV,
     ChildSpec,
@@ -48,7 +47,8 @@ def serve(args: argparse.Namespace, extra: Sequence[str]) -> int:
     """Run ``dynamo serve``; returns the exit status."""
     working_dir = working_dir_for(args.pipeline, args.working_dir)
     try:
-        stop_timeout = seconds_from_env(STOP_TIMEOUT_ENV, DEFAULT_STOP_TIMEOUT)
+        # Unset: each child gets its own drain bound plus a margin (``stop_bound``).
+        stop_timeout = seconds_from_env(STOP_TIMEOUT_ENV, None)
         ready_timeout = seconds_from_env(READY_TIMEOUT_ENV, DEFAULT_READY_TIMEOUT)
         deployed = load_deployment_config()
         file_config, overrides = load_config(None if deployed is not None else args.config_file, extra)

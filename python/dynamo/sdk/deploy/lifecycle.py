@@ -8,14 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
+# ``DYN_SHUTDOWN_TIMEOUT`` when nothing sets it, and the slack between that drain bound
+# and SIGKILL: the same on a cluster as under ``dynamo serve`` and the planner.
+from dynamo.supervisor import DEFAULT_SHUTDOWN_TIMEOUT as DEFAULT_SHUTDOWN_TIMEOUT
+from dynamo.supervisor import KILL_MARGIN_SECONDS as GRACE_MARGIN_SECONDS
+
 #: The system server's port in every container (``DYN_SYSTEM_PORT``).
 SYSTEM_PORT = 9090
-#: ``DYN_SHUTDOWN_TIMEOUT`` when nothing sets it (seconds; the runtime's own default).
-DEFAULT_SHUTDOWN_TIMEOUT = 30
 #: The frontend's preStop sleep (seconds).
 FRONTEND_PRESTOP_SECONDS = 5
-#: Slack between the drain bound and SIGKILL (seconds).
-GRACE_MARGIN_SECONDS = 10
 
 LIVE_PATH, READY_PATH = "/live", "/ready"
 
