@@ -197,15 +197,16 @@ class Decider:
         #: Load passes in one throughput interval, rounded up.
         self.passes_per_interval = math.ceil(config.intervals.throughput_s / config.intervals.load_s - 1e-9)
         #: Each role's last scale-down by the load loop: the replicas it had before, and the
-        #: request rates of its load window and those since (at most one throughput interval's).
-        self.shrank_from: dict[str, tuple[int, deque[float]]] = {}
+        #: load pass that made it (its window's rate and those since are in ``recent_rates``).
+        self.shrank_from: dict[str, tuple[int, int]] = {}
         #: Each role's per-replica load that a fleet the load loop shrank could not carry (it
         #: grew back on a backlog), as a fraction of the profile's capacity then, and the
         #: demand (req/s) it failed at (``_learn``).
         self.ceilings: dict[str, tuple[float, float]] = {}
         #: Each role's load-window request rates over its last ``FALLING_FORECASTS``
-        #: throughput intervals, the latest last: the level of a demand that does not fall.
-        self.recent_rates: dict[str, deque[float]] = {
+        #: throughput intervals, with their load pass, the latest last: the level of a
+        #: demand that does not fall, and what a scale-down undone by a backlog failed at.
+        self.recent_rates: dict[str, deque[tuple[int, float]]] = {
             name: deque(maxlen=FALLING_FORECASTS * self.passes_per_interval) for name in config.roles
         }
 
@@ -437,19 +438,13 @@ class Decider:
             self.passes[role] += 1
         decision = self._load(role, fleet, obs)
         if obs.request_rate is not None:
-            self.recent_rates[role].append(obs.request_rate)
-        shrunk = self.shrank_from.get(role)
-        if shrunk is not None and obs.request_rate is not None:
-            shrunk[1].append(obs.request_rate)
+            self.recent_rates[role].append((self.passes[role], obs.request_rate))
         if decision.change > 0:
             self.grew_at[role] = self.passes[role]
             if obs.waiting > fleet[role].ready > 0:  # a backlog: the fleet lacked throughput
                 self._learn(role, decision.target, obs.isl)
         elif decision.change < 0:
-            # From the window that allowed it (one that reads low, as the one that shows
-            # the backlog reads high).
-            rates = deque([] if obs.request_rate is None else [obs.request_rate], maxlen=self.passes_per_interval)
-            self.shrank_from[role] = (decision.current, rates)
+            self.shrank_from[role] = (decision.current, self.passes[role])
         return decision
 
     def _demand(self, role: str, rate: float) -> float:
@@ -466,11 +461,13 @@ class Decider:
         forecasts = self.forecasts.get(role)
         if self._falling(role) or not forecasts:
             return rate
-        recent = self.recent_rates[role]
-        level = sum(recent) / len(recent) if recent else 0.0
+        recent = [r for _, r in self.recent_rates[role]]
+        if not recent:
+            return max(rate, forecasts[-1])
         # A demand that does not fall is judged at its level over the span the falling
         # rule watches, one standard deviation of Poisson arrivals over that span up.
-        level += math.sqrt(level / (len(recent) * self.config.intervals.load_s)) if recent else 0.0
+        level = sum(recent) / len(recent)
+        level += math.sqrt(level / (len(recent) * self.config.intervals.load_s))
         return max(rate, forecasts[-1], level)
 
     def _learn(self, role: str, target: int, isl: float | None) -> None:
@@ -491,7 +488,10 @@ class Decider:
         batches differ). Only an overstatement within ``scale_down_margin`` is learned: a
         backlog at a lower load is a burst of long requests (a heavy-tailed mix), not a
         capacity the profile got wrong."""
-        before, rates = self.shrank_from.pop(role, (0, deque()))
+        before, at = self.shrank_from.pop(role, (0, self.passes[role] + 1))
+        # From the window that allowed it (one that reads low, as the one that shows the
+        # backlog reads high), at most one throughput interval's.
+        rates = [r for p, r in self.recent_rates[role] if p >= at][-self.passes_per_interval:]
         isl = self.isl_forecasts.get(role, isl)
         if target < before or before < 2 or not rates or self.model is None or isl is None:
             return
