@@ -65,7 +65,8 @@ status=0
 collected=0
 run_pytest() {
     local rc=0
-    "$PYTHON" -m pytest -q "$@" || rc=$?
+    # The slowest tests are listed at the end of each run: where the time goes.
+    "$PYTHON" -m pytest -q --durations=15 "$@" || rc=$?
     if [ "$rc" -eq 5 ]; then  # nothing selected in this run
         return
     fi
