@@ -484,7 +484,7 @@ class Decider:
         per-replica load that failed, as a fraction of the profile's capacity, is the
         role's ceiling (``ceilings``), under which later scale-downs keep a replica's load
         by the margin while the demand stays within the margin of the one it was learned
-        at (``_load``: what one load showed says little of another, where the engine's
+        at (``_beyond_ceiling``: what one load showed says little of another, where the engine's
         batches differ). Only an overstatement within ``scale_down_margin`` is learned: a
         backlog at a lower load is a burst of long requests (a heavy-tailed mix), not a
         capacity the profile got wrong."""
@@ -513,6 +513,9 @@ class Decider:
         return max(0, grew + self.passes_per_interval + 1 - self.passes[role])
 
     def _load(self, role: str, fleet: Mapping[str, RoleState], obs: Observation) -> Decision:
+        """One load pass: the cases that decide alone (under ``min_replicas``, signals
+        missing, no replicas, a load that stopped), then growth (``_grow``), then a
+        scale-down (``_shrink``)."""
         state = fleet[role]
         current = state.total
         least = self.config.roles[role].min_replicas
@@ -539,6 +542,16 @@ class Decider:
                 f"nothing arrived or waited for {self.quiet_in_a_row[role]} windows: down to "
                 f"{target} ({obs.inflight:.0f} request(s) in flight, min_replicas {least}){capped}",
             )
+        grown = self._grow(role, fleet, obs)
+        return grown if grown is not None else self._shrink(role, fleet, obs)
+
+    def _grow(self, role: str, fleet: Mapping[str, RoleState], obs: Observation) -> Decision | None:
+        """Growth: in proportion to what the rate and the backlog need by the profile, when
+        the fleet is over a target or holds a backlog; else one replica when a quantile is
+        over its target, unless more would not help (the holds below). ``None``: no quantile
+        over a target and no backlog to size, so a scale-down may be judged."""
+        state = fleet[role]
+        current = state.total
         t = self.config.targets
         ttft, itl = self._limits(role)
         over = [
@@ -562,35 +575,42 @@ class Decider:
                 f"by the profile{capped}",
             )
         self.over_in_a_row[role] = self.over_in_a_row[role] + 1 if over else 0
-        if over:
-            self.fits_in_a_row[role] = 0
-            if not obs.demand:
-                # The quantiles are of requests that arrived before: with nothing arriving
-                # or waiting, a replica added would have nothing to serve.
-                return Decision(
-                    role, "load", current, current, f"hold: {over[0]}, but nothing arrived or waits"
-                )
-            if self.over_in_a_row[role] < self.config.scale_up_windows:
-                return Decision(
-                    role, "load", current, current,
-                    f"hold: {over[0]}, {self.over_in_a_row[role]} of {self.config.scale_up_windows} passes in a row",
-                )
-            if state.pending:
-                return Decision(role, "load", current, current, f"hold: {over[0]}; {state.pending} replica(s) starting")
-            if needed is not None and current >= 2 * needed:
-                return Decision(
-                    role, "load", current, current,
-                    f"hold: {over[0]}, but {current} replica(s) are twice or more what {obs.request_rate:.2f} req/s "
-                    f"needs by the profile ({needed}): more would not shorten a request",
-                )
-            if needed is not None and waited is not None and obs.waiting < waited:
-                return Decision(
-                    role, "load", current, current,
-                    f"hold: {over[0]}; the backlog drains ({waited} -> {obs.waiting} waiting) "
-                    f"and {current} replica(s) carry {obs.request_rate:.2f} req/s by the profile",
-                )
-            target, capped = self._constrain(role, current + 1, fleet)
-            return Decision(role, "load", current, target, f"{'; '.join(over)}{capped}")
+        if not over:
+            return None
+        self.fits_in_a_row[role] = 0
+        if not obs.demand:
+            # The quantiles are of requests that arrived before: with nothing arriving
+            # or waiting, a replica added would have nothing to serve.
+            return Decision(role, "load", current, current, f"hold: {over[0]}, but nothing arrived or waits")
+        if self.over_in_a_row[role] < self.config.scale_up_windows:
+            return Decision(
+                role, "load", current, current,
+                f"hold: {over[0]}, {self.over_in_a_row[role]} of {self.config.scale_up_windows} passes in a row",
+            )
+        if state.pending:
+            return Decision(role, "load", current, current, f"hold: {over[0]}; {state.pending} replica(s) starting")
+        if needed is not None and current >= 2 * needed:
+            return Decision(
+                role, "load", current, current,
+                f"hold: {over[0]}, but {current} replica(s) are twice or more what {obs.request_rate:.2f} req/s "
+                f"needs by the profile ({needed}): more would not shorten a request",
+            )
+        if needed is not None and waited is not None and obs.waiting < waited:
+            return Decision(
+                role, "load", current, current,
+                f"hold: {over[0]}; the backlog drains ({waited} -> {obs.waiting} waiting) "
+                f"and {current} replica(s) carry {obs.request_rate:.2f} req/s by the profile",
+            )
+        target, capped = self._constrain(role, current + 1, fleet)
+        return Decision(role, "load", current, target, f"{'; '.join(over)}{capped}")
+
+    def _shrink(self, role: str, fleet: Mapping[str, RoleState], obs: Observation) -> Decision:
+        """A scale-down by one replica, or a hold saying why not: the floor, the fleet
+        with one fewer predicted against the targets less the margin (``_fits_with``), a
+        learned ceiling (``_beyond_ceiling``), a recent growth or a rising forecast, and
+        ``scale_down_windows`` passes in a row (not on a fall)."""
+        state = fleet[role]
+        current = state.total
         floor = max(self.floors[role], self.config.roles[role].min_replicas)
         fall = self._fall_since_pass(role)
         if fall is not None:
@@ -608,23 +628,15 @@ class Decider:
             forecast = forecasts[-1] if fall is None else fall[1]
             obs, margin = dataclasses.replace(obs, request_rate=min(obs.request_rate, forecast)), margin / 2
         fits, why = self._fits_with(role, state.ready, serving, obs, margin)
-        learned = self.ceilings.get(role)
-        if fits and why != "no demand" and learned is not None and self.model is not None and obs.isl and serving:
-            demand = self._demand(role, obs.request_rate or 0.0)
-            fraction, at = learned
-            ceiling = fraction * self.model.capacity(self.isl_forecasts.get(role, obs.isl), *self._limits(role))
-            if abs(demand - at) > self.config.scale_down_margin * at:
-                del self.ceilings[role]  # the demand moved away from where it was learned
-            elif demand / serving > (1.0 - margin) * ceiling:
-                fits, why = False, (
-                    f"{demand / serving:.2f} req/s per replica vs {(1.0 - margin) * ceiling:.2f}, {margin:.0%} under "
-                    f"the {ceiling:.2f} that a replica of a fleet shrunk before could not carry"
-                )
+        if fits and why != "no demand":
+            beyond = self._beyond_ceiling(role, obs, serving, margin)
+            if beyond is not None:
+                fits, why = False, beyond
         if not fits:
             self.fits_in_a_row[role] = 0
             return Decision(role, "load", current, current, f"hold: {current - 1} replica(s) would not do ({why})")
         if why != "no demand":
-            cooling, forecasts = self._cooling(role), self.forecasts.get(role, [])
+            cooling = self._cooling(role)
             late = f"the role grew {cooling} pass(es) too recently" if cooling else ""
             # Rising, and the load has not fallen back under the earlier forecast since.
             if len(forecasts) >= 2 and forecasts[-1] > forecasts[-2] and (obs.request_rate or 0.0) >= forecasts[-2]:
@@ -644,3 +656,24 @@ class Decider:
         self.fits_in_a_row[role] = 0
         target, capped = self._constrain(role, current - 1, fleet)
         return Decision(role, "load", current, target, f"{current - 1} replica(s) suffice ({why}){capped}")
+
+    def _beyond_ceiling(self, role: str, obs: Observation, serving: int, margin: float) -> str | None:
+        """Why ``serving`` replicas would each carry more than ``margin`` under the role's
+        learned ceiling (``_learn``) at the demand (``_demand``), or ``None``: no ceiling
+        applies. A ceiling learned at a demand more than ``scale_down_margin`` away from
+        this one is forgotten."""
+        learned = self.ceilings.get(role)
+        if learned is None or self.model is None or not obs.isl or not serving:
+            return None
+        demand = self._demand(role, obs.request_rate or 0.0)
+        fraction, at = learned
+        ceiling = fraction * self.model.capacity(self.isl_forecasts.get(role, obs.isl), *self._limits(role))
+        if abs(demand - at) > self.config.scale_down_margin * at:
+            del self.ceilings[role]  # the demand moved away from where it was learned
+            return None
+        if demand / serving > (1.0 - margin) * ceiling:
+            return (
+                f"{demand / serving:.2f} req/s per replica vs {(1.0 - margin) * ceiling:.2f}, {margin:.0%} under "
+                f"the {ceiling:.2f} that a replica of a fleet shrunk before could not carry"
+            )
+        return None
