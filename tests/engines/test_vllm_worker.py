@@ -21,7 +21,7 @@ import os
 import re
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,8 +62,11 @@ def instance_id(worker: WorkerProcess) -> int:
     return int(found.group(1), 16)
 
 
-async def runtime_of(fleet: Fleet, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """A runtime in this process on the fleet's backend."""
+@pytest.fixture
+async def runtime(fleet: Fleet, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Any]:
+    """A runtime in this process on the fleet's backend, shut down after the test: its
+    lease is given up while the fleet's etcd still answers, not left to the interpreter's
+    exit."""
     from dynamo.runtime import DistributedRuntime
 
     for key in [k for k in os.environ if k.startswith("DYN_") or k in ("ETCD_ENDPOINTS", "NATS_SERVER")]:
@@ -71,7 +74,9 @@ async def runtime_of(fleet: Fleet, monkeypatch: pytest.MonkeyPatch) -> Any:
     for key, value in fleet.pool.env.items():
         if key.startswith("DYN_") or key in ("ETCD_ENDPOINTS", "NATS_SERVER"):
             monkeypatch.setenv(key, value)
-    return DistributedRuntime(asyncio.get_running_loop(), False)
+    rt = DistributedRuntime(asyncio.get_running_loop(), False)
+    yield rt
+    await rt.shutdown()
 
 
 async def metrics_of(fleet: Fleet, runtime: Any) -> Any:
@@ -95,12 +100,11 @@ def cached(resp: dict[str, Any]) -> int:
 
 
 async def test_load_metrics_and_kv_events_send_a_shared_prefix_to_its_holder(
-    fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+    fleet: Fleet, runtime: Any
 ) -> None:
     from dynamo.llm import KvIndexer
     from tokenizers import Tokenizer
 
-    runtime = await runtime_of(fleet, monkeypatch)
     subscription = await metrics_of(fleet, runtime)
     report = await first_load_report(subscription, lambda r: r["kv_total_blocks"] > 0, 30, "a report with the KV size")
     assert report["request_total_slots"] == 64  # --max-num-seqs
@@ -129,9 +133,8 @@ async def test_load_metrics_and_kv_events_send_a_shared_prefix_to_its_holder(
     assert set(scores) == {holder}, f"the prefix reached another worker: {scores}"
 
 
-async def test_a_client_that_disconnects_aborts_the_vllm_request(fleet: Fleet, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_client_that_disconnects_aborts_the_vllm_request(fleet: Fleet, runtime: Any) -> None:
     assert fleet.frontend is not None
-    runtime = await runtime_of(fleet, monkeypatch)
     subscription = await metrics_of(fleet, runtime)
     conn = http.client.HTTPConnection("127.0.0.1", fleet.frontend.port, timeout=30)
     body = {"model": MODEL, "prompt": "Tell a long story", "max_tokens": 1000, "temperature": 0, "stream": True}
@@ -165,7 +168,7 @@ def test_a_prompt_over_max_model_len_is_a_400_and_the_worker_serves_on(fleet: Fl
 
 
 async def test_ready_only_once_vllm_answers_and_503_from_sigterm(
-    fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+    fleet: Fleet, runtime: Any
 ) -> None:
     """A third worker with its system server: `/ready` is 503 while vLLM starts and until
     its model is registered and vLLM answered the readiness check, then 200; SIGTERM with
@@ -204,7 +207,6 @@ async def test_ready_only_once_vllm_answers_and_503_from_sigterm(
                      interval=0.2, ignore=(OSError,))
     assert seen[0][0] == 503 and seen[0][1] in ("not_registered", "engine_not_ready"), seen[:3]
 
-    runtime = await runtime_of(fleet, monkeypatch)
     client = await runtime.namespace(fleet.namespace).component("backend").endpoint("generate").client()
     request = {"token_ids": [1, 10, 20], "stop_conditions": {"max_tokens": 600, "ignore_eos": True},
                "sampling_options": {"temperature": 0.0}, "eos_token_ids": []}
@@ -221,14 +223,12 @@ async def test_ready_only_once_vllm_answers_and_503_from_sigterm(
     assert sum(len(i.get("token_ids") or []) for i in items) == 600
     assert await worker.wait_exit(60) == 0, worker.describe()
     fleet.workers.remove(worker)
-    await runtime.shutdown()
 
 
 async def test_a_killed_engine_moves_its_stream_and_its_worker_leaves(
-    fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+    fleet: Fleet, runtime: Any
 ) -> None:
     assert fleet.frontend is not None
-    runtime = await runtime_of(fleet, monkeypatch)
     subscription = await metrics_of(fleet, runtime)
     max_tokens = 900
     result: dict[str, Any] = {}
