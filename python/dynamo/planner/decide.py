@@ -549,7 +549,7 @@ class Decider:
         """Growth: in proportion to what the rate and the backlog need by the profile, when
         the fleet is over a target or holds a backlog; else one replica when a quantile is
         over its target, unless more would not help (the holds below). ``None``: no quantile
-        over a target and no backlog to size, so a scale-down may be judged."""
+        is over its target and no backlog needs more replicas, so a scale-down is judged."""
         state = fleet[role]
         current = state.total
         t = self.config.targets
