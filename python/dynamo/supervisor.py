@@ -58,6 +58,7 @@ import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import overload
 
 #: The runtime's drain bound when a child's environment sets no ``DYN_SHUTDOWN_TIMEOUT``
 #: (seconds; ``lib/runtime``'s own default).
@@ -78,6 +79,10 @@ STOP_TIMEOUT_ENV = "DYN_SDK_STOP_TIMEOUT"
 READY_TIMEOUT_ENV = "DYN_SDK_READY_TIMEOUT"
 
 
+@overload
+def seconds_from_env(name: str, default: float) -> float: ...
+@overload
+def seconds_from_env(name: str, default: None) -> float | None: ...
 def seconds_from_env(name: str, default: float | None) -> float | None:
     """A bound in seconds from the environment variable ``name`` (``default`` when unset).
 
