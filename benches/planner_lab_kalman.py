@@ -23,6 +23,8 @@ import sys
 
 import planner_lab_seeds
 from dynamo.planner import step
+from dynamo.planner.config import PlannerConfig
+from dynamo.planner.decide import Decider
 
 #: The process noise: "poisson" or "absolute", and the level's and the slope's standard
 #: deviation per interval (set by ``main`` before the seeds run in forked workers).
@@ -72,13 +74,11 @@ class KalmanRate:
 _init = step.PlanningState.__init__
 
 
-def _with_kalman(self: step.PlanningState, config, decider) -> None:  # type: ignore[no-untyped-def]
+def _with_kalman(self: step.PlanningState, config: PlannerConfig, decider: Decider) -> None:
     """``PlanningState`` with its rate predictor replaced by the filter (warm start replayed)."""
     _init(self, config, decider)
     kalman = KalmanRate(config.intervals.throughput_s)
-    p = config.predictor
-    warm = step.trace_rates(p.warm_start_trace, config.intervals.throughput_s) if p.warm_start_trace else []
-    for value in [*warm, *p.warm_start]:
+    for value in step.warm_start_rates(config):
         kalman.observe(float(value))
     self.rate_predictor = kalman
 

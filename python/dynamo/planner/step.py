@@ -47,6 +47,18 @@ def expected_startup_s(config: PlannerConfig) -> float:
     return getattr(config.connector, "startup_delay_s", 0.0)
 
 
+def warm_start_rates(config: PlannerConfig) -> list[float]:
+    """The request rates (one per throughput interval) that warm the rate forecast up:
+    ``predictor.warm_start_trace``'s, then ``predictor.warm_start``.
+
+    Raises:
+        OSError, ValueError: the trace cannot be read.
+    """
+    p = config.predictor
+    warm = trace_rates(p.warm_start_trace, config.intervals.throughput_s) if p.warm_start_trace else []
+    return [*warm, *p.warm_start]
+
+
 class PlanningState:
     """The predictors, the windows since the last throughput pass and the fleet's history
     that the two loops share."""
@@ -58,8 +70,7 @@ class PlanningState:
         self.config = config
         self.decider = decider
         p = config.predictor
-        warm = trace_rates(p.warm_start_trace, config.intervals.throughput_s) if p.warm_start_trace else []
-        warm = [*warm, *p.warm_start]
+        warm = warm_start_rates(config)
         if p.kind == "holt_winters" and len(warm) % p.season:
             # The live windows continue the season where the warm start left it.
             log.warning(
