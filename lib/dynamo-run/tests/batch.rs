@@ -1,6 +1,6 @@
 //! `in=batch:FILE.jsonl`: output lines, token counts, finish reasons, malformed lines.
 
-mod common;
+use crate::common;
 
 use common::*;
 

@@ -1,6 +1,6 @@
 //! Flags, `in=stdin`, `in=text`, and the library entry point.
 
-mod common;
+use crate::common;
 
 use common::*;
 

@@ -1,7 +1,7 @@
 //! `in=http`: a local engine on an ephemeral port; `out=dyn` with workers started as
 //! `in=dyn://…` processes sharing a `file` discovery directory.
 
-mod common;
+use crate::common;
 
 use common::*;
 

@@ -3,9 +3,8 @@
 //! semantics (default `max_tokens`, refused fields, `n`, `stop`, `logprobs`), over
 //! raw sockets against echo engines.
 
-mod common;
-#[path = "../../runtime/tests/poll/mod.rs"]
-mod poll;
+use crate::common;
+use crate::poll;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

@@ -2,9 +2,8 @@
 //! grace period, and a resume sent to another frontend that forwards it to the owner
 //! (both frontends sharing one in-memory discovery store as their directory).
 
-mod common;
-#[path = "../../runtime/tests/poll/mod.rs"]
-mod poll;
+use crate::common;
+use crate::poll;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

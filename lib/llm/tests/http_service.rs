@@ -1,6 +1,6 @@
 //! The HTTP service over real sockets, with a static (in-process) test engine.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

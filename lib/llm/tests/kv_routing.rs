@@ -3,9 +3,8 @@
 //! each worker answers with its tag, so the test sees which one served. All runtimes
 //! share an in-memory discovery store; requests travel over the TCP request plane.
 
-mod common;
-#[path = "../../runtime/tests/poll/mod.rs"]
-mod poll;
+use crate::common;
+use crate::poll;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -2,9 +2,8 @@
 //! frontend runtime's `ModelWatcher` fills the HTTP service's model manager, requests
 //! travel over the TCP request plane. All runtimes share an in-memory discovery store.
 
-mod common;
-#[path = "../../runtime/tests/poll/mod.rs"]
-mod poll;
+use crate::common;
+use crate::poll;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

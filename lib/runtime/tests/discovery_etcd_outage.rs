@@ -3,8 +3,8 @@
 //! delivering, leases are kept or replaced, and no process gives up.
 //! Without an `etcd` binary the tests print why and pass.
 
-mod discovery_support;
-mod poll;
+use crate::discovery_support;
+use crate::poll;
 
 use std::collections::HashSet;
 use std::time::Duration;

@@ -1,8 +1,8 @@
 //! The etcd discovery backend against a real `etcd` process (started per test on free
 //! loopback ports). Without an `etcd` binary the tests print why and pass.
 
-mod discovery_support;
-mod poll;
+use crate::discovery_support;
+use crate::poll;
 
 use std::time::Duration;
 

@@ -2,8 +2,8 @@
 //! event published after it, including a new publisher's very first ones, and a new
 //! subscription's first event from a publisher on another connection.
 
-mod nats_support;
-mod poll;
+use crate::nats_support;
+use crate::poll;
 
 use std::sync::Arc;
 use std::time::Duration;

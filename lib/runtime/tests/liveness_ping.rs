@@ -3,7 +3,7 @@
 //! dead within the peer timeout plus one ping interval, taken out of routing, and
 //! routed to again once something at its address answers pings.
 
-mod poll;
+use crate::poll;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

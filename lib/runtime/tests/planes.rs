@@ -1,7 +1,7 @@
 //! End-to-end tests of the request/response planes on the embedded backends, with
 //! several runtimes in one process sharing an in-memory discovery store.
 
-mod poll;
+use crate::poll;
 
 use std::sync::Arc;
 use std::time::Duration;

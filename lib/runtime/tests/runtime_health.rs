@@ -3,7 +3,7 @@
 //! than `DYN_DISCOVERY_HEALTH_GRACE` (serving on what it last knew), unhealthy past it,
 //! healthy again once discovery recovers, and unhealthy once the runtime shut down.
 
-mod poll;
+use crate::poll;
 
 use std::fs;
 use std::path::Path;

@@ -2,8 +2,8 @@
 //! subscription, so the first request to a new worker is taken, not refused with NATS's
 //! no-responders status.
 
-mod nats_support;
-mod poll;
+use crate::nats_support;
+use crate::poll;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -3,8 +3,8 @@
 //! server is back on the same port, requests and event subscriptions work again without
 //! restarting the runtimes.
 
-mod nats_support;
-mod poll;
+use crate::nats_support;
+use crate::poll;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
