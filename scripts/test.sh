@@ -57,7 +57,7 @@ step "lint: ruff"
 "$PYTHON" -m ruff check python tests examples benches
 
 # Two runs: the real-engine tier alone (its vLLM engines need both cores; their starts are
-# bounded), then the rest on PYTEST_WORKERS processes (pytest-xdist; default 2): most of
+# bounded), then the rest on PYTEST_WORKERS processes (pytest-xdist; default 3): most of
 # its time is waiting (fault scenarios, leases, drains), and every test takes free ports
 # and its own temporary folder. Arguments that choose markers or workers themselves
 # (-m, -n, -p) get one plain run instead.
@@ -84,8 +84,8 @@ done
 if [ "$split" -eq 1 ]; then
     step "python tests: the real-engine tier (-m engine), alone"
     run_pytest -m engine "$@"
-    step "python tests: the rest (-m 'not engine'), on ${PYTEST_WORKERS:-2} workers"
-    run_pytest -m "not engine" -n "${PYTEST_WORKERS:-2}" "$@"
+    step "python tests: the rest (-m 'not engine'), on ${PYTEST_WORKERS:-3} workers"
+    run_pytest -m "not engine" -n "${PYTEST_WORKERS:-3}" "$@"
 else
     step "python tests"
     run_pytest "$@"

@@ -24,7 +24,10 @@ fn child_logs_then_exits() {
 fn every_queued_line_reaches_stderr_at_exit() {
     // The child's name in this binary: its module path without the crate's name.
     let module = module_path!().split_once("::").map_or("", |(_, rest)| rest);
-    let child = if module.is_empty() { "child_logs_then_exits".to_owned() } else { format!("{module}::child_logs_then_exits") };
+    let child = match module {
+        "" => "child_logs_then_exits".to_owned(),
+        module => format!("{module}::child_logs_then_exits"),
+    };
     let output = Command::new(std::env::current_exe().unwrap())
         .args(["--exact", &child, "--nocapture", "--test-threads=1"])
         .env(CHILD, "1")
