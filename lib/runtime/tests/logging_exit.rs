@@ -22,12 +22,9 @@ fn child_logs_then_exits() {
 
 #[test]
 fn every_queued_line_reaches_stderr_at_exit() {
-    // The child's name in this binary: its module path without the crate's name.
-    let module = module_path!().split_once("::").map_or("", |(_, rest)| rest);
-    let child = match module {
-        "" => "child_logs_then_exits".to_owned(),
-        module => format!("{module}::child_logs_then_exits"),
-    };
+    // The child's name in the crate's one test binary: its module path without the crate's.
+    let (_, module) = module_path!().split_once("::").expect("a module of tests/integration.rs");
+    let child = format!("{module}::child_logs_then_exits");
     let output = Command::new(std::env::current_exe().unwrap())
         .args(["--exact", &child, "--nocapture", "--test-threads=1"])
         .env(CHILD, "1")
