@@ -24,6 +24,7 @@ Takes ``benches/planner_lab_seeds.py``'s arguments and ``--rule`` (repeatable):
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import math
 import statistics
@@ -52,17 +53,18 @@ def _backlog_rule() -> None:
         QUEUES["front"] = window["frontend_queue"]
         return waiting_of(window, roles)
 
+    needed_of = Decider._needed
+
     def _needed(self: Decider, role: str, obs: Observation) -> int | None:
+        # The engine queues count for at most one replica's throughput interval each of
+        # the replicas holding them; the decider's own sizing does the rest.
         isl = self.isl_forecasts.get(role, obs.isl)
-        if self.model is None or isl is None or not obs.request_rate:
-            return None
-        capacity = self.model.capacity(isl, *self._limits(role))
-        if capacity <= 0:
-            return self.config.roles[role].max_replicas
-        interval = self.config.intervals.throughput_s
-        front = min(QUEUES["front"], obs.waiting)
-        held = min(QUEUES["held"], (obs.waiting - front) / interval / capacity)
-        return math.ceil((obs.request_rate + front / interval) / capacity + held - 1e-9)
+        if self.model is not None and isl is not None:
+            capacity = self.model.capacity(isl, *self._limits(role))
+            front = min(QUEUES["front"], obs.waiting)
+            held = min(obs.waiting - front, QUEUES["held"] * self.config.intervals.throughput_s * capacity)
+            obs = dataclasses.replace(obs, waiting=front + math.ceil(held - 1e-9))
+        return needed_of(self, role, obs)
 
     replay._waiting = _waiting
     Decider._needed = _needed  # type: ignore[method-assign]
