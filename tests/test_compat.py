@@ -233,10 +233,12 @@ def test_python_m_dynamo_frontend_flags() -> None:
     assert dynamo_run_argv(args)[:2] == ["in=http", "out=dyn://dynamo.Processor.chat/completions"]
     assert plane_environment(args) == {"DYN_DISCOVERY_BACKEND": "etcd", "DYN_REQUEST_PLANE": "nats"}
     kv = dynamo_run_argv(parse_args(["--router-mode", "kv", "--kv-overlap-weight", "2", "--router-temperature", "0.5",
-                                     "--busy-threshold", "0.9", "--no-kv-events", "--no-router-replica-sync"]))
+                                     "--busy-threshold", "0.9", "--busy-wait-s", "5", "--no-kv-events",
+                                     "--no-router-replica-sync"]))
     assert kv[kv.index("--kv-overlap-weight") + 1] == "2.0"
     assert kv[kv.index("--router-temperature") + 1] == "0.5"
     assert kv[kv.index("--busy-threshold") + 1] == "0.9"
+    assert kv[kv.index("--busy-wait-s") + 1] == "5.0"
     assert "--no-kv-events" in kv and "--kv-events" not in kv
     assert "--no-router-replica-sync" in kv and "--router-replica-sync" not in kv
     assert "--router-replica-sync" not in dynamo_run_argv(parse_args(["--router-mode", "kv"])), "default: dynamo-run's"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -269,6 +270,77 @@ async def test_busy_threshold_answers_503_while_every_worker_is_full(
 
     # The client went away: its blocks are freed and the worker serves again.
     await wait_until(lambda: answered(200), 15, "a small request served once the big one left", interval=0.2)
+
+
+def held_busy(frontend: Any, model: str) -> float:
+    """The frontend's `dynamo_frontend_requests_waiting_for_capacity` gauge for `model`."""
+    text = frontend.get("/metrics").body.decode()
+    pattern = rf'^dynamo_frontend_requests_waiting_for_capacity{{model="{re.escape(model)}"}} (\S+)$'
+    found = re.search(pattern, text, re.MULTILINE)
+    return float(found.group(1)) if found else 0.0
+
+
+async def test_busy_wait_holds_requests_until_a_worker_frees_and_refuses_past_its_bound(
+    workers: WorkerPool, namespace: str, model_dir: Path, tmp_path: Path
+) -> None:
+    # The worker of the 503 test above, with a frontend that holds requests up to 3 s.
+    slow = write_json(tmp_path / "slow.json", {"speedup_ratio": 0.05, "num_gpu_blocks": 128})
+    start_mocker(
+        workers, f"{namespace}.mocker.generate", model_dir, "--extra-engine-args", str(slow),
+        "--kv-cache-block-size", str(BLOCK),
+    )
+    frontend = await start_frontend(
+        workers, "dyn", "--router-mode", "kv", "--busy-threshold", "0.3", "--busy-wait-s", "3"
+    )
+    model = model_dir.name
+    await frontend.wait_models([model])
+    small = chat_body(model, "w5 w6", max_tokens=1)
+    big = chat_body(model, prefix_prompt(0, 0) + " " + prefix_prompt(1, 0), max_tokens=100, stream=True)
+    body = json.dumps(big).encode()
+    sock = socket.create_connection(("127.0.0.1", frontend.port), timeout=HTTP_TIMEOUT)
+    try:
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode() + body
+        )
+        head = await asyncio.to_thread(sock.recv, 65536)
+        assert head.startswith(b"HTTP/1.1 200"), head[:200]
+
+        async def a_held_request() -> tuple[asyncio.Task[Any], float]:
+            """A small request held at the frontend (those sent before the router knows
+            the worker's size are served at once), and when it was sent."""
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline:
+                sent = time.monotonic()
+                task = asyncio.create_task(asyncio.to_thread(frontend.post, "/v1/chat/completions", small))
+                while not task.done() and held_busy(frontend, model) < 1:
+                    await asyncio.sleep(0.05)
+                if not task.done():
+                    return task, sent
+                assert task.result().status == 200, task.result().body[:300]
+                await asyncio.sleep(0.2)
+            pytest.fail("no request was held while the big one kept the worker busy")
+
+        # Past the bound, a held request is refused: 503, Retry-After, the wait named.
+        task, sent = await a_held_request()
+        refused = await bounded(task, 10, "the held request refused at its bound")
+        waited = time.monotonic() - sent
+        assert refused.status == 503, refused.body[:300]
+        assert refused.headers.get("retry-after") == "1", refused.headers
+        error = refused.json()["error"]
+        assert error["type"] == "service_unavailable" and "busy" in error["message"], error
+        assert "waited 3s" in error["message"], error
+        assert waited >= 2.9, f"refused after {waited:.1f} s, before its bound"
+        assert held_busy(frontend, model) == 0
+
+        # Held again, then the worker frees (the big request's client goes away): served.
+        task, sent = await a_held_request()
+    finally:
+        sock.close()
+    served = await bounded(task, 10, "the held request served once the worker freed")
+    assert served.status == 200, served.body[:300]
+    assert time.monotonic() - sent < 3.0, "served within its bound"
+    assert held_busy(frontend, model) == 0
 
 
 async def test_python_kv_router_and_router_component_follow_the_workers(

@@ -19,7 +19,7 @@ from dynamo.planner.connector import ConnectorError, ConnectorErrorKind
 from dynamo.planner.decide import Decider, RoleState
 from dynamo.planner.health import HealthServer
 from dynamo.planner.loop import Planner
-from dynamo.planner.observe import FrontendObserver, FrontendWindow, LoadReports
+from dynamo.planner.observe import FrontendObserver, FrontendWindow, LoadReports, SignalState
 from dynamo.planner.profile import PerformanceModel, Profile
 from helpers import free_port
 from llm_helpers import planner_metrics
@@ -193,3 +193,28 @@ def test_a_bad_configuration_exits_2_naming_the_key(tmp_path) -> None:
     )
     assert proc.returncode == 2, proc.stderr
     assert "intervals.load_s" in proc.stderr and "roles.agg.max_replicas" in proc.stderr
+
+
+async def test_requests_held_at_a_busy_frontend_are_a_backlog_that_keeps_the_fleet() -> None:
+    """The frontend's `--busy-wait-s` hold (every worker busy) is a backlog: a window whose
+    own rate would let one replica of two go keeps both while requests are held."""
+
+    async def decided(held: int) -> Any:
+        p, _ = planner(advisory=True)
+        window = FrontendWindow(
+            seconds=10.0, request_rate=1.0, inflight=2.0, isl=100.0, osl=10.0, ttft_ms=50.0, itl_ms=5.0,
+            held_busy=held,
+        )
+
+        async def scrape() -> FrontendWindow:
+            return window
+
+        p.frontend.scrape = scrape  # type: ignore[method-assign]
+        p.frontend.signal = SignalState("ok")
+        [decision] = await p.load_pass()
+        return decision
+
+    quiet = await decided(held=0)
+    assert (quiet.action, quiet.target) == ("down", 1), quiet
+    held = await decided(held=7)
+    assert held.action != "down" and "7 request(s) waiting" in held.reason, held

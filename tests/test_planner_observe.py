@@ -100,6 +100,21 @@ def test_demand_at_zero_workers_is_read_from_the_frontend() -> None:
     assert FrontendWindow.between(second, second, 0.9, 0.9).waiting_for_workers == 1
 
 
+def test_requests_held_while_every_worker_is_busy_are_read_from_the_frontend() -> None:
+    """`--busy-wait-s`: the requests held now, at the later scrape, for this model only."""
+
+    def page(held: int) -> str:
+        return metrics_text(requests=0, inflight=held, ttft_buckets={float("inf"): 0}, isl_sum=0) + "\n".join([
+            "# TYPE dynamo_frontend_requests_waiting_for_capacity gauge",
+            f'dynamo_frontend_requests_waiting_for_capacity{{model="{MODEL}"}} {held}',
+            'dynamo_frontend_requests_waiting_for_capacity{model="other"} 40',
+        ]) + "\n"
+
+    first, second = parse_frontend(page(5), MODEL, 0.0), parse_frontend(page(2), MODEL, 2.0)
+    assert (first.held_busy, second.held_busy) == (5, 2)
+    assert FrontendWindow.between(first, second, 0.9, 0.9).held_busy == 2
+
+
 def test_a_page_without_the_families_is_not_a_frontend() -> None:
     assert not parse_frontend("# TYPE other_total counter\nother_total 1\n", MODEL, 0.0).exported
     # A frontend that has not served the model yet: exported, zeros.

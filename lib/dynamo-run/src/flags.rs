@@ -164,6 +164,12 @@ pub struct Flags {
     #[arg(long, value_name = "FRACTION")]
     pub busy_threshold: Option<f64>,
 
+    /// With `--busy-threshold`: seconds a request that finds every worker busy waits at
+    /// the frontend (first come, first served) for one to free before the 503; default:
+    /// refused at once.
+    #[arg(long, value_name = "SECONDS")]
+    pub busy_wait_s: Option<f64>,
+
     /// Override the model's context length (tokens).
     #[arg(long, value_name = "TOKENS", value_parser = clap::value_parser!(u32).range(1..))]
     pub context_length: Option<u32>,
@@ -492,6 +498,7 @@ impl Flags {
             ("--router-replica-sync", self.router_replica_sync),
             ("--no-router-replica-sync", self.no_router_replica_sync),
             ("--busy-threshold", self.busy_threshold.is_some()),
+            ("--busy-wait-s", self.busy_wait_s.is_some()),
         ];
         if router_mode != RouterMode::Kv || output != Output::Dyn {
             if let Some((flag, _)) = kv_flags.iter().find(|(_, given)| *given) {
@@ -505,6 +512,11 @@ impl Flags {
                     temperature: self.router_temperature,
                 },
                 busy_threshold: self.busy_threshold,
+                busy_wait: match self.busy_wait_s {
+                    None => None,
+                    Some(s) if s.is_finite() && s > 0.0 => Some(std::time::Duration::from_secs_f64(s)),
+                    Some(s) => return usage(format!("--busy-wait-s must be a number of seconds > 0, got {s}")),
+                },
                 ..Default::default()
             },
             use_kv_events: !self.no_kv_events,
@@ -797,6 +809,12 @@ mod tests {
             other => panic!("expected a usage error for {extra:?}, got {other:?}"),
         };
         assert!(err(&["--busy-threshold", "1.5"]).contains("busy threshold"));
+        assert_eq!(s.busy_wait, None, "refused at once by default");
+        let held = with(&["--busy-threshold", "0.9", "--busy-wait-s", "2.5"]).unwrap();
+        assert_eq!(held.kv_router.scheduler.busy_wait, Some(std::time::Duration::from_millis(2500)));
+        assert!(err(&["--busy-wait-s", "2"]).contains("with a busy threshold"));
+        assert!(err(&["--busy-threshold", "0.9", "--busy-wait-s", "0"]).contains("> 0"));
+        assert!(err(&["--busy-threshold", "0.9", "--busy-wait-s", "inf"]).contains("> 0"));
         assert!(err(&["--router-temperature=-1"]).contains("temperature"));
         assert!(err(&["--kv-overlap-weight", "nan"]).contains("overlap weight"));
         assert!(usage_error(&["in=http", "out=dyn", "--busy-threshold", "0.5"]).contains("--router-mode kv"));

@@ -72,16 +72,20 @@ impl Model {
     }
 }
 
-/// The demand seen at zero workers, by model (`frontend::scale_to_zero` counts, the HTTP service exports).
+/// Requests waiting at the frontend, by model: demand the workers' own queues do not show
+/// (`frontend::scale_to_zero` and the busy hold of `remote` count, the HTTP service exports).
 #[derive(Clone)]
-pub struct ZeroWorkerMetrics {
+pub struct WaitMetrics {
     /// Requests that found no worker registered (served after a wait, or refused).
     pub arrivals: IntCounterVec,
     /// Requests waiting for a worker now.
     pub waiting: IntGaugeVec,
+    /// Requests held now because every worker is over the router's busy threshold
+    /// (`--busy-wait-s`): demand the workers' own queues do not show.
+    pub held_busy: IntGaugeVec,
 }
 
-impl Default for ZeroWorkerMetrics {
+impl Default for WaitMetrics {
     fn default() -> Self {
         let arrivals = IntCounterVec::new(
             Opts::new(
@@ -96,7 +100,15 @@ impl Default for ZeroWorkerMetrics {
             &["model"],
         )
         .expect("a valid metric definition");
-        ZeroWorkerMetrics { arrivals, waiting }
+        let held_busy = IntGaugeVec::new(
+            Opts::new(
+                "dynamo_frontend_requests_waiting_for_capacity",
+                "Requests held at the frontend while every worker of their model is busy (--busy-wait-s)",
+            ),
+            &["model"],
+        )
+        .expect("a valid metric definition");
+        WaitMetrics { arrivals, waiting, held_busy }
     }
 }
 
@@ -105,8 +117,9 @@ pub struct ModelManager {
     models: RwLock<BTreeMap<String, Model>>,
     /// Streams continued on another worker, by model (the HTTP service exports it).
     migrations: IntCounterVec,
-    /// Demand for models at zero workers (`--keep-models`).
-    zero_workers: ZeroWorkerMetrics,
+    /// Requests waiting at the frontend: at zero workers (`--keep-models`), or while
+    /// every worker is busy (`--busy-wait-s`).
+    waits: WaitMetrics,
     /// Bumped each time an engine is added, for whoever waits for one.
     added: tokio::sync::watch::Sender<u64>,
 }
@@ -121,7 +134,7 @@ impl Default for ModelManager {
         ModelManager {
             models: RwLock::new(BTreeMap::new()),
             migrations,
-            zero_workers: ZeroWorkerMetrics::default(),
+            waits: WaitMetrics::default(),
             added: tokio::sync::watch::Sender::new(0),
         }
     }
@@ -228,17 +241,18 @@ impl ModelManager {
         &self.migrations
     }
 
-    /// The demand counted for models at zero workers (`--keep-models`).
-    pub fn zero_workers(&self) -> &ZeroWorkerMetrics {
-        &self.zero_workers
+    /// The requests counted waiting at the frontend (`--keep-models`, `--busy-wait-s`).
+    pub fn waits(&self) -> &WaitMetrics {
+        &self.waits
     }
 
     /// The metrics the manager's engines keep, for the HTTP service to export.
     pub fn collectors(&self) -> Vec<Box<dyn Collector>> {
         vec![
             Box::new(self.migrations.clone()),
-            Box::new(self.zero_workers.arrivals.clone()),
-            Box::new(self.zero_workers.waiting.clone()),
+            Box::new(self.waits.arrivals.clone()),
+            Box::new(self.waits.waiting.clone()),
+            Box::new(self.waits.held_busy.clone()),
         ]
     }
 
@@ -317,14 +331,22 @@ mod tests {
 
     #[test]
     fn the_metrics_are_named_for_the_planner() {
-        let m = ZeroWorkerMetrics::default();
+        let m = WaitMetrics::default();
         m.arrivals.with_label_values(&["m"]).inc();
         m.waiting.with_label_values(&["m"]).inc();
-        let names: Vec<String> = prometheus::core::Collector::collect(&m.arrivals)
+        m.held_busy.with_label_values(&["m"]).inc();
+        let names: Vec<String> = [&m.arrivals as &dyn prometheus::core::Collector, &m.waiting, &m.held_busy]
             .iter()
-            .chain(prometheus::core::Collector::collect(&m.waiting).iter())
+            .flat_map(|c| c.collect())
             .map(|f| f.name().to_string())
             .collect();
-        assert_eq!(names, ["dynamo_frontend_requests_without_workers_total", "dynamo_frontend_requests_waiting_for_workers"]);
+        assert_eq!(
+            names,
+            [
+                "dynamo_frontend_requests_without_workers_total",
+                "dynamo_frontend_requests_waiting_for_workers",
+                "dynamo_frontend_requests_waiting_for_capacity"
+            ]
+        );
     }
 }

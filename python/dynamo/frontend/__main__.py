@@ -79,6 +79,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                     help="follow the workers' KV events (default), or predict from routing decisions only")
     kv.add_argument("--busy-threshold", type=float,
                     help="KV usage fraction at which a worker is busy (503 when all are)")
+    kv.add_argument("--busy-wait-s", type=float,
+                    help="with --busy-threshold: seconds a request waits for a worker to free when all are busy, "
+                    "first come first served, before the 503 (default: refused at once)")
     kv.add_argument("--router-replica-sync", action=argparse.BooleanOptionalAction, default=None,
                     help="share routing decisions with the other frontends of the same workers (default)")
     for flag, (variable, choices) in PLANE_FLAGS.items():
@@ -115,7 +118,7 @@ def dynamo_run_argv(args: argparse.Namespace) -> list[str]:
         argv.append("--keep-models")
     if args.zero_wait_s is not None:
         argv += ["--zero-wait-s", str(args.zero_wait_s)]
-    for flag in ("kv_overlap_weight", "router_temperature", "busy_threshold", "stream_grace_s", "stream_retention_s",
+    for flag in ("kv_overlap_weight", "router_temperature", "busy_threshold", "busy_wait_s", "stream_grace_s", "stream_retention_s",
                  "stream_buffer_bytes", *ADMISSION_FLAGS, "responses_store", "responses_ttl_s", "responses_max"):
         if getattr(args, flag) is not None:
             argv += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]

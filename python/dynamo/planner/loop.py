@@ -110,6 +110,11 @@ class Planner:
         missing = tuple(name for name in ("frontend_metrics",) if self.signals[name].state != "ok")
         now = time.monotonic()
         waiting = {role: reports.waiting(now) for role, reports in self.reports.items()}
+        if window is not None and window.held_busy:
+            # Held at the frontend while every worker was busy: the backlog of the role
+            # that takes arrivals, as if it waited in its workers' queues.
+            arrivals = "decode" if "decode" in self.config.roles else "agg"
+            waiting[arrivals] = waiting.get(arrivals, 0) + window.held_busy
         decisions = self.state.load_step(window, fleet, waiting, missing, now, throughput)
         for decision in decisions:
             await self._act(decision, fleet)

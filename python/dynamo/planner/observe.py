@@ -80,6 +80,8 @@ class FrontendSnapshot:
     #: Requests that found no worker (a counter) and those waiting for one now (``--keep-models``).
     without_workers: float = 0.0
     waiting_for_workers: float = 0.0
+    #: Requests held now because every worker is busy (``--busy-wait-s``).
+    held_busy: float = 0.0
     ttft: Histogram = field(default_factory=Histogram)
     itl: Histogram = field(default_factory=Histogram)
     isl: Histogram = field(default_factory=Histogram)
@@ -109,6 +111,8 @@ def parse_frontend(text: str, model: str, at: float) -> FrontendSnapshot:
             snap.without_workers = sum(s.value for s in family.samples if s.labels.get("model") == model)
         elif family.name == f"{PREFIX}_requests_waiting_for_workers":
             snap.waiting_for_workers = sum(s.value for s in family.samples if s.labels.get("model") == model)
+        elif family.name == f"{PREFIX}_requests_waiting_for_capacity":
+            snap.held_busy = sum(s.value for s in family.samples if s.labels.get("model") == model)
         elif family.name in histograms:
             h: Histogram = getattr(snap, histograms[family.name])
             for s in family.samples:
@@ -137,6 +141,9 @@ class FrontendWindow:
     itl_ms: float | None
     #: Requests waiting for a worker at the later scrape, or that found none in between.
     waiting_for_workers: int = 0
+    #: Requests the frontend held at the later scrape while every worker was busy: a
+    #: backlog as real as the workers' own queues.
+    held_busy: int = 0
 
     @staticmethod
     def between(earlier: FrontendSnapshot, later: FrontendSnapshot, ttft_q: float, itl_q: float) -> FrontendWindow:
@@ -159,6 +166,7 @@ class FrontendWindow:
             waiting_for_workers=int(
                 later.waiting_for_workers + max(0.0, later.without_workers - earlier.without_workers)
             ),
+            held_busy=int(later.held_busy),
         )
 
 

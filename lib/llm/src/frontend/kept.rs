@@ -21,7 +21,7 @@ use dynamo_runtime::discovery::Discovery;
 
 use crate::discovery::ModelEntry;
 use crate::engine::{ChatStream, CompletionStream, EngineError, OpenAIEngine, RequestContext};
-use crate::model_manager::{EngineKind, ModelManager, ZeroWorkerMetrics};
+use crate::model_manager::{EngineKind, ModelManager, WaitMetrics};
 use crate::protocols::openai::{ChatCompletionRequest, CompletionRequest};
 
 use super::scale_to_zero::{NoWorkerError, Waiting};
@@ -64,13 +64,13 @@ pub(crate) struct ColdEngine {
     model: String,
     route: EngineKind,
     wait: Duration,
-    metrics: ZeroWorkerMetrics,
+    metrics: WaitMetrics,
 }
 
 impl ColdEngine {
     /// The cold engine of `model` on `route` in `manager`; requests wait up to `wait`.
     pub(crate) fn new(manager: &Arc<ModelManager>, model: &str, route: EngineKind, wait: Duration) -> Self {
-        let metrics = manager.zero_workers().clone();
+        let metrics = manager.waits().clone();
         ColdEngine { manager: Arc::downgrade(manager), model: model.to_string(), route, wait, metrics }
     }
 
@@ -149,11 +149,11 @@ mod tests {
         manager.add_engine("other", EngineKind::Completions, Arc::new(EchoFull::new(Duration::ZERO)), None);
         tokio::task::yield_now().await;
         assert!(!waiting.is_finished());
-        assert_eq!(manager.zero_workers().waiting.with_label_values(&["m"]).get(), 1);
+        assert_eq!(manager.waits().waiting.with_label_values(&["m"]).get(), 1);
         manager.add_engine("m", EngineKind::Completions, Arc::new(EchoFull::new(Duration::ZERO)), None);
         tokio::time::timeout(Duration::from_secs(5), waiting).await.unwrap().unwrap().unwrap();
-        assert_eq!(manager.zero_workers().arrivals.with_label_values(&["m"]).get(), 1);
-        assert_eq!(manager.zero_workers().waiting.with_label_values(&["m"]).get(), 0);
+        assert_eq!(manager.waits().arrivals.with_label_values(&["m"]).get(), 1);
+        assert_eq!(manager.waits().waiting.with_label_values(&["m"]).get(), 0);
     }
 
     #[tokio::test(start_paused = true)]

@@ -14,7 +14,7 @@ use prometheus::IntGauge;
 use dynamo_runtime::Client;
 
 use crate::engine::{ChatStream, CompletionStream, EngineError, OpenAIEngine, RequestContext};
-use crate::model_manager::ZeroWorkerMetrics;
+use crate::model_manager::WaitMetrics;
 use crate::protocols::openai::{ChatCompletionRequest, CompletionRequest};
 
 /// Default bound on a request's wait for a worker of a model at zero workers.
@@ -43,13 +43,13 @@ pub(crate) struct ZeroWaitEngine {
     client: Client,
     model: String,
     wait: Duration,
-    metrics: ZeroWorkerMetrics,
+    metrics: WaitMetrics,
 }
 
 impl ZeroWaitEngine {
     /// `inner` sends with `client` (the model's endpoint); a request finding no instance
     /// waits up to `wait` for one.
-    pub(crate) fn new(inner: Arc<dyn OpenAIEngine>, client: Client, model: &str, wait: Duration, metrics: ZeroWorkerMetrics) -> Self {
+    pub(crate) fn new(inner: Arc<dyn OpenAIEngine>, client: Client, model: &str, wait: Duration, metrics: WaitMetrics) -> Self {
         ZeroWaitEngine { inner, client, model: model.to_string(), wait, metrics }
     }
 

@@ -145,7 +145,7 @@ impl ModelWatcher {
 
     /// Keep each model listed after its last worker leaves (scale to zero): a request
     /// for it then waits up to `wait` for a worker to register, and is refused with 503
-    /// (`NoWorkerError`) after that. Counted in the manager's `zero_workers` metrics.
+    /// (`NoWorkerError`) after that. Counted in the manager's `waits` metrics.
     pub fn with_keep_models(mut self, wait: Duration) -> Self {
         self.zero_wait = Some(wait);
         self
@@ -302,7 +302,7 @@ impl ModelWatcher {
         match self.zero_wait {
             // Listed whether or not a worker is there: the wait covers the gap.
             Some(wait) => {
-                let kept = ZeroWaitEngine::new(engine, client, &entry.name, wait, self.manager.zero_workers().clone());
+                let kept = ZeroWaitEngine::new(engine, client, &entry.name, wait, self.manager.waits().clone());
                 Ok((Arc::new(kept), Arc::new(|| true)))
             }
             None => Ok((engine, ready)),
@@ -330,7 +330,12 @@ impl ModelWatcher {
                         let block_size = KvRouterConfig::with_block_size(entry.kv_cache_block_size).block_size;
                         let router = KvRouter::new(KvRouterConfig { block_size, ..self.kv_config });
                         router.follow_component(endpoint.component()).await?;
-                        RemoteTokenEngine::with_kv_router(client, router)
+                        let remote = RemoteTokenEngine::with_kv_router(client, router);
+                        match self.kv_config.scheduler.busy_wait {
+                            // Held requests are demand a planner reads off the frontend.
+                            Some(_) => remote.with_held_gauge(self.manager.waits().held_busy.with_label_values(&[entry.name.as_str()])),
+                            None => remote,
+                        }
                     }
                     mode => RemoteTokenEngine::new(client, mode),
                 };

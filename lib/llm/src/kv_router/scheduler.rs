@@ -78,6 +78,10 @@ pub struct SchedulerConfig {
     pub weights: SelectorWeights,
     /// Fraction of its KV blocks in use (0–1] at which a worker is busy; `None`: never.
     pub busy_threshold: Option<f64>,
+    /// With a busy threshold: how long a request that finds every worker busy waits at
+    /// the frontend, first come first served, for one to fall under the threshold (or a
+    /// new one to join) before it is refused; `None`: refused at once.
+    pub busy_wait: Option<Duration>,
     /// Ratio to the fleet's time per item from which a worker is penalised (≥ 1;
     /// infinity turns the penalty off).
     pub straggler_threshold: f64,
@@ -88,6 +92,7 @@ impl Default for SchedulerConfig {
         SchedulerConfig {
             weights: SelectorWeights::default(),
             busy_threshold: None,
+            busy_wait: None,
             straggler_threshold: DEFAULT_STRAGGLER_THRESHOLD,
         }
     }
@@ -101,6 +106,9 @@ impl SchedulerConfig {
             if !(t > 0.0 && t <= 1.0) {
                 return Err(format!("busy threshold must be in (0, 1], got {t}"));
             }
+        }
+        if self.busy_wait.is_some() && self.busy_threshold.is_none() {
+            return Err("a busy wait applies with a busy threshold".to_string());
         }
         if self.straggler_threshold.is_nan() || self.straggler_threshold < 1.0 {
             return Err(format!("straggler threshold must be >= 1, got {}", self.straggler_threshold));

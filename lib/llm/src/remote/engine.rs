@@ -6,11 +6,14 @@
 //! whether a failed attempt is resent, and where, is decided in [`super::migration`]
 //! (an OpenAI-level request only before its first chunk).
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::StreamExt;
+use prometheus::IntGauge;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
@@ -28,7 +31,7 @@ use crate::engine::{
 use crate::kv_router::KvRouter;
 use crate::protocols::common::{LLMEngineOutput, PreprocessedRequest};
 use crate::protocols::openai::{ChatCompletionChunk, ChatCompletionRequest, CompletionRequest, CompletionResponse, FinishingChunk};
-use crate::routing::{self, Direct, KvSelector, Outcome, Pick, RouterMode, Selector, TrackedStream};
+use crate::routing::{self, Direct, KvSelector, Outcome, Pick, RouterMode, SelectError, Selector, TrackedStream};
 
 /// The worker's items decoded as engine outputs; annotation-only items are skipped.
 fn worker_items(stream: LinkedStream) -> WorkerStream<LLMEngineOutput> {
@@ -104,7 +107,7 @@ impl RemoteOpenAIEngine {
     /// Forward to the instances of `client`'s endpoint, picked by `mode` (`Kv` is
     /// round-robin here: an OpenAI request has no token ids at the frontend).
     pub fn new(client: Client, mode: RouterMode) -> Self {
-        let inner = Arc::new(Sender { client, selector: routing::selector(mode, None), kv: None, pinned: false });
+        let inner = Arc::new(Sender::new(client, routing::selector(mode, None), None, false, None));
         RemoteOpenAIEngine { inner, migration: MigrationPolicy::default() }
     }
 
@@ -159,6 +162,48 @@ struct Sender {
     kv: Option<Arc<KvRouter>>,
     /// Every request goes to one instance the caller chose: nothing is resent or set aside.
     pinned: bool,
+    /// Requests held now because every worker is busy (the KV router's `busy_wait`),
+    /// and the gauge that shows them.
+    holding: AtomicUsize,
+    held_gauge: Option<IntGauge>,
+    /// The order of held requests: the first held picks first.
+    line: tokio::sync::Mutex<()>,
+}
+
+/// How often a held request's turn looks again for a worker under the busy threshold:
+/// the router's view moves as requests end and load reports arrive.
+const HOLD_POLL: Duration = Duration::from_millis(10);
+
+/// What a pick found.
+enum Picked {
+    Pick(Pick),
+    /// Every candidate is over the busy threshold (the router's message).
+    Busy(String),
+}
+
+/// One request counted as held while it lives.
+struct Held<'a> {
+    count: &'a AtomicUsize,
+    gauge: Option<&'a IntGauge>,
+}
+
+impl<'a> Held<'a> {
+    fn new(count: &'a AtomicUsize, gauge: Option<&'a IntGauge>) -> Self {
+        count.fetch_add(1, Ordering::AcqRel);
+        if let Some(g) = gauge {
+            g.inc();
+        }
+        Held { count, gauge }
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.count.fetch_sub(1, Ordering::AcqRel);
+        if let Some(g) = self.gauge {
+            g.dec();
+        }
+    }
 }
 
 impl RemoteTokenEngine {
@@ -181,8 +226,16 @@ impl RemoteTokenEngine {
     }
 
     fn build(client: Client, selector: Arc<dyn Selector>, kv: Option<Arc<KvRouter>>, pinned: bool) -> Self {
-        let inner = Arc::new(Sender { client, selector, kv, pinned });
+        let inner = Arc::new(Sender::new(client, selector, kv, pinned, None));
         RemoteTokenEngine { inner, migration: MigrationPolicy::default() }
+    }
+
+    /// Show the requests held while every worker is busy (the KV router's `busy_wait`)
+    /// on `gauge`.
+    pub fn with_held_gauge(self, gauge: IntGauge) -> Self {
+        let s = &self.inner;
+        let inner = Arc::new(Sender::new(s.client.clone(), s.selector.clone(), s.kv.clone(), s.pinned, Some(gauge)));
+        RemoteTokenEngine { inner, migration: self.migration }
     }
 
     /// Resend requests no worker started and continue streams broken mid-way within the
@@ -204,34 +257,106 @@ impl RemoteTokenEngine {
 }
 
 impl Sender {
-    /// The selector's pick for a request of prompt `tokens` among the routable instances
-    /// not in `avoid` (all routable ones when none is left); a pinned sender's instance
-    /// whatever they are.
-    fn pick(&self, tokens: &[u32], avoid: &[u64]) -> Result<Pick, SendError> {
-        let mut candidates = Vec::new();
-        if !self.pinned {
-            // Instances found dead (ping timeout, refused, not taking requests) are left
-            // out until they answer again.
-            let live: Vec<u64> = self.client.routable_instance_ids();
-            candidates = live.iter().copied().filter(|id| !avoid.contains(id)).collect();
-            if candidates.is_empty() {
-                candidates = live;
+    fn new(client: Client, selector: Arc<dyn Selector>, kv: Option<Arc<KvRouter>>, pinned: bool, held_gauge: Option<IntGauge>) -> Self {
+        Sender { client, selector, kv, pinned, holding: AtomicUsize::new(0), held_gauge, line: tokio::sync::Mutex::new(()) }
+    }
+
+    /// The routable instances not in `avoid` (all routable ones when none is left).
+    fn candidates(&self, avoid: &[u64]) -> Result<Vec<u64>, SendError> {
+        // Instances found dead (ping timeout, refused, not taking requests) are left
+        // out until they answer again.
+        let live: Vec<u64> = self.client.routable_instance_ids();
+        let mut candidates: Vec<u64> = live.iter().copied().filter(|id| !avoid.contains(id)).collect();
+        if candidates.is_empty() {
+            candidates = live;
+        }
+        if candidates.is_empty() {
+            let message = match self.client.instance_ids().len() {
+                0 => format!("no instances of {} are registered", self.client.endpoint()),
+                n => format!("all {n} registered instances of {} are unreachable or not answering", self.client.endpoint()),
+            };
+            return Err(SendError::Failed(EngineError::Unavailable(message)));
+        }
+        Ok(candidates)
+    }
+
+    /// The request's TTFT target against the selector's estimate among `candidates`.
+    fn admit(&self, tokens: &[u32], candidates: &[u64]) -> Result<(), SendError> {
+        crate::admission::check_ttft_target(|| self.selector.ttft_estimate(tokens, candidates)).map_err(SendError::Failed)
+    }
+
+    /// The selector's pick for a request of prompt `tokens` among `candidates` (a
+    /// pinned sender's instance whatever they are); `admit`: check the request's TTFT
+    /// target first (a request's first pick is its last admission check; an admitted
+    /// request's resends, or a held request's later looks, are not refused).
+    fn try_pick(&self, tokens: &[u32], avoid: &[u64], admit: bool) -> Result<Picked, SendError> {
+        let candidates = if self.pinned { Vec::new() } else { self.candidates(avoid)? };
+        if admit && avoid.is_empty() {
+            self.admit(tokens, &candidates)?;
+        }
+        match self.selector.select(tokens, &candidates) {
+            Ok(pick) => Ok(Picked::Pick(pick)),
+            Err(SelectError::AllBusy(message)) => Ok(Picked::Busy(message)),
+            Err(e) => Err(SendError::Failed(EngineError::Unavailable(e.to_string()))),
+        }
+    }
+
+    /// The instance for a request of prompt `tokens`, not one of `avoid` while another
+    /// is routable. When every worker is over the KV router's busy threshold the request
+    /// is refused (503), or, with the router's `busy_wait`, held: first come, first
+    /// served (a newcomer queues behind the requests already held), until a worker is
+    /// under the threshold again or a new one joins, the bound passes (503) or the
+    /// request is stopped.
+    async fn pick(&self, tokens: &[u32], avoid: &[u64], ctx: &RequestContext) -> Result<Pick, SendError> {
+        let bound = self.kv.as_ref().and_then(|kv| kv.config().scheduler.busy_wait);
+        let busy = if bound.is_none() || self.holding.load(Ordering::Acquire) == 0 {
+            match self.try_pick(tokens, avoid, true)? {
+                Picked::Pick(pick) => return Ok(pick),
+                Picked::Busy(message) => message,
             }
-            if candidates.is_empty() {
-                let message = match self.client.instance_ids().len() {
-                    0 => format!("no instances of {} are registered", self.client.endpoint()),
-                    n => format!("all {n} registered instances of {} are unreachable or not answering", self.client.endpoint()),
-                };
-                return Err(SendError::Failed(EngineError::Unavailable(message)));
+        } else {
+            // Others are held: this request's turn comes after theirs, admitted first.
+            let candidates = self.candidates(avoid)?;
+            if avoid.is_empty() {
+                self.admit(tokens, &candidates)?;
+            }
+            String::new()
+        };
+        match bound {
+            None => Err(SendError::Failed(EngineError::Unavailable(busy))),
+            Some(bound) => self.hold(bound, tokens, avoid, ctx).await,
+        }
+    }
+
+    /// Hold a request while every worker is busy, up to `bound` (see [`Self::pick`]).
+    async fn hold(&self, bound: Duration, tokens: &[u32], avoid: &[u64], ctx: &RequestContext) -> Result<Pick, SendError> {
+        let _held = Held::new(&self.holding, self.held_gauge.as_ref());
+        let deadline = tokio::time::Instant::now() + bound;
+        let refused = |why: &str| {
+            SendError::Failed(EngineError::Unavailable(format!(
+                "{why}; the request waited {bound:?} at the frontend for one to fall under the busy threshold"
+            )))
+        };
+        let stopped =
+            || SendError::Failed(EngineError::Unavailable("the request was stopped while every worker was busy".into()));
+        let _turn = tokio::select! {
+            turn = tokio::time::timeout_at(deadline, self.line.lock()) => match turn {
+                Ok(turn) => turn,
+                Err(_) => return Err(refused("every worker is busy")),
+            },
+            _ = ctx.stopped() => return Err(stopped()),
+        };
+        loop {
+            match self.try_pick(tokens, avoid, false)? {
+                Picked::Pick(pick) => return Ok(pick),
+                Picked::Busy(why) if tokio::time::Instant::now() >= deadline => return Err(refused(&why)),
+                Picked::Busy(_) => {}
+            }
+            tokio::select! {
+                _ = tokio::time::sleep_until((tokio::time::Instant::now() + HOLD_POLL).min(deadline)) => {}
+                _ = ctx.stopped() => return Err(stopped()),
             }
         }
-        if avoid.is_empty() {
-            // A request's first pick is its last admission check: its TTFT target against
-            // the selector's estimate (an admitted request's resends are not refused).
-            crate::admission::check_ttft_target(|| self.selector.ttft_estimate(tokens, &candidates))
-                .map_err(SendError::Failed)?;
-        }
-        self.selector.select(tokens, &candidates).map_err(|e| SendError::Failed(EngineError::Unavailable(e.to_string())))
     }
 
     /// Send one attempt of `request` direct to the instance of `pick`, its items decoded
@@ -311,7 +436,7 @@ impl Resender<PreprocessedRequest> for Arc<Sender> {
         ctx: &RequestContext,
         avoid: &[u64],
     ) -> Result<Attempt<LLMEngineOutput>, SendError> {
-        let pick = self.pick(&request.token_ids, avoid)?;
+        let pick = self.pick(&request.token_ids, avoid, ctx).await?;
         if self.kv.is_some() {
             request.estimated_prefix_hit_num_blocks = pick.overlap_blocks.map(|b| u32::try_from(b).unwrap_or(u32::MAX));
         }
@@ -335,7 +460,7 @@ where
         ctx: &RequestContext,
         avoid: &[u64],
     ) -> Result<Attempt<StreamItem<T>>, SendError> {
-        let pick = self.pick(&[], avoid)?;
+        let pick = self.pick(&[], avoid, ctx).await?;
         self.send_direct(pick, &request.body, ctx, openai_worker_items::<T>).await
     }
 
