@@ -227,36 +227,48 @@ async def test_a_new_frontend_starts_from_a_peers_snapshot(
     assert len(computed_twice(holders)) <= 2, holders
 
 
-async def test_busy_threshold_answers_503_while_every_worker_is_full(
-    workers: WorkerPool, namespace: str, model_dir: Path, tmp_path: Path
-) -> None:
-    # One slow worker (~0.1 s a token) with 128 blocks of 4 tokens; busy from 30% in use.
+async def slow_worker_behind(
+    workers: WorkerPool, namespace: str, model_dir: Path, tmp_path: Path, *frontend_args: str
+) -> Any:
+    """One slow mocker worker (~0.1 s a token) with 128 blocks of 4 tokens, behind a KV
+    frontend that finds it busy from 30 % in use (and takes `frontend_args`)."""
     slow = write_json(tmp_path / "slow.json", {"speedup_ratio": 0.05, "num_gpu_blocks": 128})
     start_mocker(
         workers, f"{namespace}.mocker.generate", model_dir, "--extra-engine-args", str(slow),
         "--kv-cache-block-size", str(BLOCK),
     )
-    frontend = await start_frontend(workers, "dyn", "--router-mode", "kv", "--busy-threshold", "0.3")
+    frontend = await start_frontend(workers, "dyn", "--router-mode", "kv", "--busy-threshold", "0.3", *frontend_args)
     await frontend.wait_models([model_dir.name])
+    return frontend
+
+
+async def keep_busy(frontend: Any, model: str) -> socket.socket:
+    """A streaming request of ~41 blocks (growing by one every 4 tokens), which holds the
+    slow worker over the threshold for ~10 s; closing the socket ends it."""
+    big = chat_body(model, prefix_prompt(0, 0) + " " + prefix_prompt(1, 0), max_tokens=100, stream=True)
+    body = json.dumps(big).encode()
+    sock = socket.create_connection(("127.0.0.1", frontend.port), timeout=HTTP_TIMEOUT)
+    sock.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode() + body
+    )
+    head = await asyncio.to_thread(sock.recv, 65536)
+    assert head.startswith(b"HTTP/1.1 200"), head[:200]
+    return sock
+
+
+async def test_busy_threshold_answers_503_while_every_worker_is_full(
+    workers: WorkerPool, namespace: str, model_dir: Path, tmp_path: Path
+) -> None:
+    frontend = await slow_worker_behind(workers, namespace, model_dir, tmp_path)
     small = chat_body(model_dir.name, "w5 w6", max_tokens=1)
 
     async def answered(status: int) -> Any:
         response = await asyncio.to_thread(frontend.post, "/v1/chat/completions", small)
         return response if response.status == status else None
 
-    # A request of ~41 blocks (growing by one every 4 tokens) holds the worker over the
-    # threshold for ~10 s.
-    big = chat_body(model_dir.name, prefix_prompt(0, 0) + " " + prefix_prompt(1, 0), max_tokens=100, stream=True)
-    body = json.dumps(big).encode()
-    sock = socket.create_connection(("127.0.0.1", frontend.port), timeout=HTTP_TIMEOUT)
+    sock = await keep_busy(frontend, model_dir.name)
     try:
-        sock.sendall(
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
-            + f"Content-Length: {len(body)}\r\n\r\n".encode() + body
-        )
-        head = await asyncio.to_thread(sock.recv, 65536)
-        assert head.startswith(b"HTTP/1.1 200"), head[:200]
-
         # Once the router knows the worker's size (its first metrics), requests are refused.
         response = await wait_until(lambda: answered(503), 15, "a small request refused as busy", interval=0.2)
         assert response.headers.get("retry-after") == "1", response.headers
@@ -284,43 +296,27 @@ async def test_busy_wait_holds_requests_until_a_worker_frees_and_refuses_past_it
     workers: WorkerPool, namespace: str, model_dir: Path, tmp_path: Path
 ) -> None:
     # The worker of the 503 test above, with a frontend that holds requests up to 3 s.
-    slow = write_json(tmp_path / "slow.json", {"speedup_ratio": 0.05, "num_gpu_blocks": 128})
-    start_mocker(
-        workers, f"{namespace}.mocker.generate", model_dir, "--extra-engine-args", str(slow),
-        "--kv-cache-block-size", str(BLOCK),
-    )
-    frontend = await start_frontend(
-        workers, "dyn", "--router-mode", "kv", "--busy-threshold", "0.3", "--busy-wait-s", "3"
-    )
+    frontend = await slow_worker_behind(workers, namespace, model_dir, tmp_path, "--busy-wait-s", "3")
     model = model_dir.name
-    await frontend.wait_models([model])
     small = chat_body(model, "w5 w6", max_tokens=1)
-    big = chat_body(model, prefix_prompt(0, 0) + " " + prefix_prompt(1, 0), max_tokens=100, stream=True)
-    body = json.dumps(big).encode()
-    sock = socket.create_connection(("127.0.0.1", frontend.port), timeout=HTTP_TIMEOUT)
+
+    async def a_held_request() -> tuple[asyncio.Task[Any], float]:
+        """A small request held at the frontend (those sent before the router knows the
+        worker's size are served at once), and when it was sent."""
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            sent = time.monotonic()
+            task = asyncio.create_task(asyncio.to_thread(frontend.post, "/v1/chat/completions", small))
+            while not task.done() and held_busy(frontend, model) < 1:
+                await asyncio.sleep(0.05)
+            if not task.done():
+                return task, sent
+            assert task.result().status == 200, task.result().body[:300]
+            await asyncio.sleep(0.2)
+        pytest.fail("no request was held while the big one kept the worker busy")
+
+    sock = await keep_busy(frontend, model)
     try:
-        sock.sendall(
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
-            + f"Content-Length: {len(body)}\r\n\r\n".encode() + body
-        )
-        head = await asyncio.to_thread(sock.recv, 65536)
-        assert head.startswith(b"HTTP/1.1 200"), head[:200]
-
-        async def a_held_request() -> tuple[asyncio.Task[Any], float]:
-            """A small request held at the frontend (those sent before the router knows
-            the worker's size are served at once), and when it was sent."""
-            deadline = time.monotonic() + 15
-            while time.monotonic() < deadline:
-                sent = time.monotonic()
-                task = asyncio.create_task(asyncio.to_thread(frontend.post, "/v1/chat/completions", small))
-                while not task.done() and held_busy(frontend, model) < 1:
-                    await asyncio.sleep(0.05)
-                if not task.done():
-                    return task, sent
-                assert task.result().status == 200, task.result().body[:300]
-                await asyncio.sleep(0.2)
-            pytest.fail("no request was held while the big one kept the worker busy")
-
         # Past the bound, a held request is refused: 503, Retry-After, the wait named.
         task, sent = await a_held_request()
         refused = await bounded(task, 10, "the held request refused at its bound")

@@ -118,8 +118,9 @@ def dynamo_run_argv(args: argparse.Namespace) -> list[str]:
         argv.append("--keep-models")
     if args.zero_wait_s is not None:
         argv += ["--zero-wait-s", str(args.zero_wait_s)]
-    for flag in ("kv_overlap_weight", "router_temperature", "busy_threshold", "busy_wait_s", "stream_grace_s", "stream_retention_s",
-                 "stream_buffer_bytes", *ADMISSION_FLAGS, "responses_store", "responses_ttl_s", "responses_max"):
+    for flag in ("kv_overlap_weight", "router_temperature", "busy_threshold", "busy_wait_s", "stream_grace_s",
+                 "stream_retention_s", "stream_buffer_bytes", *ADMISSION_FLAGS, "responses_store", "responses_ttl_s",
+                 "responses_max"):
         if getattr(args, flag) is not None:
             argv += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     for flag in ("kv_events", "router_replica_sync"):

@@ -45,8 +45,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         "(scaled to hold them all; lengths, blocks and order kept)")
     parser.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated rows (default: all)")
     parser.add_argument("--busy-threshold", type=float,
-                        help="the router's busy threshold (0-1]: arrivals wait at the frontend while every ready "
-                        "replica's KV demand is at or over it (default: none, they queue on a replica)")
+                        help="the router's busy threshold (0-1], with the frontend's busy wait: arrivals wait at "
+                        "the frontend, without a bound, while every ready replica's KV demand is at or over it "
+                        "(default: none, they queue on a replica)")
     parser.add_argument("--max-local-prefill-length", type=int,
                         help="disaggregated roles: a decode replica prefills remotely only a prompt whose uncached "
                         "part is longer than this (tokens; default: the decode worker's, 1000)")
