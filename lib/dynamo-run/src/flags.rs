@@ -160,7 +160,8 @@ pub struct Flags {
     pub no_router_replica_sync: bool,
 
     /// `--router-mode kv`: fraction (0–1] of a worker's KV blocks in use at which it is
-    /// busy; when every worker is, requests are answered 503 with Retry-After.
+    /// busy; when every worker is, requests are answered 503 with Retry-After (at once,
+    /// or after `--busy-wait-s`).
     #[arg(long, value_name = "FRACTION")]
     pub busy_threshold: Option<f64>,
 

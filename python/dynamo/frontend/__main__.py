@@ -78,7 +78,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     kv.add_argument("--kv-events", action=argparse.BooleanOptionalAction, default=None,
                     help="follow the workers' KV events (default), or predict from routing decisions only")
     kv.add_argument("--busy-threshold", type=float,
-                    help="KV usage fraction at which a worker is busy (503 when all are)")
+                    help="KV usage fraction at which a worker is busy (503 when all are, or a wait: --busy-wait-s)")
     kv.add_argument("--busy-wait-s", type=float,
                     help="with --busy-threshold: seconds a request waits for a worker to free when all are busy, "
                     "first come first served, before the 503 (default: refused at once)")
