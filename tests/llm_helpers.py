@@ -11,6 +11,7 @@ import asyncio
 import http.client
 import json
 import os
+import re
 import signal
 import sys
 import urllib.error
@@ -107,6 +108,13 @@ class Frontend:
 
     def post(self, path: str, obj: Any, timeout: float = HTTP_TIMEOUT) -> Response:
         return post_json(self.port, path, obj, timeout)
+
+    def held_busy(self, model: str) -> float:
+        """Its `dynamo_frontend_requests_waiting_for_capacity` gauge for `model`: requests
+        held now while every worker is busy (`--busy-wait-s`)."""
+        pattern = rf'^dynamo_frontend_requests_waiting_for_capacity{{model="{re.escape(model)}"}} (\S+)$'
+        found = re.search(pattern, self.get("/metrics").body.decode(), re.MULTILINE)
+        return float(found.group(1)) if found else 0.0
 
     def models(self) -> list[str]:
         """The ids `/v1/models` lists now."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import signal
 import socket
 import subprocess
@@ -284,14 +283,6 @@ async def test_busy_threshold_answers_503_while_every_worker_is_full(
     await wait_until(lambda: answered(200), 15, "a small request served once the big one left", interval=0.2)
 
 
-def held_busy(frontend: Any, model: str) -> float:
-    """The frontend's `dynamo_frontend_requests_waiting_for_capacity` gauge for `model`."""
-    text = frontend.get("/metrics").body.decode()
-    pattern = rf'^dynamo_frontend_requests_waiting_for_capacity{{model="{re.escape(model)}"}} (\S+)$'
-    found = re.search(pattern, text, re.MULTILINE)
-    return float(found.group(1)) if found else 0.0
-
-
 async def test_busy_wait_holds_requests_until_a_worker_frees_and_refuses_past_its_bound(
     workers: WorkerPool, namespace: str, model_dir: Path, tmp_path: Path
 ) -> None:
@@ -307,7 +298,7 @@ async def test_busy_wait_holds_requests_until_a_worker_frees_and_refuses_past_it
         while time.monotonic() < deadline:
             sent = time.monotonic()
             task = asyncio.create_task(asyncio.to_thread(frontend.post, "/v1/chat/completions", small))
-            while not task.done() and held_busy(frontend, model) < 1:
+            while not task.done() and frontend.held_busy(model) < 1:
                 await asyncio.sleep(0.05)
             if not task.done():
                 return task, sent
@@ -327,7 +318,7 @@ async def test_busy_wait_holds_requests_until_a_worker_frees_and_refuses_past_it
         assert error["type"] == "service_unavailable" and "busy" in error["message"], error
         assert "waited 3s" in error["message"], error
         assert waited >= 2.9, f"refused after {waited:.1f} s, before its bound"
-        assert held_busy(frontend, model) == 0
+        assert frontend.held_busy(model) == 0
 
         # Held again, then the worker frees (the big request's client goes away): served.
         task, sent = await a_held_request()
@@ -336,7 +327,7 @@ async def test_busy_wait_holds_requests_until_a_worker_frees_and_refuses_past_it
     served = await bounded(task, 10, "the held request served once the worker freed")
     assert served.status == 200, served.body[:300]
     assert time.monotonic() - sent < 3.0, "served within its bound"
-    assert held_busy(frontend, model) == 0
+    assert frontend.held_busy(model) == 0
 
 
 async def test_python_kv_router_and_router_component_follow_the_workers(

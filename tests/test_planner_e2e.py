@@ -1,7 +1,10 @@
 """The planner in real processes (both backends): an HTTP frontend, the planner with
 its local connector, and the mocker workers it starts. A load step makes the fleet grow;
 a lighter load lets it shrink back to one replica while requests still flow (each
-removal drains), and the planner's SIGTERM drains the rest. No request may fail."""
+removal drains), and the planner's SIGTERM drains the rest. No request may fail. Behind a
+frontend that holds requests while every worker is busy (`--busy-wait-s`), the same
+step is held at the frontend, not in the engines, and the fleet grows for it without a
+request refused."""
 
 from __future__ import annotations
 
@@ -17,6 +20,9 @@ from llm_helpers import MOCKER, Planner, launch_frontend, write_json
 #: Two sequences at a time and 20 ms steps: a 24-token request holds a slot ~0.5 s, so
 #: eight clients queue on one worker (TTFT well over 500 ms) and not on four.
 MOCKER_SETTINGS = {"max_num_seqs": 2, "decode_base_ms": 20.0}
+#: The same engine with 16 KV blocks of 16 tokens: the load's requests take 4 to 5 blocks
+#: each, so two running put a worker over a busy threshold of 0.5.
+BUSY_MOCKER_SETTINGS = {**MOCKER_SETTINGS, "num_gpu_blocks": 16}
 SCALE_BOUND = 60.0
 
 
@@ -85,3 +91,39 @@ async def test_scales_up_under_a_load_step_and_back_down_losing_nothing(
     # SIGTERM: the planner drains its workers and exits 0.
     await planner.stop()
     await frontend.wait_status("/health", 503, timeout=30)
+
+
+@pytest.mark.timeout(150)
+async def test_a_step_held_at_a_busy_frontend_grows_the_fleet_and_no_request_is_refused(
+    backend: Any, workers: Any, namespace: str, model_dir: Path, tmp_path: Path
+) -> None:
+    endpoint = f"{namespace}.mocker.generate"
+    settings = write_json(tmp_path / "mocker.json", BUSY_MOCKER_SETTINGS)
+    frontend = launch_frontend(
+        workers, "dyn", "--http-host", "127.0.0.1", "--router-mode", "kv", "--busy-threshold", "0.5",
+        "--busy-wait-s", "20",
+    )
+    config = planner_yaml(tmp_path / "planner.yaml", model_dir.name, frontend.port, endpoint, settings, model_dir)
+    planner = Planner(workers, config)
+    fleet, describe = planner.fleet, planner.describe
+    await frontend.wait_live()
+    await frontend.wait_models([model_dir.name], timeout=SCALE_BOUND)
+    await wait_until(lambda: fleet().get("ready") == 1, SCALE_BOUND, describe, ignore=(OSError,))
+
+    heavy = Load(frontend.port, model_dir.name, clients=8)
+    heavy.start()
+    # One worker takes about two requests before it is busy: others wait at the frontend.
+    await wait_until(
+        lambda: frontend.held_busy(model_dir.name) >= 2, 15, "requests held at the busy frontend", interval=0.1,
+        ignore=(OSError,),
+    )
+    await wait_until(lambda: fleet().get("ready", 0) >= 3, SCALE_BOUND, describe, interval=0.2, ignore=(OSError,))
+    # Requests keep flowing on the grown fleet, the held ones among them.
+    grown = len(heavy.outcomes)
+    await wait_until(lambda: len(heavy.outcomes) >= grown + 16, 30, "requests served on the grown fleet")
+    await heavy.stop()
+
+    bad = [o for o in heavy.outcomes if o.kind != "ok"]
+    assert not bad, f"{len(bad)} of {len(heavy.outcomes)} requests failed: {[o.detail for o in bad[:5]]}"
+    assert frontend.held_busy(model_dir.name) == 0
+    await planner.stop()
