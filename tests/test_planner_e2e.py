@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from faults.load import Load
 from helpers import wait_until
-from llm_helpers import MOCKER, Planner, launch_frontend, write_json
+from llm_helpers import MOCKER, Frontend, Planner, launch_frontend, write_json
 
 #: Two sequences at a time and 20 ms steps: a 24-token request holds a slot ~0.5 s, so
 #: eight clients queue on one worker (TTFT well over 500 ms) and not on four.
@@ -41,22 +41,29 @@ def planner_yaml(path: Path, model: str, frontend_port: int, endpoint: str, sett
     return path
 
 
+async def one_planned_worker(
+    workers: Any, namespace: str, model_dir: Path, tmp_path: Path, mocker: dict[str, Any], *frontend_args: str
+) -> tuple[Frontend, Planner]:
+    """A frontend (with `frontend_args`) and the planner, once the planner has started its
+    minimum of one mocker worker (with `mocker` settings) by itself."""
+    endpoint = f"{namespace}.mocker.generate"
+    settings = write_json(tmp_path / "mocker.json", mocker)
+    frontend = launch_frontend(workers, "dyn", "--http-host", "127.0.0.1", *frontend_args)
+    config = planner_yaml(tmp_path / "planner.yaml", model_dir.name, frontend.port, endpoint, settings, model_dir)
+    planner = Planner(workers, config)
+    await frontend.wait_live()
+    await frontend.wait_models([model_dir.name], timeout=SCALE_BOUND)
+    await wait_until(lambda: planner.fleet().get("ready") == 1, SCALE_BOUND, planner.describe, ignore=(OSError,))
+    return frontend, planner
+
+
 @pytest.mark.timeout(150)
 async def test_scales_up_under_a_load_step_and_back_down_losing_nothing(
     backend: Any, workers: Any, namespace: str, model_dir: Path, tmp_path: Path
 ) -> None:
-    endpoint = f"{namespace}.mocker.generate"
-    settings = write_json(tmp_path / "mocker.json", MOCKER_SETTINGS)
-    frontend = launch_frontend(workers, "dyn", "--http-host", "127.0.0.1")
+    frontend, planner = await one_planned_worker(workers, namespace, model_dir, tmp_path, MOCKER_SETTINGS)
     port = frontend.port
-    config = planner_yaml(tmp_path / "planner.yaml", model_dir.name, port, endpoint, settings, model_dir)
-    planner = Planner(workers, config)
     fleet, describe = planner.fleet, planner.describe
-
-    await frontend.wait_live()
-    # The planner starts the minimum (one worker) by itself.
-    await frontend.wait_models([model_dir.name], timeout=SCALE_BOUND)
-    await wait_until(lambda: fleet().get("ready") == 1, SCALE_BOUND, describe, ignore=(OSError,))
 
     heavy = Load(port, model_dir.name, clients=8)
     heavy.start()
@@ -97,18 +104,11 @@ async def test_scales_up_under_a_load_step_and_back_down_losing_nothing(
 async def test_a_step_held_at_a_busy_frontend_grows_the_fleet_and_no_request_is_refused(
     backend: Any, workers: Any, namespace: str, model_dir: Path, tmp_path: Path
 ) -> None:
-    endpoint = f"{namespace}.mocker.generate"
-    settings = write_json(tmp_path / "mocker.json", BUSY_MOCKER_SETTINGS)
-    frontend = launch_frontend(
-        workers, "dyn", "--http-host", "127.0.0.1", "--router-mode", "kv", "--busy-threshold", "0.5",
-        "--busy-wait-s", "20",
+    frontend, planner = await one_planned_worker(
+        workers, namespace, model_dir, tmp_path, BUSY_MOCKER_SETTINGS,
+        "--router-mode", "kv", "--busy-threshold", "0.5", "--busy-wait-s", "20",
     )
-    config = planner_yaml(tmp_path / "planner.yaml", model_dir.name, frontend.port, endpoint, settings, model_dir)
-    planner = Planner(workers, config)
     fleet, describe = planner.fleet, planner.describe
-    await frontend.wait_live()
-    await frontend.wait_models([model_dir.name], timeout=SCALE_BOUND)
-    await wait_until(lambda: fleet().get("ready") == 1, SCALE_BOUND, describe, ignore=(OSError,))
 
     heavy = Load(frontend.port, model_dir.name, clients=8)
     heavy.start()
