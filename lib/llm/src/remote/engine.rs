@@ -308,11 +308,15 @@ impl Sender {
     /// under the threshold again or a new one joins, the bound passes (503) or the
     /// request is stopped.
     async fn pick(&self, tokens: &[u32], avoid: &[u64], ctx: &RequestContext) -> Result<Pick, SendError> {
-        let bound = self.kv.as_ref().and_then(|kv| kv.config().scheduler.busy_wait);
-        let busy = if bound.is_none() || self.holding.load(Ordering::Acquire) == 0 {
-            match self.try_pick(tokens, avoid, true)? {
-                Picked::Pick(pick) => return Ok(pick),
-                Picked::Busy(message) => message,
+        let Some(bound) = self.kv.as_ref().and_then(|kv| kv.config().scheduler.busy_wait) else {
+            return match self.try_pick(tokens, avoid, true)? {
+                Picked::Pick(pick) => Ok(pick),
+                Picked::Busy(why) => Err(SendError::Failed(EngineError::Unavailable(why))),
+            };
+        };
+        if self.holding.load(Ordering::Acquire) == 0 {
+            if let Picked::Pick(pick) = self.try_pick(tokens, avoid, true)? {
+                return Ok(pick);
             }
         } else {
             // Others are held: this request's turn comes after theirs, admitted first.
@@ -320,12 +324,8 @@ impl Sender {
             if avoid.is_empty() {
                 self.admit(tokens, &candidates)?;
             }
-            String::new()
-        };
-        match bound {
-            None => Err(SendError::Failed(EngineError::Unavailable(busy))),
-            Some(bound) => self.hold(bound, tokens, avoid, ctx).await,
         }
+        self.hold(bound, tokens, avoid, ctx).await
     }
 
     /// Hold a request while every worker is busy, up to `bound` (see [`Self::pick`]).
