@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 use prometheus::core::Collector;
-use prometheus::{IntCounterVec, IntGaugeVec, Opts};
+use prometheus::{IntCounterVec, IntGauge, IntGaugeVec, Opts};
 
 use crate::engine::{EngineError, OpenAIEngine};
 
@@ -109,6 +109,23 @@ impl Default for WaitMetrics {
         )
         .expect("a valid metric definition");
         WaitMetrics { arrivals, waiting, held_busy }
+    }
+}
+
+/// One request counted in a gauge of [`WaitMetrics`] while it lives (also when its future
+/// is dropped).
+pub(crate) struct Waiting(IntGauge);
+
+impl Waiting {
+    pub(crate) fn new(gauge: IntGauge) -> Self {
+        gauge.inc();
+        Waiting(gauge)
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }
 

@@ -21,10 +21,10 @@ use dynamo_runtime::discovery::Discovery;
 
 use crate::discovery::ModelEntry;
 use crate::engine::{ChatStream, CompletionStream, EngineError, OpenAIEngine, RequestContext};
-use crate::model_manager::{EngineKind, ModelManager, WaitMetrics};
+use crate::model_manager::{EngineKind, ModelManager, WaitMetrics, Waiting};
 use crate::protocols::openai::{ChatCompletionRequest, CompletionRequest};
 
-use super::scale_to_zero::{NoWorkerError, Waiting};
+use super::scale_to_zero::NoWorkerError;
 
 /// Where kept models are recorded in discovery.
 pub const KEPT_MODELS_PREFIX: &str = "v1/kept-models/";

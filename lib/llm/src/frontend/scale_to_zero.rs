@@ -9,12 +9,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use prometheus::IntGauge;
 
 use dynamo_runtime::Client;
 
 use crate::engine::{ChatStream, CompletionStream, EngineError, OpenAIEngine, RequestContext};
-use crate::model_manager::WaitMetrics;
+use crate::model_manager::{WaitMetrics, Waiting};
 use crate::protocols::openai::{ChatCompletionRequest, CompletionRequest};
 
 /// Default bound on a request's wait for a worker of a model at zero workers.
@@ -66,22 +65,6 @@ impl ZeroWaitEngine {
             found = self.client.wait_for_instances(Some(self.wait)) => found.map(|_| ()).map_err(|_| refused().into()),
             _ = ctx.stopped() => Err(EngineError::Unavailable(format!("the request for model '{}' was stopped while it waited for a worker", self.model))),
         }
-    }
-}
-
-/// One request counted in the waiting gauge while it lives (also when its future is dropped).
-pub(super) struct Waiting(IntGauge);
-
-impl Waiting {
-    pub(super) fn new(gauge: IntGauge) -> Self {
-        gauge.inc();
-        Waiting(gauge)
-    }
-}
-
-impl Drop for Waiting {
-    fn drop(&mut self) {
-        self.0.dec();
     }
 }
 

@@ -29,6 +29,7 @@ use crate::engine::{
     TokenStream,
 };
 use crate::kv_router::KvRouter;
+use crate::model_manager::Waiting;
 use crate::protocols::common::{LLMEngineOutput, PreprocessedRequest};
 use crate::protocols::openai::{ChatCompletionChunk, ChatCompletionRequest, CompletionRequest, CompletionResponse, FinishingChunk};
 use crate::routing::{self, Direct, KvSelector, Outcome, Pick, RouterMode, SelectError, Selector, TrackedStream};
@@ -181,28 +182,22 @@ enum Picked {
     Busy(String),
 }
 
-/// One request counted as held while it lives.
+/// One request counted as held while it lives (and in the held gauge, when there is one).
 struct Held<'a> {
     count: &'a AtomicUsize,
-    gauge: Option<&'a IntGauge>,
+    _shown: Option<Waiting>,
 }
 
 impl<'a> Held<'a> {
-    fn new(count: &'a AtomicUsize, gauge: Option<&'a IntGauge>) -> Self {
+    fn new(count: &'a AtomicUsize, gauge: Option<&IntGauge>) -> Self {
         count.fetch_add(1, Ordering::AcqRel);
-        if let Some(g) = gauge {
-            g.inc();
-        }
-        Held { count, gauge }
+        Held { count, _shown: gauge.map(|g| Waiting::new(g.clone())) }
     }
 }
 
 impl Drop for Held<'_> {
     fn drop(&mut self) {
         self.count.fetch_sub(1, Ordering::AcqRel);
-        if let Some(g) = self.gauge {
-            g.dec();
-        }
     }
 }
 
