@@ -8,6 +8,7 @@ conversation trace (kvcache-ai/Mooncake, Apache-2.0; /work/shared/traces/README.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 from pathlib import Path
@@ -30,6 +31,8 @@ from dynamo.planner.lab import (
     parse_args,
     profile_for,
     ramp,
+    replay,
+    row,
     settings_from,
     simulated_fleet,
     warp,
@@ -204,6 +207,30 @@ def test_the_busy_threshold_is_checked_and_reaches_the_fleet(tmp_path: Path, cap
     assert waited["requests"] == queued["requests"] and waited["failed_at_scale_down"] == waited["rejected"] == 0
     # Held at the frontend, the backlog's requests wait there instead of in one engine.
     assert waited["ttft_p90_ms"] != queued["ttft_p90_ms"], (queued, waited)
+
+
+def test_the_busy_wait_is_checked_and_refuses_what_it_held_too_long(tmp_path: Path, capsys) -> None:
+    # The bound itself is tested in lib/llm/src/planner_lab.rs; here, that the flag is
+    # checked, and that a run behind a bounded hold counts what it refused.
+    for argv, error in (
+        (["step", "--busy-wait-s", "5"], "--busy-wait-s needs --busy-threshold"),
+        (["step", "--busy-threshold", "0.5", "--busy-wait-s", "0"], "must be > 0"),
+    ):
+        with pytest.raises(SystemExit):
+            main(argv)
+        assert error in capsys.readouterr().err
+    steps = ((20.0, 2.0, 2.0), (40.0, 20.0, 20.0))
+    workload = Workload("step", requests=ramp(0, steps), phases=steps)
+    lab = settings(tmp_path)
+    held = Settings(config=lab.config, startup_s=10.0, warmup_s=5.0, cache_dir=tmp_path, busy_threshold=0.05)
+    bounded = dataclasses.replace(held, busy_wait_s=0.5)
+    # One replica throughout: the step's 20 req/s hold requests at the frontend.
+    unbounded = row(replay(workload, held, 1, None, "one"), held)
+    refusing = row(replay(workload, bounded, 1, None, "one"), bounded)
+    assert unbounded["rejected"] == 0
+    # Every request counts: those refused past the wait are outside the targets.
+    assert refusing["requests"] == unbounded["requests"] and refusing["rejected"] > 0, refusing
+    assert refusing["sla_attainment"] <= 1 - refusing["rejected"] / refusing["requests"]
 
 
 def test_recovery_counts_the_requests_sent_after_the_step_not_a_backlog_served_late(tmp_path: Path) -> None:

@@ -819,6 +819,10 @@ class PlannerLab:
     ``num_gpu_blocks``. ``busy_threshold`` is the router's (a fraction of a replica's KV
     blocks): while every ready replica is at or over it, arrivals wait at the frontend
     for the first that is not; ``None``: each arrival goes to a replica at once.
+    ``busy_wait_s`` bounds that wait as the frontend's ``--busy-wait-s`` does: an arrival
+    still held that many seconds after it arrived, while a replica is ready, is refused
+    (counted in the window's ``rejected``); ``None``: no bound. It needs
+    ``busy_threshold``.
 
     With ``prefill_replicas`` and ``decode_replicas`` (both, and ``replicas`` is then not
     used) the fleet is disaggregated, as the serving path runs: a request goes to a ready
@@ -858,6 +862,7 @@ class PlannerLab:
         seed: int = 0,
         engine_args: str | None = None,
         busy_threshold: float | None = None,
+        busy_wait_s: float | None = None,
         prefill_replicas: int | None = None,
         decode_replicas: int | None = None,
         max_local_prefill_length: int = 1000,

@@ -44,7 +44,7 @@ impl PyPlannerLab {
 #[pymethods]
 impl PyPlannerLab {
     #[new]
-    #[pyo3(signature = (trace_path=None, requests=None, *, replicas=1, trace_block_size=512, time_scale=1.0, startup_s=30.0, warmup_s=10.0, warmup_factor=2.0, seed=0, engine_args=None, busy_threshold=None, prefill_replicas=None, decode_replicas=None, max_local_prefill_length=1000, max_prefill_queue_size=2))]
+    #[pyo3(signature = (trace_path=None, requests=None, *, replicas=1, trace_block_size=512, time_scale=1.0, startup_s=30.0, warmup_s=10.0, warmup_factor=2.0, seed=0, engine_args=None, busy_threshold=None, busy_wait_s=None, prefill_replicas=None, decode_replicas=None, max_local_prefill_length=1000, max_prefill_queue_size=2))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -59,6 +59,7 @@ impl PyPlannerLab {
         seed: u64,
         engine_args: Option<&str>,
         busy_threshold: Option<f64>,
+        busy_wait_s: Option<f64>,
         prefill_replicas: Option<usize>,
         decode_replicas: Option<usize>,
         max_local_prefill_length: usize,
@@ -74,7 +75,7 @@ impl PyPlannerLab {
             }
             _ => return Err(PyValueError::new_err("give both prefill_replicas and decode_replicas, or neither")),
         };
-        let config = PlannerLabConfig { replicas, trace_block_size, engine, time_scale, startup_s, warmup_s, warmup_factor, busy_threshold, disagg };
+        let config = PlannerLabConfig { replicas, trace_block_size, engine, time_scale, startup_s, warmup_s, warmup_factor, busy_threshold, busy_wait_s, disagg };
         let trace = match (trace_path, requests) {
             (Some(path), None) => py.detach(|| read_trace(&path)).map_err(lab_error)?,
             (None, Some(requests)) => requests

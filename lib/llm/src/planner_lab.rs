@@ -21,7 +21,9 @@
 //! observed as it comes), as the frontend times its streams.
 //! With a busy threshold ([`PlannerLabConfig::busy_threshold`]) the frontend also holds
 //! arrivals while every ready replica is busy, so a backlog waits where any replica,
-//! a new one included, can take it, instead of in one replica's engine queue.
+//! a new one included, can take it, instead of in one replica's engine queue; with a
+//! busy wait ([`PlannerLabConfig::busy_wait_s`]) an arrival held that long while a
+//! replica was ready is refused, as the frontend's `--busy-wait-s` refuses it with a 503.
 //!
 //! **Disaggregated** ([`PlannerLabConfig::disagg`]): two pools, [`DisaggRole::Prefill`] and
 //! [`DisaggRole::Decode`], each resized on its own ([`PlannerLab::set_role_replicas`]), as
@@ -126,6 +128,11 @@ pub struct PlannerLabConfig {
     /// (or becomes ready). `None`: every arrival goes to a replica at once and queues there.
     /// With `disagg` it holds arrivals from busy decode replicas the same way.
     pub busy_threshold: Option<f64>,
+    /// With a busy threshold, the frontend's busy wait (`--busy-wait-s`): an arrival still
+    /// held this many seconds after it arrived is refused (counted in
+    /// [`WindowStats::rejected`]) if a replica of the pool is ready then; with none ready
+    /// it waits on for one, as at the fleet's start. `None`: held without a bound.
+    pub busy_wait_s: Option<f64>,
     /// Prefill and decode pools instead of aggregated replicas (the module's docstring).
     pub disagg: Option<DisaggPools>,
 }
@@ -141,6 +148,7 @@ impl Default for PlannerLabConfig {
             warmup_s: 10.0,
             warmup_factor: 2.0,
             busy_threshold: None,
+            busy_wait_s: None,
             disagg: None,
         }
     }
@@ -167,6 +175,14 @@ impl PlannerLabConfig {
         if let Some(t) = self.busy_threshold {
             if !(t > 0.0 && t <= 1.0) {
                 return invalid(format!("the busy threshold must be in (0, 1], got {t}"));
+            }
+        }
+        if let Some(wait) = self.busy_wait_s {
+            if self.busy_threshold.is_none() {
+                return invalid("a busy wait needs a busy threshold".into());
+            }
+            if !(wait.is_finite() && wait > 0.0) {
+                return invalid(format!("the busy wait must be > 0 seconds, got {wait}"));
             }
         }
         if self.disagg.is_some() && self.replicas != 0 {
@@ -286,7 +302,8 @@ pub struct WindowStats {
     pub arrival_input_tokens: u64,
     /// Requests that ended in it, in the order they ended.
     pub finished: Vec<FinishedRequest>,
-    /// Requests refused (a prompt larger than a replica's cache).
+    /// Requests refused: a prompt larger than a replica's cache, or one held at the
+    /// frontend past the busy wait ([`PlannerLabConfig::busy_wait_s`]).
     pub rejected: usize,
     /// Requests that failed on a replica being removed (a drain that lost them).
     pub failed_at_scale_down: usize,
@@ -832,6 +849,34 @@ impl PlannerLab {
         }
     }
 
+    /// When the oldest request held at the frontend is refused (ms): its arrival plus the
+    /// busy wait, not before now, while a replica of the pool that takes arrivals is ready
+    /// (with none ready the frontend waits for one: no bound). `None`: no busy wait, or
+    /// nothing held.
+    fn hold_deadline(&self) -> Option<f64> {
+        let wait_ms = self.config.busy_wait_s? * 1000.0;
+        let entry = self.config.entry();
+        let &index = self.pools[self.pool(entry)?].queue.front()?;
+        self.replicas
+            .iter()
+            .any(|r| r.role == entry && r.state == ReplicaState::Ready)
+            .then(|| (self.arrival_ms[index] + wait_ms).max(self.now_ms))
+    }
+
+    /// Refuse the requests held at the frontend since `busy_wait_s` or longer (the
+    /// frontend's 503 past its busy wait): the queue is in arrival order.
+    fn refuse_held(&mut self, t: f64) {
+        let Some(wait_ms) = self.config.busy_wait_s.map(|s| s * 1000.0) else { return };
+        let Some(p) = self.pool(self.config.entry()) else { return };
+        while let Some(&index) = self.pools[p].queue.front() {
+            if self.arrival_ms[index] + wait_ms > t {
+                break;
+            }
+            self.pools[p].queue.pop_front();
+            self.window.rejected += 1;
+        }
+    }
+
     fn dispatch_queue(&mut self, role: DisaggRole, t: f64) {
         let Some(p) = self.pool(role) else { return };
         while let Some(&index) = self.pools[p].queue.front() {
@@ -1002,9 +1047,11 @@ impl PlannerLab {
                 .min_by(|a, b| a.1.total_cmp(&b.1));
             let transfer = self.transfers.iter().enumerate().map(|(k, tr)| (k, tr.end_ms)).min_by(|a, b| a.1.total_cmp(&b.1));
             let expiry = self.remote_deadline();
+            let refusal = self.hold_deadline();
             // At equal times: a replica becomes ready, then a step ends, then a transfer
-            // lands, then a remote prefill is given up, then a request arrives.
-            let earliest = [ready.map(|r| r.1), step.map(|s| s.1), transfer.map(|x| x.1), expiry, arrival]
+            // lands, then a remote prefill is given up, then a held request is refused,
+            // then a request arrives.
+            let earliest = [ready.map(|r| r.1), step.map(|s| s.1), transfer.map(|x| x.1), expiry, refusal, arrival]
                 .into_iter()
                 .flatten()
                 .fold(f64::INFINITY, f64::min);
@@ -1028,6 +1075,7 @@ impl PlannerLab {
                 }
                 (_, _, Some((k, t))) if t == earliest => self.land(k, t),
                 _ if expiry == Some(earliest) => self.expire_prefill(earliest),
+                _ if refusal == Some(earliest) => self.refuse_held(earliest),
                 _ => {
                     let index = self.order[self.next];
                     self.next += 1;
@@ -1211,6 +1259,38 @@ mod tests {
         assert!(on_new >= 10, "{on_new} of 40 went to the new replica");
         let err = PlannerLab::new(Vec::new(), PlannerLabConfig { busy_threshold: Some(0.0), ..config(1) }).unwrap_err();
         assert!(err.to_string().contains("busy threshold"), "{err}");
+    }
+
+    #[test]
+    fn with_a_busy_wait_a_request_held_past_it_is_refused() {
+        // 40 requests in the first 40 ms on one replica that holds a few at the threshold.
+        let burst: Vec<TraceRequest> = (0..40)
+            .map(|i| TraceRequest { timestamp: f64::from(i), input_length: 2000, output_length: 100, hash_ids: vec![] })
+            .collect();
+        let held = PlannerLabConfig { busy_threshold: Some(0.05), busy_wait_s: Some(1.0), ..config(1) };
+        let mut lab = PlannerLab::new(burst.clone(), held).unwrap();
+        // Nothing is refused before it has waited a second.
+        let before = lab.advance(0.99).unwrap();
+        assert_eq!(before.rejected, 0);
+        assert!(before.frontend_queue > 0, "nothing was held");
+        let windows = run_to_end(&mut lab, 0.5);
+        let refused: usize = windows.iter().map(|w| w.rejected).sum();
+        let done: Vec<FinishedRequest> = std::iter::once(before).chain(windows).flat_map(|w| w.finished).collect();
+        // Every request was either served or refused, and some of each.
+        assert_eq!(done.len() + refused, burst.len());
+        assert!(refused > 0 && !done.is_empty(), "{refused} refused, {} served", done.len());
+        assert!(done.iter().all(|f| f.ttft_ms.is_some()));
+        // Without a bound the same burst is all served.
+        let unbounded = PlannerLabConfig { busy_threshold: Some(0.05), ..config(1) };
+        let mut lab = PlannerLab::new(burst.clone(), unbounded).unwrap();
+        let windows = run_to_end(&mut lab, 0.5);
+        assert_eq!(windows.iter().map(|w| w.rejected).sum::<usize>(), 0);
+        assert_eq!(windows.iter().map(|w| w.finished.len()).sum::<usize>(), burst.len());
+        for (wait, threshold, needs) in [(Some(0.0), Some(0.5), "> 0 seconds"), (Some(1.0), None, "busy threshold")] {
+            let config = PlannerLabConfig { busy_threshold: threshold, busy_wait_s: wait, ..config(1) };
+            let err = PlannerLab::new(Vec::new(), config).unwrap_err();
+            assert!(err.to_string().contains(needs), "{err}");
+        }
     }
 
     #[test]

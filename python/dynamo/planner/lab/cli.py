@@ -46,8 +46,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated rows (default: all)")
     parser.add_argument("--busy-threshold", type=float,
                         help="the router's busy threshold (0-1], with the frontend's busy wait: arrivals wait at "
-                        "the frontend, without a bound, while every ready replica's KV demand is at or over it "
-                        "(default: none, they queue on a replica)")
+                        "the frontend while every ready replica's KV demand is at or over it (default: none, they "
+                        "queue on a replica)")
+    parser.add_argument("--busy-wait-s", type=float,
+                        help="with --busy-threshold, the frontend's --busy-wait-s: an arrival held this many seconds "
+                        "is refused (default: held without a bound)")
     parser.add_argument("--max-local-prefill-length", type=int,
                         help="disaggregated roles: a decode replica prefills remotely only a prompt whose uncached "
                         "part is longer than this (tokens; default: the decode worker's, 1000)")
@@ -66,6 +69,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         parser.error("--time-scale must be > 0")
     if args.busy_threshold is not None and not 0 < args.busy_threshold <= 1:
         parser.error("--busy-threshold must be in (0, 1]")
+    if args.busy_wait_s is not None and (args.busy_threshold is None or not args.busy_wait_s > 0):
+        parser.error("--busy-wait-s needs --busy-threshold and must be > 0")
     if args.limit is not None and args.limit < 1:
         parser.error("--limit must be at least 1")
     if args.max_local_prefill_length is not None and args.max_local_prefill_length < 0:
@@ -96,7 +101,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
     return Settings(
         config=config, startup_s=args.startup_seconds, warmup_s=args.warmup_seconds, seed=args.seed,
         engine_args=args.engine_args.read_text() if args.engine_args else None, cache_dir=cache_dir(),
-        busy_threshold=args.busy_threshold, max_local_prefill_length=args.max_local_prefill_length,
+        busy_threshold=args.busy_threshold, busy_wait_s=args.busy_wait_s,
+        max_local_prefill_length=args.max_local_prefill_length,
     )
 
 

@@ -34,6 +34,7 @@ def simulated_fleet(workload: Workload, replicas: Fleet, settings: Settings) -> 
         trace_block_size=settings.trace_block_size, time_scale=workload.time_scale,
         startup_s=settings.startup_s, warmup_s=settings.warmup_s, warmup_factor=settings.warmup_factor,
         seed=settings.seed, engine_args=settings.engine_args, busy_threshold=settings.busy_threshold,
+        busy_wait_s=settings.busy_wait_s,
     )
 
 

@@ -27,6 +27,9 @@ class Settings:
     #: The router's busy threshold: arrivals wait at the frontend while every ready
     #: replica's KV demand is at or over this fraction (``None``: they queue on a replica).
     busy_threshold: float | None = None
+    #: The frontend's busy wait: an arrival held that many seconds is refused (``None``:
+    #: held without a bound).
+    busy_wait_s: float | None = None
     #: Disaggregated: a decode replica prefills remotely only a prompt whose uncached part
     #: is longer than this (``None``: the decode worker's default, 1000 tokens).
     max_local_prefill_length: int | None = None
