@@ -62,16 +62,19 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as folder, ProcessPoolExecutor(2) as pool:
         history = folder if mine.history else None
         rows = list(pool.map(one, [rest] * len(seeds), seeds, [history] * len(seeds)))
-    print("seed  static-peak (SLA)  planner vs peak  within targets  GPU h  most replicas  reversals  recovery s")
+    print("seed  static-peak (SLA)  planner vs peak  within targets  GPU h  most replicas  reversals  recovery s  "
+          "refused")
     for r in rows:
         print(f"{r['seed']:4d}  {r['peak_replicas']:5d} ({r['peak_sla']:.3f})  {r['vs_static_peak']:14.2f}x  "
               f"{r['sla_attainment']:14.3f}  {r['gpu_hours']:5.3f}  {r['replicas']:13d}  {r['reversals']:9d}  "
-              f"{'-' if r['recovery_s'] is None else format(r['recovery_s'], '.0f'):>10}")
+              f"{'-' if r['recovery_s'] is None else format(r['recovery_s'], '.0f'):>10}  {r['rejected']:7d}")
     ratios = [r["vs_static_peak"] for r in rows]
     slas = [r["sla_attainment"] for r in rows]
     reversals = [r["reversals"] for r in rows]
+    refused = [r["rejected"] / r["requests"] for r in rows]
     print(f"\nmean {statistics.mean(ratios):.3f}x ({min(ratios):.2f}-{max(ratios):.2f}x), within targets lowest "
-          f"{min(slas):.3f} mean {statistics.mean(slas):.3f}, reversals {min(reversals)}-{max(reversals)}")
+          f"{min(slas):.3f} mean {statistics.mean(slas):.3f}, reversals {min(reversals)}-{max(reversals)}, "
+          f"refused at most {max(refused):.2%} of the requests")
     return 0
 
 

@@ -32,12 +32,12 @@ from dynamo.planner.lab import (
     profile_for,
     ramp,
     replay,
-    row,
     settings_from,
     simulated_fleet,
     warp,
     workload_from,
 )
+from dynamo.planner.lab import row as score_row
 from dynamo.planner.predict import trace_rates
 from dynamo.planner.profile import PerformanceModel
 
@@ -225,8 +225,8 @@ def test_the_busy_wait_is_checked_and_refuses_what_it_held_too_long(tmp_path: Pa
     held = Settings(config=lab.config, startup_s=10.0, warmup_s=5.0, cache_dir=tmp_path, busy_threshold=0.05)
     bounded = dataclasses.replace(held, busy_wait_s=0.5)
     # One replica throughout: the step's 20 req/s hold requests at the frontend.
-    unbounded = row(replay(workload, held, 1, None, "one"), held)
-    refusing = row(replay(workload, bounded, 1, None, "one"), bounded)
+    unbounded = score_row(replay(workload, held, 1, None, "one"), held)
+    refusing = score_row(replay(workload, bounded, 1, None, "one"), bounded)
     assert unbounded["rejected"] == 0
     # Every request counts: those refused past the wait are outside the targets.
     assert refusing["requests"] == unbounded["requests"] and refusing["rejected"] > 0, refusing

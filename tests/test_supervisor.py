@@ -258,14 +258,19 @@ def test_a_child_is_killed_only_after_its_own_drain_bound_and_a_margin(monkeypat
     worker ends the streams still running as unavailable, for migration, and exits by
     itself. Before, `dynamo serve` and the planner's local connector killed at 30 s, the
     runtime's default bound itself. An explicit stop timeout still wins."""
+    from dynamo._core import drain_bound_s
     from dynamo.sdk.deploy.lifecycle import grace_period
     from dynamo.supervisor import DEFAULT_SHUTDOWN_TIMEOUT, ChildSpec, Supervisor, stop_bound
 
     monkeypatch.delenv("DYN_SHUTDOWN_TIMEOUT", raising=False)
+    assert drain_bound_s({}) == DEFAULT_SHUTDOWN_TIMEOUT  # the runtime's own default
     assert stop_bound({}) == grace_period(0, DEFAULT_SHUTDOWN_TIMEOUT) == DEFAULT_SHUTDOWN_TIMEOUT + 10
     assert stop_bound({"DYN_SHUTDOWN_TIMEOUT": "120"}) == 130
-    for unusable in ("soon", "0", "-1", "nan"):  # the child refuses it at its start
+    assert stop_bound({"DYN_SHUTDOWN_TIMEOUT": "2.5"}) == 12.5
+    # The child's runtime refuses these at its start (its own rule, the one read here).
+    for unusable in ("soon", "0", "-1", "nan", "inf"):
         assert stop_bound({"DYN_SHUTDOWN_TIMEOUT": unusable}) == DEFAULT_SHUTDOWN_TIMEOUT + 10
+    assert stop_bound({"DYN_SHUTDOWN_TIMEOUT": "120", "DYN_TCP_PORT": "x"}) == DEFAULT_SHUTDOWN_TIMEOUT + 10
     specs = [ChildSpec("a", ["true"], {"DYN_SHUTDOWN_TIMEOUT": "5"}), ChildSpec("b", ["true"])]
     sup = Supervisor(specs, name="sup")
     assert [sup._stop_timeout_of(c) for c in sup.children] == [15, 40]

@@ -57,6 +57,7 @@ __all__ = [
     "WorkerMetricsPublisher",
     "__version__",
     "compute_block_hash_for_seq",
+    "drain_bound_s",
     "parse_reasoning",
     "parse_tool_calls",
     "planner_lab_point",
@@ -446,6 +447,14 @@ class ChunkStream:
 
     def __aiter__(self) -> ChunkStream: ...
     def __anext__(self) -> Awaitable[Any]: ...
+
+def drain_bound_s(env: dict[str, str]) -> float:
+    """The drain bound, in seconds, of a process whose environment is ``env``
+    (``DYN_SHUTDOWN_TIMEOUT``, 30 when unset), read as its runtime reads it.
+
+    Raises:
+        ConfigError: the runtime would refuse ``env`` (any of its variables) at its start.
+    """
 
 def run_dynamo_run(argv: list[str]) -> int:
     """Run the ``dynamo-run`` command line in this process until it ends (an HTTP or

@@ -46,7 +46,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import math
 import os
 import signal
 import socket
@@ -55,13 +54,16 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import overload
 
+from dynamo._core import ConfigError, drain_bound_s
+
 #: The runtime's drain bound when a child's environment sets no ``DYN_SHUTDOWN_TIMEOUT``
-#: (seconds; ``lib/runtime``'s own default).
+#: (whole seconds, for the manifests' grace periods; ``lib/runtime``'s own default, which
+#: ``drain_bound_s({})`` reads: tests/test_supervisor.py holds them equal).
 DEFAULT_SHUTDOWN_TIMEOUT = 30
 #: Slack between a child's drain bound and its SIGKILL (seconds): at its bound a worker
 #: ends the streams still running as unavailable (a frontend's migration continues
@@ -101,17 +103,16 @@ def seconds_from_env(name: str, default: float | None) -> float | None:
     return value
 
 
-def stop_bound(env: Mapping[str, str]) -> float:
+def stop_bound(env: dict[str, str]) -> float:
     """Seconds a child whose environment is ``env`` gets after SIGTERM before SIGKILL,
     unless told otherwise: its drain bound (``DYN_SHUTDOWN_TIMEOUT``, default
     ``DEFAULT_SHUTDOWN_TIMEOUT``) plus ``KILL_MARGIN_SECONDS`` (as the manifests' grace
-    period, ``dynamo.sdk.deploy.lifecycle``). A value the runtime would refuse falls
-    back to the default: the child then fails at its start, not here."""
+    period, ``dynamo.sdk.deploy.lifecycle``), read by the runtime's own rule
+    (``dynamo._core.drain_bound_s``). An environment the runtime would refuse falls back
+    to the default: the child then fails at its start, not here."""
     try:
-        bound = float(env.get("DYN_SHUTDOWN_TIMEOUT", DEFAULT_SHUTDOWN_TIMEOUT))
-    except ValueError:
-        bound = DEFAULT_SHUTDOWN_TIMEOUT
-    if not (bound > 0 and math.isfinite(bound)):
+        bound = drain_bound_s(env)
+    except ConfigError:
         bound = DEFAULT_SHUTDOWN_TIMEOUT
     return bound + KILL_MARGIN_SECONDS
 

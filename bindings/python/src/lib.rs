@@ -28,6 +28,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<runtime::PyNamespace>()?;
     m.add_class::<runtime::PyComponent>()?;
     m.add_class::<runtime::PyEndpoint>()?;
+    m.add_function(wrap_pyfunction!(runtime::drain_bound_s, m)?)?;
     m.add_class::<client::PyClient>()?;
     m.add_class::<client::PyResponseStream>()?;
     m.add_class::<client::Annotated>()?;

@@ -23,6 +23,14 @@ fn parse<T: std::str::FromStr<Err = String>>(key: &str, value: Option<String>, t
     Ok(())
 }
 
+/// The drain bound (`DYN_SHUTDOWN_TIMEOUT`, seconds) of a process whose environment is
+/// `env`, as its runtime reads it: the one rule, for a supervisor sizing its SIGKILL.
+#[pyfunction]
+pub fn drain_bound_s(env: std::collections::HashMap<String, String>) -> PyResult<f64> {
+    let config = RuntimeConfig::from_lookup(|k| env.get(k).cloned()).map_err(to_py)?;
+    Ok(config.shutdown_timeout.as_secs_f64())
+}
+
 /// The process's runtime handle, bound to one asyncio loop.
 #[pyclass(name = "DistributedRuntime", module = "dynamo._core", frozen)]
 pub struct PyDistributedRuntime {
