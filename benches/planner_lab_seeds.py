@@ -1,7 +1,9 @@
 """The planner lab over several seeds: static-peak and the planner for each, and the
 spread of the planner's ratio and attainment (docs/performance.md, "Start-up from the
 ask" and "A season of history"). One seed's row moves by one decision; the ten-seed
-mean and the lowest attainment are what a change is judged by.
+mean and the lowest attainment are what a change is judged by. Each row also counts the
+requests the planner's run refused (behind a bounded busy wait, ``--busy-threshold F
+--busy-wait-s S``: docs/planner.md, "Behind a frontend that refuses past a bound").
 
     python benches/planner_lab_seeds.py ramp --config lab.yaml --ttft-ms 1000 --itl-ms 60 \\
         --max-replicas 16 --seeds 0-9 [--history]
