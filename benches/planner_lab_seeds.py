@@ -12,14 +12,20 @@ With ``--history`` each seed's planner is warm-started from the previous period:
 synthetic workload drawn with seed + 1000, written as a trace (the lab's
 ``--write-trace``) and set as ``predictor.warm_start_trace``; the configuration chooses
 the predictor (``holt_winters`` with a ``season`` of the workload's length in throughput
-intervals: 96 for the ramp at 20 s, 45 for the step). Takes the lab's own arguments
-(``python -m dynamo.planner.lab --help``) and these two.
+intervals: 96 for the ramp at 20 s, 45 for the step). ``--rows FILE`` writes the per-seed
+rows as JSON; ``--against FILE`` (an earlier run's rows) then prints the planner's own
+goodput per GPU-hour against that run's, seed by seed (mean ± standard error), and its
+goodput over that run's static-peak: how a change is judged when it moves static-peak
+too, as a frontend setting does (docs/performance.md, "The busy threshold with a wait
+at the frontend"). Takes the lab's own arguments (``python -m dynamo.planner.lab
+--help``) and these four.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import statistics
 import sys
 import tempfile
@@ -51,7 +57,25 @@ def one(argv: list[str], seed: int, history: str | None) -> dict[str, Any]:
         settings = dataclasses.replace(settings, config=config.model_copy(update={"predictor": predictor}))
     rows, _ = lab.compare(workload, settings, ("static-peak", "planner"), log=lambda m: None)
     peak, planner = rows
-    return dict(planner, seed=seed, peak_replicas=peak["replicas"], peak_sla=peak["sla_attainment"])
+    return dict(planner, seed=seed, peak_replicas=peak["replicas"], peak_sla=peak["sla_attainment"],
+                peak_goodput=peak["goodput_per_gpu"])
+
+
+def against(rows: list[dict[str, Any]], before: list[dict[str, Any]]) -> str:
+    """How ``rows`` compare with ``before`` (an earlier run's ``--rows``) seed by seed: the
+    change of the planner's own goodput per GPU-hour (mean ± its standard error), and the
+    planner's goodput over the earlier run's static-peak (so a static fleet that needs a
+    replica more this time does not lift the ratio)."""
+    earlier = {r["seed"]: r for r in before}
+    pairs = [(r, earlier[r["seed"]]) for r in rows if r["seed"] in earlier]
+    if not pairs:
+        return "no seed in common with --against"
+    change = [r["goodput_per_gpu"] / b["goodput_per_gpu"] - 1 for r, b in pairs if b["goodput_per_gpu"]]
+    ratio = [r["goodput_per_gpu"] / b["peak_goodput"] for r, b in pairs if b["peak_goodput"]]
+    error = statistics.stdev(change) / len(change) ** 0.5 if len(change) > 1 else 0.0
+    return (f"against {len(pairs)} seed(s) of the earlier run: the planner's own goodput/GPU h "
+            f"{statistics.mean(change):+.1%} ± {error:.1%} ({min(change):+.1%} to {max(change):+.1%}); "
+            f"{statistics.mean(ratio):.3f}x that run's static-peak ({min(ratio):.2f}-{max(ratio):.2f}x)")
 
 
 def main() -> int:
@@ -59,6 +83,10 @@ def main() -> int:
     own.add_argument("--seeds", default="0-9", help="seeds, '0-9' or '0,3,5' (default 0-9)")
     own.add_argument("--history", action="store_true",
                      help="warm the predictor with the previous period (the workload at seed + 1000)")
+    own.add_argument("--rows", type=Path, help="write the per-seed rows here (JSON), for a later --against")
+    own.add_argument("--against", type=Path,
+                     help="an earlier run's --rows: the planner's own goodput per seed against it, and its "
+                     "goodput over that run's static-peak")
     mine, rest = own.parse_known_args()
     seeds = seeds_of(mine.seeds)
     with tempfile.TemporaryDirectory() as folder, ProcessPoolExecutor(2) as pool:
@@ -77,6 +105,10 @@ def main() -> int:
     print(f"\nmean {statistics.mean(ratios):.3f}x ({min(ratios):.2f}-{max(ratios):.2f}x), within targets lowest "
           f"{min(slas):.3f} mean {statistics.mean(slas):.3f}, reversals {min(reversals)}-{max(reversals)}, "
           f"refused at most {max(refused):.2%} of the requests")
+    if mine.rows:
+        mine.rows.write_text(json.dumps(rows, indent=1) + "\n")
+    if mine.against:
+        print(against(rows, json.loads(mine.against.read_text())))
     return 0
 
 
